@@ -1,0 +1,98 @@
+"""Writes (or checks) the registered preset directories under presets/.
+
+Each family module's `PRESETS` table is the source; this script turns every
+entry into a keras-hub style directory (config.json, metadata.json,
+tokenizer.json, preprocessor.json, assets/tokenizer -> presets/_assets/...).
+Models are built inside a `keras.StatelessScope` that never allocates their
+weights, so the big presets cost nothing.
+
+    python tools/build_presets.py            # write presets/
+    python tools/build_presets.py --check    # exit 1 if presets/ is out of date
+"""
+
+import argparse
+import filecmp
+import pathlib
+import sys
+import tempfile
+
+import keras
+
+from vlzoo import presets
+from vlzoo.tokenizers import ImagePreprocessor, bundled_assets_dir, bundled_tokenizer
+
+LICENCES = {
+    "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
+}
+
+
+def preset_files(name, family, cls, preset, directory):
+    from keras.src.backend.common import global_state
+
+    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            model = cls(**preset["config"], name=name)
+            config = keras.saving.serialize_keras_object(model)
+            count = sum(_size(v.shape) for v in model.weights)
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", pending)
+    spec = preset["tokenizer"]
+    sequence_length = preset["config"]["text"]["sequence_length"]
+    tokenizer = bundled_tokenizer({**spec, "assets": None}, sequence_length)
+    metadata = {
+        "name": name,
+        "family": family,
+        "parameter_count": count,
+        "paper": preset["paper"],
+        "description": preset["description"],
+        "weights_note": preset["weights_note"],
+        "tokenizer_bundled": bool(spec.get("assets")),
+        "tokenizer_note": spec.get("note") or LICENCES.get(spec.get("assets"), ""),
+        "licence": "Apache-2.0 (code and configs); tokenizer assets carry their own licence notes.",
+    }
+    presets.write_preset(
+        directory, config, metadata, tokenizer=tokenizer,
+        preprocessor=ImagePreprocessor(**preset["preprocessor"]),
+        assets=bundled_assets_dir(spec["assets"]) if spec.get("assets") else None,
+    )
+
+
+def _size(shape):
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    return size
+
+
+def build(root):
+    for name, (family, cls, preset) in sorted(presets.registry().items()):
+        preset_files(name, family, cls, preset, pathlib.Path(root) / name)
+        print(f"wrote {pathlib.Path(root) / name}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare presets/ with the registry; exit 1 on drift")
+    args = parser.parse_args(argv)
+    root = presets.presets_root()
+    if not args.check:
+        build(root)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        build(tmp)
+        stale = []
+        for name in presets.list_presets():
+            for file in (presets.CONFIG_FILE, presets.METADATA_FILE, presets.TOKENIZER_FILE, presets.PREPROCESSOR_FILE):
+                fresh, committed = pathlib.Path(tmp) / name / file, root / name / file
+                if fresh.exists() != committed.exists() or (fresh.exists() and not filecmp.cmp(fresh, committed, shallow=False)):
+                    stale.append(str(committed))
+        if stale:
+            print("Out of date (run `python tools/build_presets.py`):\n  " + "\n  ".join(stale))
+            return 1
+    print("presets/ matches the registry")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

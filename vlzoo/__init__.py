@@ -1,0 +1,11 @@
+"""vlzoo: vision-language contrastive models in Keras 3, on JAX, TensorFlow and PyTorch.
+
+>>> import vlzoo
+>>> model = vlzoo.from_preset("clip_tiny")
+>>> scores = model.similarity(images, model.tokenizer(["a red circle"]))
+"""
+
+from vlzoo import layers, losses, models
+from vlzoo.models import CLIP, ContrastiveModel, SigLIP
+from vlzoo.presets import from_preset, list_presets, preset_info, save_to_preset
+from vlzoo.version import __version__

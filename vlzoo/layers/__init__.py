@@ -1,0 +1,7 @@
+"""Keras layers of vlzoo, written once in `keras.ops`."""
+
+from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding, bicubic_resize_matrix
+from vlzoo.layers.heads import MAPHead
+from vlzoo.layers.text import TextTransformer
+from vlzoo.layers.transformer import MLP, MultiHeadAttention, TransformerBlock, quick_gelu
+from vlzoo.layers.vision import VisionTransformer

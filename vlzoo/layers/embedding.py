@@ -1,0 +1,154 @@
+"""Patch and position embeddings."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def _cubic_kernel(t, a=-0.75):
+    """Keys' cubic convolution kernel (a = -0.75, as torch's bicubic)."""
+    t = np.abs(t)
+    return np.where(
+        t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1,
+        np.where(t < 2, (((t - 5) * t + 8) * t - 4) * a, 0.0),
+    )
+
+
+def bicubic_resize_matrix(in_size, out_size):
+    """`(out_size, in_size)` matrix of bicubic interpolation weights.
+
+    Matches `torch.nn.functional.interpolate(mode="bicubic",
+    align_corners=False)` without antialiasing (edges clamped), which is
+    how open_clip and timm resize position embeddings. Computed in numpy so
+    that every backend applies exactly the same weights.
+    """
+    scale = in_size / out_size
+    matrix = np.zeros((out_size, in_size), dtype=np.float64)
+    for i in range(out_size):
+        src = (i + 0.5) * scale - 0.5
+        base = math.floor(src)
+        for tap in range(-1, 3):
+            j = base + tap
+            weight = _cubic_kernel(src - j)
+            matrix[i, min(max(j, 0), in_size - 1)] += weight
+    return matrix.astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class PatchEmbedding(keras.layers.Layer):
+    """Splits images into non-overlapping patches and projects each one.
+
+    Args:
+        hidden_dim: output width D.
+        patch_size: side of a square patch, in pixels.
+        use_bias: whether the projection has a bias (OpenAI CLIP: no).
+
+    Call: images `(B, H, W, C)` channels last -> `(B, H/p * W/p, D)`,
+    patches in row-major order.
+    """
+
+    def __init__(self, hidden_dim, patch_size, use_bias=False, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.patch_size = patch_size
+        self.use_bias = use_bias
+        self.conv = keras.layers.Conv2D(
+            hidden_dim, patch_size, strides=patch_size, padding="valid",
+            use_bias=use_bias, data_format="channels_last",
+            kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            dtype=self.dtype_policy, name="conv",
+        )
+
+    def build(self, input_shape):
+        self.conv.build(input_shape)
+        self.built = True
+
+    def call(self, images):
+        x = self.conv(images)
+        b, gh, gw = ops.shape(x)[0], ops.shape(x)[1], ops.shape(x)[2]
+        return ops.reshape(x, (b, gh * gw, self.hidden_dim))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_dim=self.hidden_dim, patch_size=self.patch_size, use_bias=self.use_bias)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class PositionEmbedding(keras.layers.Layer):
+    """Learned position embedding, resizable to another patch grid.
+
+    The table holds `num_prefix_tokens` rows (class or mixture tokens, never
+    resized) followed by `grid_size[0] * grid_size[1]` patch rows, or simply
+    `sequence_length` rows for text (`grid_size=None`).
+
+    Args:
+        hidden_dim: width D.
+        sequence_length: number of rows for a 1-D (text) table.
+        grid_size: `(gh, gw)` patch grid for a 2-D (image) table.
+        num_prefix_tokens: rows before the grid that are not resized.
+        init_std: standard deviation of the initial values.
+
+    Call arguments:
+        x: `(B, N, D)` token embeddings.
+        grid_size: optional `(gh, gw)` of `x`'s patches; when it differs from
+            the table's grid the patch rows are resized bicubically. For a
+            1-D table, the first `N` rows are used (`N <= sequence_length`).
+
+    Returns:
+        `x` plus the position embedding, `(B, N, D)`.
+    """
+
+    def __init__(self, hidden_dim, sequence_length=None, grid_size=None, num_prefix_tokens=0, init_std=0.01, **kwargs):
+        super().__init__(**kwargs)
+        if (sequence_length is None) == (grid_size is None):
+            raise ValueError("Pass exactly one of `sequence_length` and `grid_size`.")
+        self.hidden_dim = hidden_dim
+        self.grid_size = tuple(grid_size) if grid_size is not None else None
+        self.num_prefix_tokens = num_prefix_tokens
+        self.sequence_length = (
+            sequence_length if grid_size is None
+            else num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        )
+        self.init_std = init_std
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.sequence_length, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=self.init_std),
+        )
+        self.built = True
+
+    def resized(self, grid_size):
+        """Returns the table for a `(gh, gw)` patch grid, `(prefix + gh*gw, D)`."""
+        table = ops.convert_to_tensor(self.embeddings)
+        grid_size = tuple(grid_size)
+        if self.grid_size is None or grid_size == self.grid_size:
+            return table
+        prefix, patches = table[: self.num_prefix_tokens], table[self.num_prefix_tokens :]
+        gh, gw = self.grid_size
+        patches = ops.reshape(patches, (gh, gw, self.hidden_dim))
+        rows = ops.convert_to_tensor(bicubic_resize_matrix(gh, grid_size[0]), dtype=table.dtype)
+        cols = ops.convert_to_tensor(bicubic_resize_matrix(gw, grid_size[1]), dtype=table.dtype)
+        patches = ops.einsum("ih,hwd,jw->ijd", rows, patches, cols)
+        patches = ops.reshape(patches, (grid_size[0] * grid_size[1], self.hidden_dim))
+        return ops.concatenate([prefix, patches], axis=0)
+
+    def call(self, x, grid_size=None):
+        if self.grid_size is not None:
+            table = self.resized(grid_size or self.grid_size)
+        else:
+            table = self.embeddings[: x.shape[1]]
+        return x + ops.cast(table, x.dtype)[None]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_dim=self.hidden_dim,
+            sequence_length=None if self.grid_size else self.sequence_length,
+            grid_size=self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
+            init_std=self.init_std,
+        )
+        return config

@@ -1,0 +1,145 @@
+"""Text transformer tower."""
+
+import keras
+from keras import ops
+
+from vlzoo.layers.embedding import PositionEmbedding
+from vlzoo.layers.transformer import TransformerBlock
+
+POOLINGS = ("eot", "last", "mean", "first")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class TextTransformer(keras.layers.Layer):
+    """Text tower: token and position embeddings, pre-LN blocks, final LN, pooling, projection.
+
+    Args:
+        vocabulary_size: number of token ids.
+        sequence_length: context length (maximum T).
+        hidden_dim, num_layers, num_heads, intermediate_dim: transformer geometry.
+        output_dim: projection width; `None` for no projection.
+        causal: causal self-attention (CLIP) or bidirectional (SigLIP).
+        pooling: `"eot"` (position of the largest token id, CLIP's end
+            token), `"last"` (position T-1, SigLIP), `"mean"` (mean over real
+            tokens) or `"first"`.
+        use_padding_mask: whether attention ignores padding positions
+            (CLIP and SigLIP attend to them, as in their reference code).
+        activation: MLP activation.
+        layer_norm_epsilon: epsilon of every LayerNorm of the tower.
+        projection_bias: whether the output projection has a bias.
+
+    Call arguments:
+        token_ids: int `(B, T)` with `T <= sequence_length`.
+        padding_mask: bool `(B, T)`, True = real token.
+
+    Returns:
+        dict with `"pooled"` `(B, output_dim or hidden_dim)` and `"tokens"`
+        `(B, T, hidden_dim)` (after the final LN).
+
+    Example:
+    >>> tower = TextTransformer(1000, 16, 64, 2, 4, 256, output_dim=32)
+    >>> ids = keras.ops.ones((2, 16), "int32")
+    >>> tower(ids, keras.ops.ones((2, 16), "bool"))["pooled"].shape
+    (2, 32)
+    """
+
+    def __init__(
+        self, vocabulary_size, sequence_length, hidden_dim, num_layers, num_heads,
+        intermediate_dim, output_dim=None, causal=True, pooling="eot", use_padding_mask=False,
+        activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if pooling not in POOLINGS:
+            raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.hidden_dim = hidden_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.output_dim = output_dim
+        self.causal = causal
+        self.pooling = pooling
+        self.use_padding_mask = use_padding_mask
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.projection_bias = projection_bias
+
+        dtype = self.dtype_policy
+        self.token_embedding = keras.layers.Embedding(
+            vocabulary_size, hidden_dim, dtype=dtype, name="token_embedding",
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+        self.position_embedding = PositionEmbedding(
+            hidden_dim, sequence_length=sequence_length, init_std=0.01,
+            dtype=dtype, name="position_embedding",
+        )
+        self.blocks = [
+            TransformerBlock(
+                hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
+                num_layers=num_layers, dtype=dtype, name=f"block_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        self.post_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="post_norm")
+        self.projection = (
+            keras.layers.Dense(
+                output_dim, use_bias=projection_bias, dtype=dtype, name="projection",
+                kernel_initializer=keras.initializers.RandomNormal(stddev=hidden_dim**-0.5),
+            )
+            if output_dim is not None else None
+        )
+
+    def build(self, input_shape=None):
+        shape = (None, self.sequence_length, self.hidden_dim)
+        self.token_embedding.build((None, self.sequence_length))
+        self.position_embedding.build(shape)
+        for block in self.blocks:
+            block.build(shape)
+        self.post_norm.build(shape)
+        if self.projection is not None:
+            self.projection.build((None, self.hidden_dim))
+        self.built = True
+
+    @property
+    def pooled_dim(self):
+        return self.output_dim if self.output_dim is not None else self.hidden_dim
+
+    def call(self, token_ids, padding_mask):
+        x = self.position_embedding(self.token_embedding(token_ids))
+        mask, is_causal = None, self.causal
+        if self.use_padding_mask:
+            length = x.shape[1]
+            mask = ops.cast(padding_mask, "bool")[:, None, :]
+            mask = ops.broadcast_to(mask, (ops.shape(x)[0], length, length))
+            if self.causal:
+                causal = ops.tril(ops.ones((length, length), dtype="bool"))
+                mask, is_causal = ops.logical_and(mask, causal[None]), False
+        for block in self.blocks:
+            x = block(x, attention_mask=mask, is_causal=is_causal)
+        tokens = self.post_norm(x)
+        if self.pooling == "eot":
+            index = ops.argmax(token_ids, axis=-1)
+            pooled = ops.take_along_axis(tokens, ops.reshape(index, (-1, 1, 1)), axis=1)[:, 0]
+        elif self.pooling == "last":
+            pooled = tokens[:, -1]
+        elif self.pooling == "first":
+            pooled = tokens[:, 0]
+        else:
+            weights = ops.cast(padding_mask, tokens.dtype)[..., None]
+            pooled = ops.sum(tokens * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+        if self.projection is not None:
+            pooled = self.projection(pooled)
+        return {"pooled": pooled, "tokens": tokens}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size, sequence_length=self.sequence_length,
+            hidden_dim=self.hidden_dim, num_layers=self.num_layers, num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim, output_dim=self.output_dim,
+            causal=self.causal, pooling=self.pooling, use_padding_mask=self.use_padding_mask,
+            activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
+            projection_bias=self.projection_bias,
+        )
+        return config

@@ -1,0 +1,222 @@
+"""Pre-LayerNorm transformer blocks shared by every tower."""
+
+import math
+
+import keras
+from keras import ops
+
+ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
+
+
+def quick_gelu(x):
+    """OpenAI CLIP's sigmoid approximation of GELU: `x * sigmoid(1.702 x)`."""
+    return x * ops.sigmoid(1.702 * x)
+
+
+def get_activation(name):
+    """Returns the MLP activation for `name` (one of `ACTIVATIONS`)."""
+    if name == "quick_gelu":
+        return quick_gelu
+    if name == "gelu":
+        return lambda x: ops.gelu(x, approximate=False)
+    if name == "gelu_tanh":
+        return lambda x: ops.gelu(x, approximate=True)
+    raise ValueError(
+        f"`activation` must be one of {ACTIVATIONS}; received {name!r}."
+    )
+
+
+def _normal(std):
+    return keras.initializers.RandomNormal(stddev=std)
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention with separate q/k/v projections (with biases).
+
+    Queries attend over `context` (self-attention when `context` is None)
+    through `keras.ops.dot_product_attention`.
+
+    Args:
+        hidden_dim: width D of queries, keys and values.
+        num_heads: number of heads; must divide `hidden_dim`.
+        use_bias: whether the four projections have biases.
+
+    Call arguments:
+        x: `(B, N, D)` queries.
+        context: optional `(B, M, D)` keys/values; defaults to `x`.
+        attention_mask: optional bool `(B, N, M)` or `(B, 1, N, M)`;
+            True = may attend.
+        is_causal: bool, apply a causal mask.
+
+    Returns:
+        `(B, N, D)`.
+    """
+
+    def __init__(self, hidden_dim, num_heads, use_bias=True, init_std=None, **kwargs):
+        super().__init__(**kwargs)
+        if hidden_dim % num_heads:
+            raise ValueError(
+                f"`num_heads` ({num_heads}) must divide `hidden_dim` ({hidden_dim})."
+            )
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.head_dim = hidden_dim // num_heads
+        self.use_bias = use_bias
+        self.init_std = init_std
+        std = init_std if init_std is not None else hidden_dim**-0.5
+        dense = dict(use_bias=use_bias, dtype=self.dtype_policy)
+        self.query = keras.layers.Dense(hidden_dim, kernel_initializer=_normal(std), name="query", **dense)
+        self.key = keras.layers.Dense(hidden_dim, kernel_initializer=_normal(std), name="key", **dense)
+        self.value = keras.layers.Dense(hidden_dim, kernel_initializer=_normal(std), name="value", **dense)
+        self.output_dense = keras.layers.Dense(hidden_dim, kernel_initializer=_normal(std), name="output", **dense)
+
+    def build(self, input_shape, context_shape=None):
+        context_shape = context_shape or input_shape
+        self.query.build(input_shape)
+        self.key.build(context_shape)
+        self.value.build(context_shape)
+        self.output_dense.build(input_shape)
+        self.built = True
+
+    def _split_heads(self, x):
+        b, n = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (b, n, self.num_heads, self.head_dim))
+
+    def call(self, x, context=None, attention_mask=None, is_causal=False):
+        context = x if context is None else context
+        q = self._split_heads(self.query(x))
+        k = self._split_heads(self.key(context))
+        v = self._split_heads(self.value(context))
+        if attention_mask is not None and len(attention_mask.shape) == 3:
+            attention_mask = ops.expand_dims(attention_mask, 1)
+        out = ops.dot_product_attention(
+            q, k, v, mask=attention_mask, is_causal=is_causal,
+            scale=1.0 / math.sqrt(self.head_dim),
+        )
+        b, n = ops.shape(out)[0], ops.shape(out)[1]
+        return self.output_dense(ops.reshape(out, (b, n, self.hidden_dim)))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_dim=self.hidden_dim, num_heads=self.num_heads,
+            use_bias=self.use_bias, init_std=self.init_std,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class MLP(keras.layers.Layer):
+    """Two-layer feed-forward block `fc2(act(fc1(x)))`.
+
+    Args:
+        hidden_dim: input and output width D.
+        intermediate_dim: inner width.
+        activation: one of `"quick_gelu"`, `"gelu"` (exact), `"gelu_tanh"`.
+
+    Call: `(..., D)` -> `(..., D)`.
+    """
+
+    def __init__(self, hidden_dim, intermediate_dim, activation="gelu", fc_std=None, proj_std=None, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.fc_std = fc_std
+        self.proj_std = proj_std
+        self._act = get_activation(activation)
+        self.fc1 = keras.layers.Dense(
+            intermediate_dim, dtype=self.dtype_policy, name="fc1",
+            kernel_initializer=_normal(fc_std if fc_std is not None else (2 * hidden_dim) ** -0.5),
+        )
+        self.fc2 = keras.layers.Dense(
+            hidden_dim, dtype=self.dtype_policy, name="fc2",
+            kernel_initializer=_normal(proj_std if proj_std is not None else hidden_dim**-0.5),
+        )
+
+    def build(self, input_shape):
+        self.fc1.build(input_shape)
+        self.fc2.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
+        self.built = True
+
+    def call(self, x):
+        return self.fc2(self._act(self.fc1(x)))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_dim=self.hidden_dim, intermediate_dim=self.intermediate_dim,
+            activation=self.activation, fc_std=self.fc_std, proj_std=self.proj_std,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class TransformerBlock(keras.layers.Layer):
+    """Pre-LN residual block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+
+    Args:
+        hidden_dim: width D.
+        num_heads: attention heads.
+        intermediate_dim: MLP inner width (CLIP and SigLIP use 4 D).
+        activation: MLP activation (`"quick_gelu"` for OpenAI CLIP, `"gelu"`
+            exact for open_clip/SigLIP).
+        layer_norm_epsilon: LayerNorm epsilon (1e-5 CLIP, 1e-6 SigLIP; note
+            Keras' default is 1e-3).
+        num_layers: depth of the stack this block sits in, for open_clip's
+            depth-scaled initialisation.
+
+    Call arguments:
+        x: `(B, N, D)`.
+        attention_mask: optional bool `(B, N, N)`, True = may attend.
+        is_causal: bool.
+
+    Returns:
+        `(B, N, D)`.
+
+    Example:
+    >>> block = TransformerBlock(64, 4, 256)
+    >>> block(keras.ops.ones((2, 10, 64))).shape
+    (2, 10, 64)
+    """
+
+    def __init__(
+        self, hidden_dim, num_heads, intermediate_dim, activation="gelu",
+        layer_norm_epsilon=1e-5, num_layers=1, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.num_layers = num_layers
+        proj_std = hidden_dim**-0.5 * (2 * num_layers) ** -0.5
+        ln = dict(epsilon=layer_norm_epsilon, dtype=self.dtype_policy)
+        self.ln_1 = keras.layers.LayerNormalization(name="ln_1", **ln)
+        self.attention = MultiHeadAttention(hidden_dim, num_heads, dtype=self.dtype_policy, name="attention")
+        self.ln_2 = keras.layers.LayerNormalization(name="ln_2", **ln)
+        self.mlp = MLP(
+            hidden_dim, intermediate_dim, activation, proj_std=proj_std,
+            dtype=self.dtype_policy, name="mlp",
+        )
+
+    def build(self, input_shape):
+        for layer in (self.ln_1, self.ln_2, self.mlp):
+            layer.build(input_shape)
+        self.attention.build(input_shape)
+        self.built = True
+
+    def call(self, x, attention_mask=None, is_causal=False):
+        x = x + self.attention(self.ln_1(x), attention_mask=attention_mask, is_causal=is_causal)
+        return x + self.mlp(self.ln_2(x))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_dim=self.hidden_dim, num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim, activation=self.activation,
+            layer_norm_epsilon=self.layer_norm_epsilon, num_layers=self.num_layers,
+        )
+        return config

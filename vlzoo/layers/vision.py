@@ -1,0 +1,178 @@
+"""Vision transformer tower."""
+
+import keras
+from keras import ops
+
+from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding
+from vlzoo.layers.heads import MAPHead
+from vlzoo.layers.transformer import TransformerBlock
+
+POOLINGS = ("cls", "mean", "map")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class VisionTransformer(keras.layers.Layer):
+    """ViT image tower: patches, prefix tokens, pre-LN blocks, final LN, pooling, projection.
+
+    The final LayerNorm is applied to every token before pooling (as in
+    open_clip and timm), so the returned tokens are the normalised ones that
+    token-level families project.
+
+    Args:
+        image_size: training resolution (square), in pixels.
+        patch_size: patch side in pixels.
+        hidden_dim, num_layers, num_heads, intermediate_dim: transformer geometry.
+        output_dim: projection width; `None` for no projection.
+        num_prefix_tokens: learned tokens prepended to the patches: 1 for a
+            CLS token, K for mixture tokens, 0 for none (SigLIP).
+        pooling: `"cls"` (first prefix token), `"mean"` (mean over patch
+            tokens) or `"map"` (attention pooling head).
+        activation: MLP activation.
+        layer_norm_epsilon: epsilon of every LayerNorm of the tower.
+        use_pre_norm: LayerNorm after the embeddings (`ln_pre`, CLIP).
+        patch_bias: whether the patch projection has a bias.
+        projection_bias: whether the output projection has a bias.
+        pos_init_std, prefix_init_std: initialisation scales.
+
+    Call arguments:
+        images: float `(B, H, W, 3)`, preprocessed; `H` and `W` multiples of
+            `patch_size` (the position embedding is resized when they differ
+            from `image_size`).
+
+    Returns:
+        dict with `"pooled"` `(B, output_dim or hidden_dim)`, `"tokens"`
+        `(B, num_prefix_tokens + P, hidden_dim)` (after the final LN).
+
+    Example:
+    >>> vit = VisionTransformer(32, 8, 64, 2, 4, 256, output_dim=32)
+    >>> vit(keras.ops.ones((2, 32, 32, 3)))["pooled"].shape
+    (2, 32)
+    """
+
+    def __init__(
+        self, image_size, patch_size, hidden_dim, num_layers, num_heads, intermediate_dim,
+        output_dim=None, num_prefix_tokens=1, pooling="cls", activation="gelu",
+        layer_norm_epsilon=1e-5, use_pre_norm=True, patch_bias=False, projection_bias=False,
+        pos_init_std=None, prefix_init_std=None, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if pooling not in POOLINGS:
+            raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
+        if pooling == "cls" and num_prefix_tokens < 1:
+            raise ValueError("`pooling='cls'` needs `num_prefix_tokens >= 1`.")
+        if image_size % patch_size:
+            raise ValueError(
+                f"`image_size` ({image_size}) must be a multiple of `patch_size` ({patch_size})."
+            )
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.hidden_dim = hidden_dim
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.output_dim = output_dim
+        self.num_prefix_tokens = num_prefix_tokens
+        self.pooling = pooling
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.use_pre_norm = use_pre_norm
+        self.patch_bias = patch_bias
+        self.projection_bias = projection_bias
+        self.pos_init_std = pos_init_std
+        self.prefix_init_std = prefix_init_std
+        self.grid_size = (image_size // patch_size,) * 2
+
+        dtype = self.dtype_policy
+        ln = dict(epsilon=layer_norm_epsilon, dtype=dtype)
+        self.patch_embedding = PatchEmbedding(hidden_dim, patch_size, use_bias=patch_bias, dtype=dtype, name="patch_embedding")
+        self.position_embedding = PositionEmbedding(
+            hidden_dim, grid_size=self.grid_size, num_prefix_tokens=num_prefix_tokens,
+            init_std=pos_init_std if pos_init_std is not None else hidden_dim**-0.5,
+            dtype=dtype, name="position_embedding",
+        )
+        self.pre_norm = keras.layers.LayerNormalization(name="pre_norm", **ln) if use_pre_norm else None
+        self.blocks = [
+            TransformerBlock(
+                hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
+                num_layers=num_layers, dtype=dtype, name=f"block_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        self.post_norm = keras.layers.LayerNormalization(name="post_norm", **ln)
+        self.map_head = (
+            MAPHead(hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype=dtype, name="map_head")
+            if pooling == "map" else None
+        )
+        self.projection = (
+            keras.layers.Dense(
+                output_dim, use_bias=projection_bias, dtype=dtype, name="projection",
+                kernel_initializer=keras.initializers.RandomNormal(stddev=hidden_dim**-0.5),
+            )
+            if output_dim is not None else None
+        )
+
+    def build(self, input_shape=None):
+        batch = None
+        num_tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        tokens_shape = (batch, num_tokens, self.hidden_dim)
+        self.patch_embedding.build((batch, self.image_size, self.image_size, 3))
+        if self.num_prefix_tokens:
+            self.prefix_tokens = self.add_weight(
+                name="prefix_tokens", shape=(self.num_prefix_tokens, self.hidden_dim),
+                initializer=keras.initializers.RandomNormal(
+                    stddev=self.prefix_init_std if self.prefix_init_std is not None else self.hidden_dim**-0.5
+                ),
+            )
+        self.position_embedding.build(tokens_shape)
+        if self.pre_norm is not None:
+            self.pre_norm.build(tokens_shape)
+        for block in self.blocks:
+            block.build(tokens_shape)
+        self.post_norm.build(tokens_shape)
+        if self.map_head is not None:
+            self.map_head.build(tokens_shape)
+        if self.projection is not None:
+            self.projection.build((batch, self.hidden_dim))
+        self.built = True
+
+    @property
+    def pooled_dim(self):
+        return self.output_dim if self.output_dim is not None else self.hidden_dim
+
+    def call(self, images):
+        height, width = images.shape[1], images.shape[2]
+        grid_size = (height // self.patch_size, width // self.patch_size)
+        x = self.patch_embedding(images)
+        if self.num_prefix_tokens:
+            prefix = ops.cast(self.prefix_tokens, x.dtype)[None]
+            prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], self.num_prefix_tokens, self.hidden_dim))
+            x = ops.concatenate([prefix, x], axis=1)
+        x = self.position_embedding(x, grid_size=grid_size)
+        if self.pre_norm is not None:
+            x = self.pre_norm(x)
+        for block in self.blocks:
+            x = block(x)
+        tokens = self.post_norm(x)
+        if self.pooling == "cls":
+            pooled = tokens[:, 0]
+        elif self.pooling == "mean":
+            pooled = ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+        else:
+            pooled = self.map_head(tokens)
+        if self.projection is not None:
+            pooled = self.projection(pooled)
+        return {"pooled": pooled, "tokens": tokens}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            image_size=self.image_size, patch_size=self.patch_size, hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers, num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim, output_dim=self.output_dim,
+            num_prefix_tokens=self.num_prefix_tokens, pooling=self.pooling,
+            activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
+            use_pre_norm=self.use_pre_norm, patch_bias=self.patch_bias,
+            projection_bias=self.projection_bias, pos_init_std=self.pos_init_std,
+            prefix_init_std=self.prefix_init_std,
+        )
+        return config

@@ -1,0 +1,238 @@
+"""`ContrastiveModel`: the dual-encoder base every family builds on."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.layers import TextTransformer, VisionTransformer
+from vlzoo.losses import l2_normalize
+from vlzoo.models import validation
+
+LOGIT_SCALE_MAX = math.log(100.0)
+
+# Variable names that never receive weight decay besides rank < 2 tensors
+# (biases, norms, logit scale and bias): embedding tables and learned tokens.
+_NO_DECAY_NAMES = ("embeddings", "prefix_tokens", "latent")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class ClampLogitScale(keras.constraints.Constraint):
+    """Keeps the learned log-scale in `[0, ln 100]` after every update (as open_clip)."""
+
+    def __init__(self, max_value=LOGIT_SCALE_MAX):
+        self.max_value = max_value
+
+    def __call__(self, w):
+        return ops.clip(w, 0.0, self.max_value)
+
+    def get_config(self):
+        return {"max_value": self.max_value}
+
+
+class ContrastiveModel(keras.Model):
+    """Image tower + text tower + learned temperature, trained with a family loss.
+
+    Subclasses set `family`, may override `tower_defaults()`, and implement
+    `score(image_embeds, text_embeds)` and `contrastive_loss(outputs)`.
+
+    Args:
+        vision: dict of `VisionTransformer` arguments (family defaults fill
+            what is missing; `output_dim` defaults to `embed_dim`).
+        text: dict of `TextTransformer` arguments (same rules).
+        embed_dim: width of the shared embedding space.
+        init_logit_scale: initial learned log-scale (the multiplier is its
+            exp, clamped at 100).
+        dtype: dtype policy, e.g. `"float32"`, `"bfloat16"` or
+            `"mixed_bfloat16"`; losses are always computed in float32.
+
+    Inputs of `call`/`fit`: dict with `"images"` float `(B, H, W, 3)`,
+    `"token_ids"` int `(B, T)` and `"padding_mask"` bool `(B, T)`.
+    """
+
+    family = None
+    vision_defaults = {}
+    text_defaults = {}
+
+    def __init__(self, vision, text, embed_dim, init_logit_scale=math.log(1 / 0.07), dtype=None, **kwargs):
+        super().__init__(dtype=dtype, **kwargs)
+        self.embed_dim = embed_dim
+        self.init_logit_scale = init_logit_scale
+        self.vision_config = {"output_dim": embed_dim, **self.vision_defaults, **vision}
+        self.text_config = {"output_dim": embed_dim, **self.text_defaults, **text}
+        self.vision = VisionTransformer(**self.vision_config, dtype=self.dtype_policy, name="vision")
+        self.text = TextTransformer(**self.text_config, dtype=self.dtype_policy, name="text")
+        self.logit_scale = self.add_weight(
+            name="logit_scale", shape=(), dtype="float32",
+            initializer=keras.initializers.Constant(init_logit_scale),
+            constraint=ClampLogitScale(),
+        )
+        self.vision.build()
+        self.text.build()
+        self.built = True
+        self._tokenizer = None
+        self._preprocessor = None
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def tokenizer(self):
+        """The text tokenizer: `tokenizer(list_of_str) -> {"token_ids", "padding_mask"}`."""
+        if self._tokenizer is None:
+            self._tokenizer = self.default_tokenizer()
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value):
+        self._tokenizer = value
+
+    @property
+    def preprocessor(self):
+        """The image preprocessor: uint8 or float images -> model-ready pixels."""
+        if self._preprocessor is None:
+            self._preprocessor = self.default_preprocessor()
+        return self._preprocessor
+
+    @preprocessor.setter
+    def preprocessor(self, value):
+        self._preprocessor = value
+
+    def default_tokenizer(self):
+        from vlzoo.tokenizers import UnavailableTokenizer
+
+        return UnavailableTokenizer(
+            f"this {type(self).__name__} model was built without one; load it with "
+            "`vlzoo.from_preset(...)` or set `model.tokenizer = ...`."
+        )
+
+    def default_preprocessor(self):
+        from vlzoo.tokenizers import ImagePreprocessor
+
+        return ImagePreprocessor(image_size=self.vision.image_size)
+
+    def logit_scale_value(self):
+        """The multiplier `exp(min(log_scale, ln 100))`, float32 scalar."""
+        return ops.exp(ops.minimum(ops.convert_to_tensor(self.logit_scale), LOGIT_SCALE_MAX))
+
+    def _tokenize(self, texts):
+        if isinstance(texts, str) or (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], str)):
+            return self.tokenizer(list(texts) if not isinstance(texts, str) else [texts])
+        return texts
+
+    def encode_image(self, images, normalize=False):
+        """Image embeddings.
+
+        Args:
+            images: float `(B, H, W, 3)` preprocessed pixels.
+            normalize: L2-normalise the result.
+
+        Returns:
+            `(B, embed_dim)`.
+        """
+        validation.check_images(images, patch_size=self.vision.patch_size)
+        validation.check_images_values(images)
+        embeds = self.vision(images)["pooled"]
+        return l2_normalize(embeds) if normalize else embeds
+
+    def encode_text(self, texts, normalize=False):
+        """Text embeddings.
+
+        Args:
+            texts: the tokenizer's dict (`token_ids`, `padding_mask`, each
+                `(B, T)`) or a list of strings (tokenised with `tokenizer`).
+            normalize: L2-normalise the result.
+
+        Returns:
+            `(B, embed_dim)`.
+        """
+        inputs = self._tokenize(texts)
+        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
+        embeds = self._text_features(inputs)
+        return l2_normalize(embeds) if normalize else embeds
+
+    def similarity(self, images, texts):
+        """Scores of every image against every text, `(N_images, N_texts)` float32."""
+        return self.score(self.encode_image(images), self.encode_text(texts))
+
+    # --------------------------------------------------------------- training
+
+    def _text_features(self, inputs):
+        mask = inputs.get("padding_mask")
+        if mask is None:
+            mask = ops.ones_like(inputs["token_ids"], dtype="bool")
+        return self.text(inputs["token_ids"], mask)["pooled"]
+
+    def _check_training_inputs(self, inputs):
+        if not isinstance(inputs, dict) or not {"images", "token_ids"} <= set(inputs):
+            raise ValueError(
+                "Model inputs must be a dict with `images` (B, H, W, 3), `token_ids` (B, T) and "
+                f"`padding_mask` (B, T); received {type(inputs).__name__}"
+                + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "") + "."
+            )
+        validation.check_images(inputs["images"], patch_size=self.vision.patch_size)
+        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs")
+        validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
+
+    def call(self, inputs, training=False):
+        self._check_training_inputs(inputs)
+        return {
+            "image_embeds": self.vision(inputs["images"])["pooled"],
+            "text_embeds": self._text_features(inputs),
+            "logit_scale": self.logit_scale_value(),
+        }
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if y_pred is None:
+            y_pred = self(x, training=training)
+        loss = self.contrastive_loss(y_pred)
+        if self.losses:
+            loss = loss + ops.cast(ops.sum(self.losses), "float32")
+        return loss
+
+    def compile(self, optimizer="adamw", **kwargs):
+        """Configures training with the family's own loss (no `loss` argument).
+
+        Biases, norms, embedding tables, learned tokens and the logit
+        scale/bias are excluded from the optimizer's weight decay.
+        """
+        if kwargs.get("loss") is not None:
+            raise ValueError(
+                f"{type(self).__name__} trains with its family's own loss; do not pass `loss` "
+                "to `compile` (override `contrastive_loss` to change it)."
+            )
+        kwargs.pop("loss", None)
+        optimizer = keras.optimizers.get(optimizer)
+        if getattr(optimizer, "weight_decay", None):
+            optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
+        super().compile(optimizer=optimizer, **kwargs)
+
+    def no_weight_decay_variables(self):
+        """Trainable variables that must not be decayed."""
+        return [
+            v for v in self.trainable_variables
+            if len(v.shape) < 2 or v.name in _NO_DECAY_NAMES
+        ]
+
+    # ------------------------------------------------------ family interface
+
+    def score(self, image_embeds, text_embeds):
+        raise NotImplementedError
+
+    def contrastive_loss(self, outputs):
+        raise NotImplementedError
+
+    # ---------------------------------------------------------- persistence
+
+    def save_to_preset(self, directory):
+        """Writes a preset directory that `vlzoo.from_preset` loads back exactly."""
+        from vlzoo.presets import save_to_preset
+
+        save_to_preset(self, directory)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vision=dict(self.vision_config), text=dict(self.text_config),
+            embed_dim=self.embed_dim, init_logit_scale=self.init_logit_scale,
+        )
+        return config

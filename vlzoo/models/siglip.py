@@ -1,0 +1,115 @@
+"""SigLIP (Zhai et al., 2023): pairwise sigmoid loss for image-text pre-training."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP_BPE
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class SigLIP(ContrastiveModel):
+    """SigLIP: ViT with a MAP head (no CLS token), bidirectional text tower pooled at the last position.
+
+    Score: `logit_scale * cos(image, text) + logit_bias`; loss: sigmoid over
+    all pairs (`vlzoo.losses.siglip_loss`). Defaults follow open_clip's
+    `ViT-B-16-SigLIP` (timm tower: patch bias, no `ln_pre`, LayerNorm epsilon
+    1e-6, exact GELU; text projection with bias).
+
+    Args:
+        vision: `VisionTransformer` arguments.
+        text: `TextTransformer` arguments.
+        embed_dim: shared embedding width.
+        init_logit_scale: initial log-scale, `ln(10)`.
+        init_logit_bias: initial bias, -10.
+        loss_num_chunks: when set, the loss is computed over this many text
+            chunks (same value, memory linear in the batch).
+    """
+
+    family = "siglip"
+    vision_defaults = dict(
+        num_prefix_tokens=0, pooling="map", use_pre_norm=False, patch_bias=True,
+        projection_bias=True, layer_norm_epsilon=1e-6, activation="gelu", pos_init_std=0.02,
+    )
+    text_defaults = dict(
+        causal=False, pooling="last", projection_bias=True, layer_norm_epsilon=1e-6, activation="gelu",
+    )
+
+    def __init__(
+        self, vision, text, embed_dim=768, init_logit_scale=math.log(10.0), init_logit_bias=-10.0,
+        loss_num_chunks=None, **kwargs,
+    ):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        self.init_logit_bias = init_logit_bias
+        self.loss_num_chunks = loss_num_chunks
+        self.logit_bias = self.add_weight(
+            name="logit_bias", shape=(), dtype="float32",
+            initializer=keras.initializers.Constant(init_logit_bias),
+        )
+
+    def call(self, inputs, training=False):
+        outputs = super().call(inputs, training=training)
+        outputs["logit_bias"] = ops.convert_to_tensor(self.logit_bias)
+        return outputs
+
+    def score(self, image_embeds, text_embeds):
+        return siglip_logits(image_embeds, text_embeds, self.logit_scale_value(), self.logit_bias)
+
+    def contrastive_loss(self, outputs):
+        args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
+        if self.loss_num_chunks:
+            return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)
+        return siglip_loss(*args)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(init_logit_bias=self.init_logit_bias, loss_num_chunks=self.loss_num_chunks)
+        return config
+
+
+PRESETS = {
+    "siglip_vit_b16": dict(
+        config=dict(
+            vision=dict(
+                image_size=224, patch_size=16, hidden_dim=768, num_layers=12, num_heads=12,
+                intermediate_dim=3072, output_dim=None,
+            ),
+            text=dict(
+                vocabulary_size=32000, sequence_length=64, hidden_dim=768, num_layers=12,
+                num_heads=12, intermediate_dim=3072,
+            ),
+            embed_dim=768,
+        ),
+        description="SigLIP ViT-B/16 (open_clip ViT-B-16-SigLIP geometry: MAP head, 768 embed, "
+        "bidirectional text, vocabulary 32000, context 64, LayerNorm eps 1e-6).",
+        tokenizer=dict(
+            class_name="SentencePieceTokenizer", assets=None,
+            note="SigLIP's 32k SentencePiece model cannot be bundled offline; place it at "
+            "assets/tokenizer/spiece.model of a saved preset or set `model.tokenizer`.",
+        ),
+        preprocessor=dict(image_size=224, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+        paper="Zhai et al. 2023, Sigmoid Loss for Language Image Pre-Training",
+        weights_note="Weights not bundled; convert a local checkpoint with `vlzoo.convert`.",
+    ),
+    "siglip_tiny": dict(
+        config=dict(
+            vision=dict(
+                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
+                intermediate_dim=64, output_dim=None,
+            ),
+            text=dict(
+                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
+                num_heads=4, intermediate_dim=64,
+            ),
+            embed_dim=32,
+        ),
+        description="Tiny SigLIP for tests and examples (32 px, 2+2 layers, width 32; CLIP BPE "
+        "tokenizer in place of SigLIP's SentencePiece).",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+        paper="Zhai et al. 2023, Sigmoid Loss for Language Image Pre-Training",
+        weights_note="Random initialisation; for tests.",
+    ),
+}

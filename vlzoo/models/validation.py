@@ -1,0 +1,92 @@
+"""Input checks shared by the public model methods.
+
+Static shapes are checked everywhere (they are known while tracing);
+values (token ids in range, finite pixels) only when the input is concrete.
+"""
+
+import numpy as np
+from keras import ops
+
+
+def _static_shape(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def concrete_numpy(x):
+    """Returns `x` as numpy when its values are available, else None."""
+    if isinstance(x, (np.ndarray, list, tuple, int, float)):
+        return np.asarray(x)
+    try:
+        return ops.convert_to_numpy(x)
+    except Exception:  # a symbolic or traced tensor: values unknown.
+        return None
+
+
+def check_images(images, num_channels=3, patch_size=None, name="images"):
+    shape = _static_shape(images)
+    if len(shape) != 4 or shape[-1] != num_channels:
+        raise ValueError(
+            f"`{name}` must be a float tensor of shape (B, H, W, {num_channels}), channels last; "
+            f"received shape {shape}."
+        )
+    if patch_size is not None:
+        for axis, size in zip(("height", "width"), shape[1:3]):
+            if size is not None and size % patch_size:
+                raise ValueError(
+                    f"`{name}` {axis} ({size}) must be a multiple of the patch size "
+                    f"({patch_size}); received shape {shape}. Resize with the model's preprocessor."
+                )
+
+
+def check_images_values(images, name="images"):
+    values = concrete_numpy(images)
+    if values is None:
+        return
+    if not np.issubdtype(values.dtype, np.floating):
+        raise TypeError(
+            f"`{name}` must be float pixels (preprocessed); received dtype {values.dtype}. "
+            "Use `model.preprocessor(images)` for uint8 images."
+        )
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"`{name}` contains non-finite values (NaN or inf).")
+
+
+def check_text(inputs, vocabulary_size, sequence_length, name="texts"):
+    if not isinstance(inputs, dict) or "token_ids" not in inputs:
+        raise TypeError(
+            f"`{name}` must be the tokenizer's dict with `token_ids` (B, T) and `padding_mask` "
+            f"(B, T); received {type(inputs).__name__}."
+        )
+    ids = inputs["token_ids"]
+    mask = inputs.get("padding_mask")
+    shape = _static_shape(ids)
+    if len(shape) != 2:
+        raise ValueError(f"`token_ids` must have shape (B, T); received shape {shape}.")
+    if shape[1] is not None and shape[1] > sequence_length:
+        raise ValueError(
+            f"`token_ids` has {shape[1]} positions but the text tower's context length is "
+            f"{sequence_length}; received shape {shape}."
+        )
+    if mask is not None and tuple(_static_shape(mask)) != shape:
+        raise ValueError(
+            f"`padding_mask` must have the shape of `token_ids` {shape}; "
+            f"received {tuple(_static_shape(mask))}."
+        )
+    values = concrete_numpy(ids)
+    if values is not None:
+        if not np.issubdtype(values.dtype, np.integer):
+            raise TypeError(f"`token_ids` must be integers; received dtype {values.dtype}.")
+        if values.size and (values.min() < 0 or values.max() >= vocabulary_size):
+            raise ValueError(
+                f"`token_ids` must lie in [0, {vocabulary_size}); received values in "
+                f"[{values.min()}, {values.max()}]."
+            )
+
+
+def check_batch_sizes(images, token_ids):
+    b_img, b_txt = _static_shape(images)[0], _static_shape(token_ids)[0]
+    if b_img is not None and b_txt is not None and b_img != b_txt:
+        raise ValueError(
+            f"`images` and `token_ids` must have the same batch size for paired training; "
+            f"received {b_img} images and {b_txt} captions."
+        )

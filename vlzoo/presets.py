@@ -1,0 +1,286 @@
+"""Preset registry, `from_preset`, `save_to_preset`, `preset_info`.
+
+A preset is a directory in keras-hub's layout:
+
+    config.json          Keras-serialised model (`registered_name` "vlzoo>CLIP", ...)
+    metadata.json        versions, family, parameter count, paper, licence, description
+    tokenizer.json       serialised tokenizer (its asset files named, not inlined)
+    preprocessor.json    serialised image preprocessor
+    model.weights.h5     weights, when the preset has them
+    assets/tokenizer/    tokenizer vocabularies
+
+Registered names resolve to `presets/<name>/` of the repository (or
+`$VLZOO_PRESETS_DIR/<name>/`), which `tools/build_presets.py` writes from the
+family modules' `PRESETS` tables.
+"""
+
+import difflib
+import json
+import os
+import pathlib
+import warnings
+
+import keras
+import numpy as np
+
+from vlzoo.version import __version__
+
+CONFIG_FILE = "config.json"
+METADATA_FILE = "metadata.json"
+TOKENIZER_FILE = "tokenizer.json"
+PREPROCESSOR_FILE = "preprocessor.json"
+WEIGHTS_FILE = "model.weights.h5"
+TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
+
+_warned_random = set()
+
+
+def _family_modules():
+    from vlzoo.models import clip, siglip
+
+    return {"clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS)}
+
+
+def registry():
+    """`{name: (family, model_class, preset_dict)}` for every registered preset."""
+    table = {}
+    for family, (cls, presets) in _family_modules().items():
+        for name, preset in presets.items():
+            table[name] = (family, cls, preset)
+    return table
+
+
+def presets_root():
+    """Directory holding the registered preset directories."""
+    env = os.environ.get("VLZOO_PRESETS_DIR")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path(__file__).resolve().parent.parent / "presets"
+
+
+def list_presets(family=None):
+    """Names of every registered preset, optionally of one `family` (e.g. `"clip"`)."""
+    table = registry()
+    families = sorted({f for f, _, _ in table.values()})
+    if family is not None and family not in families:
+        raise ValueError(f"Unknown `family` {family!r}; registered families: {families}.")
+    return sorted(name for name, (f, _, _) in table.items() if family in (None, f))
+
+
+def _unknown_preset_error(name):
+    names = list_presets()
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return ValueError(
+        f"Unknown preset {name!r}: not a registered name and not a directory.{hint} "
+        f"Registered presets: {', '.join(names)}."
+    )
+
+
+def _read_json(path):
+    if not path.is_file():
+        raise FileNotFoundError(f"Preset file missing: {path}.")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"Preset file {path} is not valid JSON: {error}.") from error
+
+
+def resolve_preset(preset):
+    """Returns the directory of `preset` (a registered name or a path)."""
+    path = pathlib.Path(os.path.expanduser(str(preset)))
+    if path.is_dir():
+        return path
+    if str(preset) in registry():
+        directory = presets_root() / str(preset)
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"Preset {preset!r} is registered but its directory {directory} is missing; "
+                "run `python tools/build_presets.py`."
+            )
+        return directory
+    if os.sep in str(preset) or str(preset).startswith("."):
+        raise FileNotFoundError(f"Preset directory not found: {path}.")
+    raise _unknown_preset_error(str(preset))
+
+
+def _merge(base, overrides):
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _deserialize(config, path):
+    try:
+        return keras.saving.deserialize_keras_object(config)
+    except Exception as error:
+        raise ValueError(f"Could not build the model described by {path}: {error}") from error
+
+
+def model_config(preset):
+    """The Keras-serialised config dict of `preset` (name or directory)."""
+    return _read_json(resolve_preset(preset) / CONFIG_FILE)
+
+
+def count_parameters_abstractly(config):
+    """Parameter count of a serialised model config, without allocating weights.
+
+    Variables are created inside a `keras.StatelessScope` that defers their
+    initialisation; only their shapes are read.
+    """
+    from keras.src.backend.common import global_state
+
+    key = "uninitialized_variables"
+    pending = list(global_state.get_global_attribute(key, [], set_to_default=True))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            model = keras.saving.deserialize_keras_object(config)
+            count = sum(int(np.prod(v.shape)) for v in model.weights)
+    finally:
+        global_state.set_global_attribute(key, pending)
+    return count
+
+
+def preset_info(name):
+    """Family, parameter count, paper, weights availability and description of a preset.
+
+    The parameter count is computed from the config without allocating the
+    model's weights, so it works for presets too large for this machine.
+    """
+    directory = resolve_preset(name)
+    metadata = _read_json(directory / METADATA_FILE)
+    config = _read_json(directory / CONFIG_FILE)
+    return {
+        "name": metadata.get("name", str(name)),
+        "family": metadata.get("family"),
+        "params": count_parameters_abstractly(config),
+        "paper": metadata.get("paper"),
+        "weights_available": (directory / WEIGHTS_FILE).is_file(),
+        "description": metadata.get("description"),
+        "directory": str(directory),
+    }
+
+
+def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
+    """Builds a model from a registered preset name or a preset directory.
+
+    Args:
+        preset: a name from `list_presets()` or a directory written by
+            `save_to_preset`.
+        load_weights: load `model.weights.h5` when present. A preset without
+            weights loads randomly initialised and says so once.
+        dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
+        **config_overrides: constructor arguments replacing the preset's;
+            dicts (`vision=...`, `text=...`) are merged key by key.
+
+    Returns:
+        A `keras.Model` of the preset's family, with `tokenizer` and
+        `preprocessor` attached.
+
+    Example:
+    >>> model = vlzoo.from_preset("clip_tiny")
+    >>> model.encode_text(["a photo of a cat"]).shape
+    (1, 24)
+    """
+    directory = resolve_preset(preset)
+    config = _read_json(directory / CONFIG_FILE)
+    metadata = _read_json(directory / METADATA_FILE)
+    if not isinstance(config, dict) or "config" not in config or "class_name" not in config:
+        raise ValueError(f"Preset file {directory / CONFIG_FILE} is not a serialised Keras model config.")
+    inner = _merge(config["config"], config_overrides)
+    if dtype is not None:
+        inner["dtype"] = dtype
+    model = _deserialize({**config, "config": inner}, directory / CONFIG_FILE)
+
+    weights = directory / WEIGHTS_FILE
+    if load_weights and weights.is_file():
+        try:
+            model.load_weights(str(weights))
+        except Exception as error:
+            raise ValueError(
+                f"Could not load the weights file {weights}: {error}. "
+                "Is it complete, and does config.json (with your overrides) match it?"
+            ) from error
+    elif load_weights and str(directory) not in _warned_random:
+        _warned_random.add(str(directory))
+        warnings.warn(
+            f"Preset {metadata.get('name', str(preset))!r} has no weights ({WEIGHTS_FILE} absent): "
+            "the model is randomly initialised. "
+            + metadata.get("weights_note", ""),
+            stacklevel=2,
+        )
+
+    from vlzoo.tokenizers import UnavailableTokenizer, tokenizer_from_config
+
+    tokenizer_file = directory / TOKENIZER_FILE
+    if tokenizer_file.is_file():
+        assets = directory / TOKENIZER_ASSETS
+        try:
+            model.tokenizer = tokenizer_from_config(_read_json(tokenizer_file), assets)
+        except FileNotFoundError as error:
+            if metadata.get("tokenizer_bundled", True) is False:
+                model.tokenizer = UnavailableTokenizer(f"{metadata.get('tokenizer_note', '')} ({error})")
+                return _finish(model, directory)
+            raise FileNotFoundError(
+                f"Tokenizer asset missing in {assets} (named by {tokenizer_file}): {error}"
+            ) from error
+    return _finish(model, directory)
+
+
+def _finish(model, directory):
+    preprocessor_file = directory / PREPROCESSOR_FILE
+    if preprocessor_file.is_file():
+        model.preprocessor = _deserialize(_read_json(preprocessor_file), preprocessor_file)
+    return model
+
+
+
+def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):
+    """Writes the JSON files (and tokenizer assets) of a preset directory.
+
+    `assets` says how the tokenizer's files get there: `"copy"` (written by
+    the tokenizer), a directory (`assets/tokenizer` becomes a relative
+    symlink to it, for the registered presets) or `None` (not bundled).
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    info = {"keras_version": keras.__version__, "vlzoo_version": __version__, **metadata}
+    (directory / METADATA_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    if assets not in ("copy", None):
+        link = directory / TOKENIZER_ASSETS
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(assets, link.parent), target_is_directory=True)
+    elif tokenizer is not None and assets == "copy":
+        tokenizer.save_assets(str(directory / TOKENIZER_ASSETS))
+    if tokenizer is not None:
+        serialized = keras.saving.serialize_keras_object(tokenizer)
+        (directory / TOKENIZER_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
+    if preprocessor is not None:
+        serialized = keras.saving.serialize_keras_object(preprocessor)
+        (directory / PREPROCESSOR_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
+
+
+def save_to_preset(model, directory, metadata=None):
+    """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory."""
+    from vlzoo.tokenizers import UnavailableTokenizer
+
+    tokenizer = model.tokenizer
+    if isinstance(tokenizer, UnavailableTokenizer):
+        tokenizer = None
+    info = {
+        "family": getattr(model, "family", None),
+        "parameter_count": int(model.count_params()),
+        **(metadata or {}),
+    }
+    write_preset(
+        directory, keras.saving.serialize_keras_object(model), info,
+        tokenizer=tokenizer, preprocessor=model.preprocessor,
+    )
+    model.save_weights(str(pathlib.Path(directory) / WEIGHTS_FILE))
