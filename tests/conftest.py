@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny model builders and inputs (the suite runs once per backend)."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
+TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "conformance: spawns one subprocess per backend (jax pass only)")
+
+
+def tiny_model(family="clip", **overrides):
+    """A tiny model of `family` with a 64-token vocabulary (fast to build and train)."""
+    from vlzoo.models import CLIP, SigLIP
+
+    cls = {"clip": CLIP, "siglip": SigLIP}[family]
+    config = dict(vision=dict(TINY_VISION), text=dict(TINY_TEXT), embed_dim=16)
+    for key, value in overrides.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    return cls(**config)
+
+
+def tiny_batch(batch_size=4, seed=0, image_size=32, sequence_length=12, vocabulary_size=64):
+    """Random paired inputs: images, token ids ending with an end token (the max id), masks."""
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=(batch_size, image_size, image_size, 3)).astype("float32")
+    lengths = rng.integers(3, sequence_length + 1, size=batch_size)
+    ids = np.zeros((batch_size, sequence_length), "int32")
+    mask = np.zeros((batch_size, sequence_length), bool)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = rng.integers(1, vocabulary_size - 1, size=n)
+        ids[i, n - 1] = vocabulary_size - 1  # end token: the largest id, as in CLIP's BPE
+        mask[i, :n] = True
+    return {"images": images, "token_ids": ids, "padding_mask": mask}
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.fixture
+def backend():
+    return keras.backend.backend()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    keras.utils.set_random_seed(1234)
+
+
+@pytest.fixture
+def repo_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,168 @@
+"""Layers against independent numpy references; serialisation; interpolation."""
+
+import keras
+import numpy as np
+import pytest
+import reference_towers as ref
+from conftest import to_numpy
+
+from vlzoo import layers
+
+
+def _randomise(layer, seed=0, scale=0.2):
+    """Gives every weight (biases and norms included) non-trivial values."""
+    rng = np.random.default_rng(seed)
+    for v in layer.weights:
+        base = 1.0 if v.name == "gamma" else 0.0
+        v.assign(base + scale * rng.normal(size=v.shape).astype("float32"))
+
+
+def test_quick_gelu_golden():
+    # x * sigmoid(1.702 x) at x = 1: 1 / (1 + e^-1.702) = 0.845795...
+    assert abs(float(to_numpy(layers.quick_gelu(keras.ops.convert_to_tensor(1.0)))) - 1 / (1 + np.exp(-1.702))) < 1e-6
+
+
+def test_unknown_activation_is_named():
+    with pytest.raises(ValueError, match="activation"):
+        layers.TransformerBlock(8, 2, 16, activation="relu6")
+
+
+@pytest.mark.parametrize("activation", ["quick_gelu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_transformer_block_matches_numpy(activation, causal):
+    block = layers.TransformerBlock(16, 4, 32, activation=activation, layer_norm_epsilon=1e-5)
+    block.build((None, 5, 16))
+    _randomise(block)
+    x = np.random.default_rng(1).normal(size=(2, 5, 16)).astype("float32")
+    got = to_numpy(block(x, is_causal=causal))
+    mask = np.tril(np.ones((5, 5), bool))[None].repeat(2, 0) if causal else None
+    np.testing.assert_allclose(got, ref.block(x.astype(np.float64), block, mask), atol=2e-5)
+
+
+def test_layer_norm_epsilon_is_used():
+    # A near-constant input makes the epsilon dominate the variance: 1e-5 and 1e-3
+    # (Keras' default) then give clearly different outputs.
+    x = np.array([[[1.0, 1.001, 0.999, 1.0]]], "float32")
+    outs = []
+    for eps in (1e-5, 1e-3):
+        block = layers.TransformerBlock(4, 1, 8, layer_norm_epsilon=eps)
+        block.build((None, 1, 4))
+        _randomise(block)
+        outs.append(to_numpy(block(x)))
+        np.testing.assert_allclose(outs[-1], ref.block(x.astype(np.float64), block), atol=2e-5)
+    assert np.abs(outs[0] - outs[1]).max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(pooling="cls", num_prefix_tokens=1, use_pre_norm=True, activation="quick_gelu"),
+        dict(pooling="mean", num_prefix_tokens=1, use_pre_norm=True, activation="gelu"),
+        dict(pooling="map", num_prefix_tokens=0, use_pre_norm=False, patch_bias=True, layer_norm_epsilon=1e-6),
+        dict(pooling="cls", num_prefix_tokens=3, projection_bias=True),
+        dict(pooling="map", num_prefix_tokens=0, output_dim=None),
+    ],
+)
+def test_vision_transformer_matches_numpy(config):
+    config = {"output_dim": 12, **config}
+    vit = layers.VisionTransformer(16, 4, 16, 2, 4, 32, **config)
+    vit.build()
+    _randomise(vit)
+    images = np.random.default_rng(2).normal(size=(2, 16, 16, 3)).astype("float32")
+    out = vit(images)
+    pooled, tokens = ref.vision_forward(images, vit)
+    np.testing.assert_allclose(to_numpy(out["tokens"]), tokens, atol=3e-5)
+    np.testing.assert_allclose(to_numpy(out["pooled"]), pooled, atol=3e-5)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(causal=True, pooling="eot"),
+        dict(causal=False, pooling="last", projection_bias=True),
+        dict(causal=False, pooling="mean", use_padding_mask=True),
+        dict(causal=True, pooling="eot", use_padding_mask=True, activation="quick_gelu"),
+        dict(causal=False, pooling="first", output_dim=None),
+    ],
+)
+def test_text_transformer_matches_numpy(config):
+    config = {"output_dim": 12, **config}
+    tower = layers.TextTransformer(50, 8, 16, 2, 4, 32, **config)
+    tower.build()
+    _randomise(tower)
+    ids = np.array([[5, 7, 49, 0, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9, 49]], "int32")
+    mask = ids > 0
+    mask[1] = True
+    out = tower(ids, mask)
+    pooled, tokens = ref.text_forward(ids, mask, tower)
+    np.testing.assert_allclose(to_numpy(out["tokens"]), tokens, atol=3e-5)
+    np.testing.assert_allclose(to_numpy(out["pooled"]), pooled, atol=3e-5)
+
+
+def test_text_shorter_than_context_uses_leading_positions():
+    tower = layers.TextTransformer(50, 8, 16, 1, 4, 32, output_dim=None, causal=True)
+    tower.build()
+    ids = np.array([[1, 2, 49, 0, 0, 0, 0, 0]], "int32")
+    full = to_numpy(tower(ids, ids > 0)["tokens"])
+    short = to_numpy(tower(ids[:, :3], ids[:, :3] > 0)["tokens"])
+    # Causal attention: the first three positions do not see the padding after them.
+    np.testing.assert_allclose(short, full[:, :3], atol=1e-5)
+
+
+def test_padding_invariance_with_padding_mask():
+    tower = layers.TextTransformer(50, 8, 16, 2, 4, 32, output_dim=8, causal=False, pooling="mean", use_padding_mask=True)
+    tower.build()
+    _randomise(tower)
+    ids = np.array([[5, 7, 9, 0, 0, 0, 0, 0], [5, 7, 9, 31, 17, 2, 8, 4]], "int32")
+    mask = np.array([[1, 1, 1, 0, 0, 0, 0, 0]] * 2, bool)
+    out = to_numpy(tower(ids, mask)["pooled"])
+    np.testing.assert_allclose(out[0], out[1], atol=1e-5)
+
+
+def test_bicubic_matrix_matches_torch_interpolate():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    for src, dst in [(7, 14), (14, 7), (4, 6), (6, 4), (5, 5)]:
+        grid = rng.normal(size=(src, src)).astype("float32")
+        expected = torch.nn.functional.interpolate(
+            torch.from_numpy(grid)[None, None], size=(dst, dst), mode="bicubic", align_corners=False
+        )[0, 0].numpy()
+        m = layers.bicubic_resize_matrix(src, dst)
+        np.testing.assert_allclose(m @ grid @ m.T, expected, atol=1e-5)
+    np.testing.assert_allclose(layers.bicubic_resize_matrix(5, 5), np.eye(5), atol=1e-7)
+
+
+def test_position_embedding_resizes_patch_rows_only():
+    pos = layers.PositionEmbedding(8, grid_size=(4, 4), num_prefix_tokens=2)
+    pos.build()
+    table = to_numpy(pos.embeddings)
+    resized = to_numpy(pos.resized((6, 6)))
+    assert resized.shape == (2 + 36, 8)
+    np.testing.assert_array_equal(resized[:2], table[:2])
+    m = layers.bicubic_resize_matrix(4, 6)
+    grid = table[2:].reshape(4, 4, 8)
+    np.testing.assert_allclose(resized[2:].reshape(6, 6, 8), np.einsum("ih,hwd,jw->ijd", m, grid, m), atol=1e-5)
+
+
+def test_vit_accepts_other_resolution():
+    vit = layers.VisionTransformer(16, 4, 16, 1, 4, 32, output_dim=8)
+    vit.build()
+    out = vit(np.zeros((1, 24, 24, 3), "float32"))
+    assert tuple(out["tokens"].shape) == (1, 1 + 36, 16)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: layers.TransformerBlock(16, 4, 32, activation="quick_gelu", layer_norm_epsilon=1e-6, num_layers=3),
+        lambda: layers.VisionTransformer(16, 4, 16, 1, 4, 32, output_dim=8, pooling="map", num_prefix_tokens=0),
+        lambda: layers.TextTransformer(50, 8, 16, 1, 4, 32, output_dim=8, causal=False, pooling="last"),
+        lambda: layers.MAPHead(16, 4, 32),
+        lambda: layers.PositionEmbedding(16, grid_size=(2, 2), num_prefix_tokens=1),
+        lambda: layers.PatchEmbedding(16, 4, use_bias=True),
+    ],
+)
+def test_get_config_round_trip(make):
+    layer = make()
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()

@@ -1,0 +1,1096 @@
+"""Text tokenizers and image preprocessing for vlzoo models.
+
+Everything here is backend-neutral: inputs may be Python strings, numpy arrays or any
+backend tensor, and outputs are always numpy arrays, so the same preprocessing feeds a
+model on JAX, TensorFlow or PyTorch. These classes run eagerly in Python (they are not
+`tf.data` graph ops); use them in a Python input pipeline or before `model.predict`.
+
+- `CLIPTokenizer`: OpenAI CLIP byte-pair encoding (49,408 tokens), id-for-id identical
+  to open_clip's `SimpleTokenizer` (with `ftfy` installed), backed by
+  `keras_hub.models.CLIPTokenizer` and `keras_hub.layers.StartEndPacker`.
+- `SentencePieceTokenizer`: a SentencePiece model (e.g. SigLIP's), backed by
+  `keras_hub.tokenizers.SentencePieceTokenizer`. No SentencePiece model is shipped.
+- `tokenizer_from_config(config, assets_dir)`: rebuild a tokenizer from a serialised
+  config plus the directory holding its asset files (what preset loading calls).
+- `ImagePreprocessor`: resize (shortest side, bicubic) + centre crop + normalise, as
+  open_clip's inference transform.
+
+Example:
+
+```python
+tok = CLIPTokenizer.from_assets("presets/_assets/clip_bpe")
+out = tok(["a photo of a cat", "a dog"])
+out["token_ids"].shape      # (2, 77) int32
+out["padding_mask"].shape   # (2, 77) bool
+
+pre = ImagePreprocessor(image_size=224)
+pre(np.zeros((480, 640, 3), np.uint8)).shape   # (1, 224, 224, 3) float32
+```
+
+`keras_hub` (which imports TensorFlow) is imported lazily, on a tokenizer's first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import os
+import unicodedata
+import warnings
+
+import keras
+import numpy as np
+
+__all__ = [
+    "CLIPTokenizer",
+    "SentencePieceTokenizer",
+    "ImagePreprocessor",
+    "tokenizer_from_config",
+    "TOKENIZER_CLASSES",
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "SIGLIP_MEAN",
+    "SIGLIP_STD",
+]
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+SIGLIP_STD = (0.5, 0.5, 0.5)
+
+
+# --------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------
+
+
+def _to_numpy(x):
+    """Any backend tensor (or array-like) -> numpy, without importing a backend."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch
+        return x.detach().cpu().numpy()
+    if hasattr(x, "numpy") and callable(x.numpy):  # tf eager
+        return np.asarray(x.numpy())
+    return np.asarray(x)  # jax arrays, lists, scalars
+
+
+def _canonicalize_texts(texts):
+    """Returns (list of str, batched flag). Raises TypeError naming `texts`."""
+    if isinstance(texts, bytes):
+        return [texts.decode("utf-8")], False
+    if isinstance(texts, str):
+        return [texts], False
+    if isinstance(texts, np.ndarray) or hasattr(texts, "numpy") or hasattr(
+        texts, "detach"
+    ):
+        arr = _to_numpy(texts)
+        if arr.dtype.kind not in ("U", "S", "O"):
+            raise TypeError(
+                "`texts` must be a str or a sequence of str; received an array of "
+                f"dtype {arr.dtype} with shape {arr.shape}."
+            )
+        if arr.ndim == 0:
+            return _canonicalize_texts(arr.item())[0], False
+        if arr.ndim != 1:
+            raise TypeError(
+                "`texts` must be a str or a 1-D sequence of str; received an array "
+                f"with shape {arr.shape}."
+            )
+        texts = arr.tolist()
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(
+            "`texts` must be a str or a list of str; received an object of type "
+            f"{type(texts).__name__}."
+        )
+    out = []
+    for i, t in enumerate(texts):
+        if isinstance(t, bytes):
+            t = t.decode("utf-8")
+        if not isinstance(t, str):
+            raise TypeError(
+                "`texts` must be a str or a list of str; element "
+                f"{i} has type {type(t).__name__} ({t!r:.50})."
+            )
+        out.append(t)
+    return out, True
+
+
+@functools.lru_cache(maxsize=32)
+def _packer(sequence_length, start_value, end_value, pad_value):
+    from keras_hub.layers import StartEndPacker
+
+    return StartEndPacker(
+        sequence_length=sequence_length,
+        start_value=start_value,
+        end_value=end_value,
+        pad_value=pad_value,
+        return_padding_mask=True,
+    )
+
+
+def _pack(sequences, sequence_length, start_value, end_value, pad_value):
+    """Add start/end, truncate (end kept), pad, via keras_hub's StartEndPacker.
+
+    Returns int32 ids (B, T) and a bool mask (B, T) (True = start, token or end).
+    """
+    batch = len(sequences)
+    if batch == 0:
+        return (
+            np.zeros((0, sequence_length), np.int32),
+            np.zeros((0, sequence_length), bool),
+        )
+    packer = _packer(sequence_length, start_value, end_value, pad_value)
+    ids, mask = packer([list(map(int, s)) for s in sequences])
+    ids = np.asarray(keras.ops.convert_to_numpy(ids)).astype(np.int32)
+    mask = np.asarray(keras.ops.convert_to_numpy(mask)).astype(bool)
+    return ids.reshape(batch, sequence_length), mask.reshape(batch, sequence_length)
+
+
+def _check_sequence_length(sequence_length):
+    if (
+        isinstance(sequence_length, bool)
+        or not isinstance(sequence_length, (int, np.integer))
+        or sequence_length < 2
+    ):
+        raise ValueError(
+            "`sequence_length` must be an int >= 2 (room for the start and end "
+            f"tokens); received {sequence_length!r}."
+        )
+    return int(sequence_length)
+
+
+# --------------------------------------------------------------------------------------
+# CLIP BPE
+# --------------------------------------------------------------------------------------
+
+_FTFY_WARNED = False
+
+
+def _fix_text(text):
+    global _FTFY_WARNED
+    try:
+        import ftfy
+    except ImportError:
+        if not _FTFY_WARNED:
+            warnings.warn(
+                "ftfy is not installed: vlzoo's CLIPTokenizer falls back to NFC "
+                "normalisation, so ids can differ from open_clip/OpenAI CLIP on text "
+                "with mojibake, curly quotes, ligatures or full-width characters. "
+                "`pip install ftfy` for exact parity.",
+                stacklevel=3,
+            )
+            _FTFY_WARNED = True
+        return unicodedata.normalize("NFC", text)
+    return ftfy.fix_text(text)
+
+
+def clip_clean_text(text):
+    """open_clip's default ("lower") text cleaning.
+
+    `ftfy.fix_text`, HTML-unescape twice, strip, collapse whitespace runs to one space,
+    lowercase.
+    """
+    text = _fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return " ".join(text.split()).strip().lower()
+
+
+_CLIP_SPLIT_PATTERN = None
+
+
+def _clip_split_pattern():
+    # The exact pattern (and flags) of open_clip's SimpleTokenizer, which also
+    # recognises its own two special-token strings inside the text.
+    global _CLIP_SPLIT_PATTERN
+    if _CLIP_SPLIT_PATTERN is None:
+        import regex
+
+        _CLIP_SPLIT_PATTERN = regex.compile(
+            r"<start_of_text>|<end_of_text>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]"
+            r"|[^\s\p{L}\p{N}]+",
+            regex.IGNORECASE,
+        )
+    return _CLIP_SPLIT_PATTERN
+
+
+def _bytes_to_unicode():
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(2**8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2**8 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+def _load_vocabulary(vocabulary):
+    if isinstance(vocabulary, (str, os.PathLike)):
+        path = os.fspath(vocabulary)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"CLIP BPE vocabulary file not found: {path!r}. Generate it with "
+                "`python tools/build_clip_bpe_assets.py` or pass a dict."
+            )
+        with open(path, encoding="utf-8") as f:
+            vocabulary = json.load(f)
+    if not isinstance(vocabulary, dict):
+        raise TypeError(
+            "`vocabulary` must be a path to a json file or a dict {token: id}; "
+            f"received {type(vocabulary).__name__}."
+        )
+    return {str(k): int(v) for k, v in vocabulary.items()}
+
+
+def _load_merges(merges):
+    if isinstance(merges, (str, os.PathLike)):
+        path = os.fspath(merges)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"CLIP BPE merges file not found: {path!r}. Generate it with "
+                "`python tools/build_clip_bpe_assets.py` or pass a list."
+            )
+        with open(path, encoding="utf-8") as f:
+            merges = f.read().split("\n")
+    if not isinstance(merges, (list, tuple)):
+        raise TypeError(
+            "`merges` must be a path to a text file or a list of 'a b' strings; "
+            f"received {type(merges).__name__}."
+        )
+    out = []
+    for m in merges:
+        m = " ".join(m) if isinstance(m, (list, tuple)) else str(m)
+        if not m.strip() or m.lstrip().startswith("#version"):
+            continue
+        out.append(m)
+    return out
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class CLIPTokenizer:
+    """OpenAI CLIP byte-pair-encoding tokenizer (lowercased, `ftfy`-cleaned).
+
+    Gives exactly the ids of open_clip's `SimpleTokenizer()(texts, context_length)`:
+    the text is cleaned as open_clip does (`ftfy.fix_text`, HTML-unescape, whitespace
+    collapse, lowercase), split with open_clip's regex, byte-pair encoded by
+    `keras_hub.models.CLIPTokenizer`, then wrapped in `<|startoftext|>` /
+    `<|endoftext|>` by `keras_hub.layers.StartEndPacker`. Over-long texts are
+    truncated to `sequence_length` with the end token kept last; shorter ones are
+    padded with `pad_value`. As in open_clip, the literal strings `<start_of_text>` and
+    `<end_of_text>` inside a text become the start and end ids.
+
+    Args:
+        vocabulary: path to `vocabulary.json` or a dict `{token: id}`. May be `None`
+            (e.g. in `from_config`); then call `load_assets(directory)` before use.
+        merges: path to `merges.txt` or a list of `"a b"` merge rules (a
+            `#version` header line is ignored).
+        sequence_length: int, output length `T` (77 for CLIP).
+        pad_value: int id written after the end token (open_clip pads with 0).
+        vocabulary_file, merges_file: file names used by `save_assets` /
+            `load_assets` (recorded in the config instead of the vocabulary).
+
+    Call: `tokenizer(texts, sequence_length=None)` with `texts` a str or a list of
+    str (`B` of them; a single str gives `B = 1`). Returns a dict of numpy arrays:
+    `"token_ids"` int32 `(B, T)` and `"padding_mask"` bool `(B, T)`, True on the
+    start token, the text tokens and the end token.
+
+    Example:
+
+    ```python
+    tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
+                        "presets/_assets/clip_bpe/merges.txt")
+    out = tok(["a photo of a cat"])
+    out["token_ids"][0, :7]   # [49406, 320, 1125, 539, 320, 2368, 49407]
+    tok.detokenize(out["token_ids"])   # ["a photo of a cat"]
+    ```
+    """
+
+    START_TOKEN = "<|startoftext|>"
+    END_TOKEN = "<|endoftext|>"
+
+    def __init__(
+        self,
+        vocabulary=None,
+        merges=None,
+        sequence_length=77,
+        pad_value=0,
+        vocabulary_file="vocabulary.json",
+        merges_file="merges.txt",
+    ):
+        self.sequence_length = _check_sequence_length(sequence_length)
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, np.integer)):
+            raise ValueError(f"`pad_value` must be an int; received {pad_value!r}.")
+        self.pad_value = int(pad_value)
+        self.vocabulary_file = vocabulary_file
+        self.merges_file = merges_file
+        self._vocabulary = None
+        self._merges = None
+        self._id_to_token = None
+        self._keras_hub_tokenizer = None
+        self._cache = {}
+        if (vocabulary is None) != (merges is None):
+            raise ValueError(
+                "Pass both `vocabulary` and `merges`, or neither (then call "
+                "`load_assets(directory)`)."
+            )
+        if vocabulary is not None:
+            self.set_vocabulary_and_merges(vocabulary, merges)
+
+    # -- vocabulary --------------------------------------------------------------------
+    def set_vocabulary_and_merges(self, vocabulary, merges):
+        vocabulary = _load_vocabulary(vocabulary)
+        merges = _load_merges(merges)
+        for token in (self.START_TOKEN, self.END_TOKEN):
+            if token not in vocabulary:
+                raise ValueError(
+                    f"The CLIP vocabulary has no {token!r} token; got a vocabulary "
+                    f"of {len(vocabulary)} tokens."
+                )
+        self._vocabulary = vocabulary
+        self._merges = merges
+        self._id_to_token = {v: k for k, v in vocabulary.items()}
+        self._keras_hub_tokenizer = None
+        self._cache = {}
+
+    def _check_ready(self):
+        if self._vocabulary is None:
+            raise RuntimeError(
+                "This CLIPTokenizer has no vocabulary yet: pass `vocabulary` and "
+                "`merges` to the constructor or call `load_assets(directory)`."
+            )
+
+    @property
+    def vocabulary(self):
+        self._check_ready()
+        return dict(self._vocabulary)
+
+    @property
+    def vocabulary_size(self):
+        self._check_ready()
+        return len(self._vocabulary)
+
+    @property
+    def start_token_id(self):
+        self._check_ready()
+        return self._vocabulary[self.START_TOKEN]
+
+    @property
+    def end_token_id(self):
+        self._check_ready()
+        return self._vocabulary[self.END_TOKEN]
+
+    @property
+    def pad_token_id(self):
+        return self.pad_value
+
+    def token_to_id(self, token):
+        self._check_ready()
+        return self._vocabulary[token]
+
+    def id_to_token(self, token_id):
+        self._check_ready()
+        return self._id_to_token[int(token_id)]
+
+    # -- tokenization ------------------------------------------------------------------
+    def _backend(self):
+        if self._keras_hub_tokenizer is None:
+            from keras_hub.models import CLIPTokenizer as _KHCLIPTokenizer
+
+            self._keras_hub_tokenizer = _KHCLIPTokenizer(
+                vocabulary=self._vocabulary, merges=self._merges
+            )
+        return self._keras_hub_tokenizer
+
+    def encode(self, text):
+        """Ids of one string, without start/end tokens (list of int)."""
+        return self._encode_batch([text])[0]
+
+    def _encode_batch(self, texts):
+        self._check_ready()
+        pattern = _clip_split_pattern()
+        start, end = self.start_token_id, self.end_token_id
+        # Split every text into open_clip's pre-tokens; encode the unseen ones in a
+        # single keras_hub call (each pre-token is one BPE word).
+        split = [pattern.findall(clip_clean_text(t)) for t in texts]
+        unseen = sorted(
+            {
+                p
+                for pieces in split
+                for p in pieces
+                if p not in self._cache
+                and p not in ("<start_of_text>", "<end_of_text>")
+            }
+        )
+        if unseen:
+            encoded = self._backend().tokenize(unseen)
+            for piece, ids in zip(unseen, encoded):
+                self._cache[piece] = [int(i) for i in _to_numpy(ids).reshape(-1)]
+            if len(self._cache) > 200_000:
+                self._cache = {}
+        out = []
+        for pieces in split:
+            ids = []
+            for p in pieces:
+                if p == "<start_of_text>":
+                    ids.append(start)
+                elif p == "<end_of_text>":
+                    ids.append(end)
+                else:
+                    ids.extend(self._cache[p])
+            out.append(ids)
+        return out
+
+    def __call__(self, texts, sequence_length=None):
+        """Tokenize, add start/end, truncate and pad.
+
+        Args:
+            texts: str or list of str (also a 1-D numpy/tensor array of strings).
+            sequence_length: optional override of `self.sequence_length`.
+
+        Returns:
+            dict with `"token_ids"` (np.int32, `(B, T)`) and `"padding_mask"`
+            (np.bool_, `(B, T)`).
+        """
+        texts, _ = _canonicalize_texts(texts)
+        self._check_ready()
+        length = (
+            self.sequence_length
+            if sequence_length is None
+            else _check_sequence_length(sequence_length)
+        )
+        ids, mask = _pack(
+            self._encode_batch(texts),
+            length,
+            self.start_token_id,
+            self.end_token_id,
+            self.pad_value,
+        )
+        return {"token_ids": ids, "padding_mask": mask}
+
+    def detokenize(self, token_ids):
+        """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
+
+        Stops at the first end token; start tokens are dropped. Text is the cleaned
+        (lowercased) text, as open_clip's `decode` gives, with outer spaces stripped.
+        """
+        self._check_ready()
+        arr = _to_numpy(token_ids)
+        single = arr.ndim == 1
+        arr = np.atleast_2d(arr)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}."
+            )
+        byte_decoder = {v: k for k, v in _bytes_to_unicode().items()}
+        start, end = self.start_token_id, self.end_token_id
+        out = []
+        for row in arr.tolist():
+            tokens = []
+            for i in row:
+                if i == end:
+                    break
+                if i == start:
+                    continue
+                tokens.append(self._id_to_token.get(int(i), ""))
+            text = "".join(tokens)
+            data = bytearray(byte_decoder[c] for c in text if c in byte_decoder)
+            text = data.decode("utf-8", errors="replace").replace("</w>", " ")
+            out.append(text.strip())
+        return out[0] if single else out
+
+    # -- serialisation -----------------------------------------------------------------
+    def get_config(self):
+        return {
+            "sequence_length": self.sequence_length,
+            "pad_value": self.pad_value,
+            "vocabulary_file": self.vocabulary_file,
+            "merges_file": self.merges_file,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def save_assets(self, directory):
+        """Write `vocabulary_file` and `merges_file` into `directory`."""
+        self._check_ready()
+        os.makedirs(directory, exist_ok=True)
+        with open(
+            os.path.join(directory, self.vocabulary_file), "w", encoding="utf-8"
+        ) as f:
+            json.dump(self._vocabulary, f, ensure_ascii=False, separators=(",", ":"))
+        with open(os.path.join(directory, self.merges_file), "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n")
+            f.write("\n".join(self._merges))
+            f.write("\n")
+
+    def load_assets(self, directory):
+        """Read `vocabulary_file` and `merges_file` from `directory`."""
+        self.set_vocabulary_and_merges(
+            os.path.join(directory, self.vocabulary_file),
+            os.path.join(directory, self.merges_file),
+        )
+        return self
+
+    @classmethod
+    def from_assets(cls, directory, **kwargs):
+        """`cls(**kwargs)` then `load_assets(directory)`."""
+        return cls(**kwargs).load_assets(directory)
+
+    def __repr__(self):
+        size = len(self._vocabulary) if self._vocabulary is not None else None
+        return (
+            f"CLIPTokenizer(vocabulary_size={size}, "
+            f"sequence_length={self.sequence_length}, pad_value={self.pad_value})"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# SentencePiece
+# --------------------------------------------------------------------------------------
+
+
+def _canonicalize_punctuation(text):
+    """big_vision / open_clip "canonicalize" cleaning: drop ASCII punctuation,
+    `_` -> space, lowercase, collapse whitespace."""
+    import string
+
+    text = text.replace("_", " ")
+    text = text.translate(str.maketrans("", "", string.punctuation))
+    return " ".join(text.lower().split()).strip()
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class SentencePieceTokenizer:
+    """SentencePiece tokenizer (e.g. SigLIP's) with the `CLIPTokenizer` contract.
+
+    Wraps `keras_hub.tokenizers.SentencePieceTokenizer(proto=...)`. vlzoo does not
+    ship any SentencePiece model (SigLIP's 32k `spiece.model` is not redistributable
+    offline here); supply the file yourself.
+
+    Args:
+        proto: path to a `.model` file, or its serialised bytes. May be `None` (e.g.
+            in `from_config`); then call `load_assets(directory)` before use.
+        sequence_length: output length `T` (64 for SigLIP).
+        start_token: piece put first, or `None` for no start token (SigLIP).
+        end_token: piece put last (kept on truncation), e.g. `"</s>"`.
+        pad_value: id used after the end token; `None` means the end token's id
+            (SigLIP pads with `</s>`).
+        clean: `"none"`, `"lower"` (lowercase + collapse whitespace) or
+            `"canonicalize"` (also strip ASCII punctuation; open_clip's SigLIP
+            setting).
+        proto_file: file name used by `save_assets` / `load_assets`.
+
+    Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
+    """
+
+    def __init__(
+        self,
+        proto=None,
+        sequence_length=64,
+        start_token=None,
+        end_token="</s>",
+        pad_value=None,
+        clean="canonicalize",
+        proto_file="spiece.model",
+    ):
+        self.sequence_length = _check_sequence_length(sequence_length)
+        if clean not in ("none", "lower", "canonicalize"):
+            raise ValueError(
+                "`clean` must be 'none', 'lower' or 'canonicalize'; "
+                f"received {clean!r}."
+            )
+        self.start_token = start_token
+        self.end_token = end_token
+        self.pad_value = None if pad_value is None else int(pad_value)
+        self.clean = clean
+        self.proto_file = proto_file
+        self._proto = None
+        self._keras_hub_tokenizer = None
+        if proto is not None:
+            self.set_proto(proto)
+
+    def set_proto(self, proto):
+        if isinstance(proto, (str, os.PathLike)):
+            path = os.fspath(proto)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"SentencePiece model file not found: {path!r}. vlzoo does not "
+                    "ship SentencePiece vocabularies (e.g. SigLIP's 32k "
+                    "`spiece.model`, from the HF repo google/siglip-base-patch16-224 "
+                    "or big_vision). Download it where you have network access and "
+                    "pass `proto=<path>`, or copy it to that path "
+                    f"(`{self.proto_file}` in the preset's assets/tokenizer dir)."
+                )
+            with open(path, "rb") as f:
+                proto = f.read()
+        if not isinstance(proto, (bytes, bytearray)):
+            raise TypeError(
+                "`proto` must be a file path or the model's bytes; received "
+                f"{type(proto).__name__}."
+            )
+        self._proto = bytes(proto)
+        self._keras_hub_tokenizer = None
+        tok = self._backend()
+        for name in ("start_token", "end_token"):
+            piece = getattr(self, name)
+            if piece is not None and _as_str(
+                tok.id_to_token(tok.token_to_id(piece))
+            ) != piece:
+                raise ValueError(
+                    f"`{name}`={piece!r} is not in the SentencePiece vocabulary."
+                )
+
+    def _backend(self):
+        if self._proto is None:
+            raise RuntimeError(
+                "This SentencePieceTokenizer has no model yet: pass `proto` or call "
+                "`load_assets(directory)`."
+            )
+        if self._keras_hub_tokenizer is None:
+            from keras_hub.tokenizers import SentencePieceTokenizer as _KHSP
+
+            self._keras_hub_tokenizer = _KHSP(proto=self._proto)
+        return self._keras_hub_tokenizer
+
+    @property
+    def vocabulary_size(self):
+        return int(self._backend().vocabulary_size())
+
+    @property
+    def start_token_id(self):
+        if self.start_token is None:
+            return None
+        return int(self._backend().token_to_id(self.start_token))
+
+    @property
+    def end_token_id(self):
+        if self.end_token is None:
+            return None
+        return int(self._backend().token_to_id(self.end_token))
+
+    @property
+    def pad_token_id(self):
+        if self.pad_value is not None:
+            return self.pad_value
+        return self.end_token_id if self.end_token is not None else 0
+
+    def _clean(self, text):
+        if self.clean == "canonicalize":
+            return _canonicalize_punctuation(text)
+        if self.clean == "lower":
+            return " ".join(text.lower().split())
+        return text
+
+    def encode(self, text):
+        return self._encode_batch([text])[0]
+
+    def _encode_batch(self, texts):
+        if not texts:
+            return []
+        tok = self._backend()
+        encoded = tok.tokenize([self._clean(t) for t in texts])
+        return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
+
+    def __call__(self, texts, sequence_length=None):
+        """Same contract as `CLIPTokenizer.__call__`."""
+        texts, _ = _canonicalize_texts(texts)
+        self._backend()
+        length = (
+            self.sequence_length
+            if sequence_length is None
+            else _check_sequence_length(sequence_length)
+        )
+        ids, mask = _pack(
+            self._encode_batch(texts),
+            length,
+            self.start_token_id,
+            self.end_token_id,
+            self.pad_token_id,
+        )
+        return {"token_ids": ids, "padding_mask": mask}
+
+    def detokenize(self, token_ids):
+        """Ids -> strings; stops at the first end token, drops the start token."""
+        arr = _to_numpy(token_ids)
+        single = arr.ndim == 1
+        arr = np.atleast_2d(arr)
+        rows = []
+        for row in arr.tolist():
+            kept = []
+            for i in row:
+                if self.end_token is not None and i == self.end_token_id:
+                    break
+                if self.start_token is not None and i == self.start_token_id:
+                    continue
+                kept.append(int(i))
+            rows.append(kept)
+        out = []
+        tok = self._backend()
+        for kept in rows:
+            text = tok.detokenize(np.asarray(kept, np.int32)) if kept else ""
+            out.append(_as_str(text))
+        return out[0] if single else out
+
+    def get_config(self):
+        return {
+            "sequence_length": self.sequence_length,
+            "start_token": self.start_token,
+            "end_token": self.end_token,
+            "pad_value": self.pad_value,
+            "clean": self.clean,
+            "proto_file": self.proto_file,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def save_assets(self, directory):
+        if self._proto is None:
+            raise RuntimeError("No SentencePiece model to save.")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, self.proto_file), "wb") as f:
+            f.write(self._proto)
+
+    def load_assets(self, directory):
+        self.set_proto(os.path.join(directory, self.proto_file))
+        return self
+
+    @classmethod
+    def from_assets(cls, directory, **kwargs):
+        return cls(**kwargs).load_assets(directory)
+
+
+def _as_str(x):
+    x = _to_numpy(x) if not isinstance(x, (str, bytes)) else x
+    if isinstance(x, np.ndarray):
+        x = x.item()
+    return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+
+# --------------------------------------------------------------------------------------
+# Config -> tokenizer
+# --------------------------------------------------------------------------------------
+
+# Keys accepted in a config's "class_name" (or "type"); a future WordPiece tokenizer
+# (STAIR) registers here.
+TOKENIZER_CLASSES = {
+    "CLIPTokenizer": CLIPTokenizer,
+    "vlzoo>CLIPTokenizer": CLIPTokenizer,
+    "clip_bpe": CLIPTokenizer,
+    "SentencePieceTokenizer": SentencePieceTokenizer,
+    "vlzoo>SentencePieceTokenizer": SentencePieceTokenizer,
+    "sentencepiece": SentencePieceTokenizer,
+}
+
+
+def tokenizer_from_config(config, assets_dir=None):
+    """Build a tokenizer from a serialised config and its assets directory.
+
+    Args:
+        config: either `keras.saving.serialize_keras_object(tokenizer)` (a dict with
+            `"class_name"` and `"config"`), or a flat dict holding the constructor
+            arguments plus a `"class_name"` (or `"type"`) key naming one of
+            `TOKENIZER_CLASSES` (e.g. `"CLIPTokenizer"`, `"clip_bpe"`).
+        assets_dir: directory with the asset files named in the config (e.g. a
+            preset's `assets/tokenizer/` with `vocabulary.json` and `merges.txt`).
+            If `None`, the tokenizer is returned without a vocabulary.
+
+    Returns:
+        A `CLIPTokenizer` or `SentencePieceTokenizer`.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(
+            f"`config` must be a dict; received {type(config).__name__}."
+        )
+    if "config" in config and isinstance(config["config"], dict):
+        name = config.get("class_name")
+        kwargs = dict(config["config"])
+    else:
+        kwargs = dict(config)
+        name = kwargs.pop("class_name", None)
+        type_name = kwargs.pop("type", None)
+        name = name or type_name
+    kwargs.pop("name", None)
+    if name not in TOKENIZER_CLASSES:
+        raise ValueError(
+            f"Unknown tokenizer class {name!r}; expected one of "
+            f"{sorted(TOKENIZER_CLASSES)}."
+        )
+    tokenizer = TOKENIZER_CLASSES[name].from_config(kwargs)
+    if assets_dir is not None:
+        tokenizer.load_assets(os.fspath(assets_dir))
+    return tokenizer
+
+
+# --------------------------------------------------------------------------------------
+# Images
+# --------------------------------------------------------------------------------------
+
+_FLOAT_TOLERANCE = 1e-3
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class ImagePreprocessor:
+    """Resize, centre-crop and normalise images, as open_clip's inference transform.
+
+    Per image: resize so the shortest side is `image_size` (long side
+    `int(image_size * long / short)`, as torchvision), with PIL's antialiased bicubic
+    filter; centre crop `image_size x image_size` (offsets rounded as torchvision);
+    scale to [0, 1]; subtract `mean` and divide by `std`. With `crop="none"` the
+    image is resized straight to `image_size x image_size` (aspect ratio not kept; as
+    SigLIP / big_vision). uint8 images go through PIL in RGB mode, exactly like
+    open_clip on a PIL image (the resized pixels are rounded to uint8); float images,
+    assumed in [0, 1], are resized per channel in PIL's float mode (no rounding to
+    uint8; horizontal then vertical pass, each clipped to [0, 1] as PIL clips uint8),
+    so they differ from the uint8 path only by uint8 rounding (about one grey level).
+
+    Args:
+        image_size: output side `S` (int) or `(height, width)`.
+        mean, std: per-channel normalisation (CLIP's by default; SigLIP uses 0.5).
+        interpolation: `"bicubic"` or `"bilinear"`.
+        crop: `"center"` or `"none"`.
+
+    Call: `pre(images)` with `images` one image `(H, W, 3)`, a batch
+    `(B, H, W, 3)`, or a list of images of different sizes (numpy arrays, backend
+    tensors or PIL images). uint8 (or integer in [0, 255]) or float in [0, 1].
+    Returns float32 numpy `(B, S, S, 3)` (`B = 1` for a single image).
+
+    Example:
+
+    ```python
+    pre = ImagePreprocessor(224)
+    pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
+    # (2, 224, 224, 3)
+    ```
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        mean=CLIP_MEAN,
+        std=CLIP_STD,
+        interpolation="bicubic",
+        crop="center",
+    ):
+        if isinstance(image_size, (int, np.integer)) and not isinstance(
+            image_size, bool
+        ):
+            size = (int(image_size), int(image_size))
+        elif (
+            isinstance(image_size, (list, tuple))
+            and len(image_size) == 2
+            and all(isinstance(s, (int, np.integer)) for s in image_size)
+        ):
+            size = tuple(int(s) for s in image_size)
+        else:
+            raise ValueError(
+                f"`image_size` must be an int or (height, width); received {image_size!r}."
+            )
+        if min(size) < 1:
+            raise ValueError(f"`image_size` must be positive; received {image_size!r}.")
+        self.image_size = size[0] if size[0] == size[1] else size
+        self._size = size
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ValueError("`mean` and `std` must have 3 values (RGB).")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"`std` must be positive; received {self.std}.")
+        if interpolation not in ("bicubic", "bilinear"):
+            raise ValueError(
+                "`interpolation` must be 'bicubic' or 'bilinear'; received "
+                f"{interpolation!r}."
+            )
+        if crop not in ("center", "none"):
+            raise ValueError(f"`crop` must be 'center' or 'none'; received {crop!r}.")
+        self.interpolation = interpolation
+        self.crop = crop
+
+    def get_config(self):
+        return {
+            "image_size": self.image_size
+            if isinstance(self.image_size, int)
+            else list(self.image_size),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "interpolation": self.interpolation,
+            "crop": self.crop,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        return (
+            f"ImagePreprocessor(image_size={self.image_size}, mean={self.mean}, "
+            f"std={self.std}, interpolation={self.interpolation!r}, crop={self.crop!r})"
+        )
+
+    # -- helpers -----------------------------------------------------------------------
+    def _images_list(self, images):
+        from PIL import Image
+
+        if isinstance(images, Image.Image):
+            return [images]
+        if isinstance(images, (list, tuple)):
+            if len(images) == 0:
+                return []
+            out = []
+            for i, im in enumerate(images):
+                if isinstance(im, Image.Image):
+                    out.append(im)
+                    continue
+                arr = _to_numpy(im)
+                if arr.ndim != 3:
+                    raise ValueError(
+                        "`images` given as a list must hold (H, W, 3) images; "
+                        f"element {i} has shape {arr.shape}."
+                    )
+                out.append(arr)
+            return out
+        arr = _to_numpy(images)
+        if arr.ndim == 3:
+            return [arr]
+        if arr.ndim == 4:
+            return list(arr)
+        raise ValueError(
+            "`images` must be an image (H, W, 3), a batch (B, H, W, 3) or a list of "
+            f"images; received shape {arr.shape}."
+        )
+
+    def _target_size(self, h, w):
+        """(resize_h, resize_w) before cropping."""
+        th, tw = self._size
+        if self.crop == "none":
+            return th, tw
+        if th == tw:  # torchvision Resize(int): shortest side
+            short, long = (w, h) if w <= h else (h, w)
+            new_short, new_long = th, int(th * long / short)
+            return (new_long, new_short) if w <= h else (new_short, new_long)
+        scale = max(th / h, tw / w)  # cover the target, then crop
+        return max(th, round(h * scale)), max(tw, round(w * scale))
+
+    def _one(self, image):
+        from PIL import Image
+
+        resample = Image.BICUBIC if self.interpolation == "bicubic" else Image.BILINEAR
+        if isinstance(image, Image.Image):
+            image = np.asarray(image.convert("RGB"))
+        arr = image
+        if arr.ndim != 3 or arr.shape[-1] != 3:
+            raise ValueError(
+                "`images` must have 3 (RGB) channels last: (H, W, 3) per image; "
+                f"received an image of shape {arr.shape}."
+            )
+        h, w = arr.shape[:2]
+        if h < 1 or w < 1:
+            raise ValueError(f"`images` has an empty image of shape {arr.shape}.")
+        rh, rw = self._target_size(h, w)
+        kind = arr.dtype.kind
+        if kind == "b":
+            raise ValueError("`images` must be uint8 or float; received dtype bool.")
+        if kind in ("u", "i"):
+            if arr.dtype != np.uint8:
+                lo, hi = arr.min(), arr.max()
+                if lo < 0 or hi > 255:
+                    raise ValueError(
+                        "Integer `images` must be in [0, 255]; received values in "
+                        f"[{lo}, {hi}]."
+                    )
+                arr = arr.astype(np.uint8)
+            pil = Image.fromarray(np.ascontiguousarray(arr), mode="RGB")
+            if (rw, rh) != pil.size:
+                pil = pil.resize((rw, rh), resample)
+            out = np.asarray(pil, dtype=np.float32) / np.float32(255.0)
+        elif kind == "f":
+            arr = arr.astype(np.float32)
+            if not np.all(np.isfinite(arr)):
+                raise ValueError("`images` contains non-finite (NaN or inf) pixels.")
+            lo, hi = float(arr.min()), float(arr.max())
+            if lo < -_FLOAT_TOLERANCE or hi > 1 + _FLOAT_TOLERANCE:
+                raise ValueError(
+                    "Float `images` must be in [0, 1] (uint8 images may be in "
+                    f"[0, 255]); received values in [{lo:.4g}, {hi:.4g}]."
+                )
+            arr = np.clip(arr, 0.0, 1.0)
+            # PIL resamples separably, horizontal pass first; for uint8 images each
+            # pass clips to [0, 255]. Do the same passes in float mode with the same
+            # clipping (only the uint8 rounding differs).
+            for size in ((rw, h), (rw, rh)):
+                if size != (arr.shape[1], arr.shape[0]):
+                    chans = [
+                        np.asarray(
+                            Image.fromarray(
+                                np.ascontiguousarray(arr[..., c]), mode="F"
+                            ).resize(size, resample),
+                            dtype=np.float32,
+                        )
+                        for c in range(3)
+                    ]
+                    arr = np.clip(np.stack(chans, axis=-1), 0.0, 1.0)
+            out = arr
+        else:
+            raise ValueError(
+                f"`images` must be uint8 or float; received dtype {arr.dtype}."
+            )
+        th, tw = self._size
+        if self.crop == "center":
+            top = int(round((rh - th) / 2.0))
+            left = int(round((rw - tw) / 2.0))
+            out = out[top : top + th, left : left + tw]
+        mean = np.asarray(self.mean, np.float32)
+        std = np.asarray(self.std, np.float32)
+        return (out - mean) / std
+
+    def __call__(self, images):
+        """Preprocess `images`; returns float32 numpy `(B, S, S, 3)`."""
+        items = self._images_list(images)
+        th, tw = self._size
+        if not items:
+            return np.zeros((0, th, tw, 3), np.float32)
+        return np.stack([self._one(im) for im in items]).astype(np.float32)
+
+
+def bundled_assets_dir(name):
+    """Directory of a tokenizer asset set shipped with vlzoo (e.g. `"clip_bpe"`)."""
+    from vlzoo.presets import presets_root
+
+    return presets_root() / "_assets" / name
+
+
+def bundled_tokenizer(spec, sequence_length):
+    """Tokenizer described by a preset table's `tokenizer` entry.
+
+    Args:
+        spec: dict with `"class_name"` (a key of `TOKENIZER_CLASSES`) and
+            `"assets"` (a bundled asset set name, or `None` when the
+            vocabulary cannot be shipped).
+        sequence_length: the text tower's context length.
+
+    Returns:
+        The tokenizer, with its vocabulary loaded when bundled.
+    """
+    tokenizer = TOKENIZER_CLASSES[spec["class_name"]](sequence_length=sequence_length)
+    if spec.get("assets"):
+        tokenizer.load_assets(os.fspath(bundled_assets_dir(spec["assets"])))
+    return tokenizer
+
+
+class UnavailableTokenizer:
+    """Stands in for a missing tokenizer; calling it raises `FileNotFoundError` explaining why."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def __call__(self, *args, **kwargs):
+        raise FileNotFoundError(f"No tokenizer available: {self.message}")
