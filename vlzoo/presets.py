@@ -279,8 +279,10 @@ def save_to_preset(model, directory, metadata=None):
         "parameter_count": int(model.count_params()),
         **(metadata or {}),
     }
+    config = keras.saving.serialize_keras_object(model)
+    config.pop("compile_config", None)  # a preset carries no optimizer; compile after loading
     write_preset(
-        directory, keras.saving.serialize_keras_object(model), info,
+        directory, config, info,
         tokenizer=tokenizer, preprocessor=model.preprocessor,
     )
     model.save_weights(str(pathlib.Path(directory) / WEIGHTS_FILE))

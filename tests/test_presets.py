@@ -1,0 +1,170 @@
+"""Registry, from_preset / save_to_preset, parameter counts, and clear preset errors."""
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from conftest import tiny_batch, to_numpy
+
+import vlzoo
+from vlzoo import presets
+
+# open_clip's counts for the same geometries (sum of p.numel() over create_model(name)).
+OPEN_CLIP_COUNTS = {
+    "clip_vit_b32": 151_277_313,
+    "clip_vit_b16": 149_620_737,
+    "clip_vit_l14": 427_616_513,
+    "siglip_vit_b16": 203_155_970,  # open_clip "ViT-B-16-SigLIP"
+}
+
+
+def test_list_presets():
+    names = vlzoo.list_presets()
+    assert set(OPEN_CLIP_COUNTS) | {"clip_tiny", "siglip_tiny"} <= set(names)
+    assert vlzoo.list_presets(family="siglip") == ["siglip_tiny", "siglip_vit_b16"]
+    with pytest.raises(ValueError, match="family"):
+        vlzoo.list_presets(family="blip")
+
+
+def test_preset_info_counts_big_presets_without_allocating():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for name, count in OPEN_CLIP_COUNTS.items():
+        info = vlzoo.preset_info(name)
+        assert info["params"] == count, name
+        assert info["family"] == name.split("_")[0]
+        assert info["weights_available"] is False
+        assert info["paper"] and info["description"]
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    # Allocating ViT-L/14 alone would take 1.7 GB.
+    assert grown_mb < 800, f"preset_info allocated about {grown_mb:.0f} MB"
+
+
+def test_metadata_parameter_counts_are_current():
+    for name in vlzoo.list_presets():
+        metadata = json.loads((presets.resolve_preset(name) / presets.METADATA_FILE).read_text())
+        assert metadata["parameter_count"] == vlzoo.preset_info(name)["params"], name
+
+
+@pytest.mark.slow
+def test_clip_vit_b16_builds_with_exact_parameter_count():
+    model = vlzoo.from_preset("clip_vit_b16", load_weights=False)
+    assert model.count_params() == 149_620_737
+    assert model.vision.activation == model.text.activation == "quick_gelu"
+    assert model.vision.layer_norm_epsilon == model.text.layer_norm_epsilon == 1e-5
+
+
+def test_unknown_name_suggests_close_names():
+    with pytest.raises(ValueError, match="clip_vit_b16") as error:
+        vlzoo.from_preset("clip_vit_b61")
+    assert "Did you mean" in str(error.value)
+    with pytest.raises(ValueError, match="siglip_vit_b16"):
+        vlzoo.preset_info("siglip_b16")
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        vlzoo.from_preset(str(tmp_path / "nowhere"))
+
+
+def test_random_init_is_announced_once():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        presets._warned_random.clear()
+        vlzoo.from_preset("clip_tiny")
+        vlzoo.from_preset("clip_tiny")
+        vlzoo.from_preset("clip_tiny", load_weights=False)
+    messages = [str(w.message) for w in caught if "randomly initialised" in str(w.message)]
+    assert len(messages) == 1 and "clip_tiny" in messages[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    keras.utils.set_random_seed(7)
+    model = vlzoo.from_preset("clip_tiny")
+    model.compile(optimizer="adamw")
+    model.fit(tiny_batch(batch_size=4, vocabulary_size=49408, sequence_length=16), epochs=1, verbose=0)
+    directory = tmp_path_factory.mktemp("preset") / "clip_tiny_finetuned"
+    model.save_to_preset(directory)
+    return model, directory
+
+
+def test_save_load_round_trip_is_bit_exact(saved):
+    model, directory = saved
+    for file in ("config.json", "metadata.json", "tokenizer.json", "preprocessor.json", "model.weights.h5"):
+        assert (directory / file).is_file(), file
+    assert (directory / "assets" / "tokenizer" / "vocabulary.json").is_file()
+    loaded = vlzoo.from_preset(str(directory))
+    assert type(loaded) is type(model)
+    for a, b in zip(model.weights, loaded.weights):
+        assert a.path == b.path
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
+    texts = ["a red circle", "a blue square"]
+    images = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(to_numpy(loaded.similarity(images, texts)), to_numpy(model.similarity(images, texts)))
+    np.testing.assert_array_equal(loaded.tokenizer(texts)["token_ids"], model.tokenizer(texts)["token_ids"])
+    assert loaded.preprocessor.get_config() == model.preprocessor.get_config()
+    metadata = json.loads((directory / "metadata.json").read_text())
+    assert metadata["family"] == "clip" and metadata["parameter_count"] == model.count_params()
+
+
+def test_overrides_and_dtype(saved):
+    _, directory = saved
+    model = vlzoo.from_preset(str(directory), load_weights=False, dtype="bfloat16", vision={"image_size": 48})
+    assert model.vision.image_size == 48 and model.vision.num_layers == 2
+    assert keras.backend.standardize_dtype(model.vision.compute_dtype) == "bfloat16"
+    with pytest.raises(ValueError, match="model.weights.h5"):
+        vlzoo.from_preset(str(directory), vision={"hidden_dim": 48})
+
+
+def test_missing_config_is_named(saved, tmp_path):
+    _, directory = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        vlzoo.from_preset(str(broken))
+
+
+def test_corrupt_files_are_named(saved, tmp_path):
+    _, directory = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "metadata.json").write_text("{not json")
+    with pytest.raises(ValueError, match="metadata.json"):
+        vlzoo.from_preset(str(broken))
+    shutil.copy(directory / "metadata.json", broken / "metadata.json")
+    data = (broken / "model.weights.h5").read_bytes()
+    (broken / "model.weights.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="model.weights.h5"):
+        vlzoo.from_preset(str(broken))
+
+
+def test_missing_tokenizer_asset_is_named(saved, tmp_path):
+    _, directory = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "assets" / "tokenizer" / "merges.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="merges.txt"):
+        vlzoo.from_preset(str(broken))
+
+
+def test_siglip_b16_tokenizer_explains_why_it_is_missing():
+    directory = presets.resolve_preset("siglip_vit_b16")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["config"]["vision"]["pooling"] == "map"
+    assert config["config"]["text"]["layer_norm_epsilon"] == 1e-6
+    tokenizer = vlzoo.from_preset("siglip_tiny", load_weights=False).tokenizer
+    assert tokenizer(["a cat"])["token_ids"].shape == (1, 16)
+
+
+def test_registered_directories_match_the_registry(repo_root):
+    result = subprocess.run(
+        [sys.executable, "tools/build_presets.py", "--check"], cwd=repo_root, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
