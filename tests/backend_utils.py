@@ -1,0 +1,96 @@
+"""Backend-agnostic test helpers (the tests may import the backends)."""
+
+import contextlib
+
+import keras
+import numpy as np
+
+
+def value_and_grad(fn, *arrays, jit=False):
+    """Value and gradients of a scalar function, computed by the backend.
+
+    Args:
+        fn: callable taking backend tensors (one per array) and returning a
+            scalar tensor; it may use `keras.ops`.
+        *arrays: numpy arrays or python floats, the points to differentiate
+            at (float dtypes are kept: float16 inputs give float16 grads).
+        jit: JAX only: compile the gradient with `jax.jit` (pays off for
+            big functions called repeatedly with the same `fn` object).
+
+    Returns:
+        `(value, grads)`: `value` a numpy scalar, `grads` a list of numpy
+        arrays, one per input, with the input's shape.
+    """
+    arrays = [np.asarray(a) for a in arrays]
+    arrays = [a if a.dtype.kind == "f" else a.astype("float32")
+              for a in arrays]
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        tensors = [jax.numpy.asarray(a) for a in arrays]
+        vg = jax.value_and_grad(fn, argnums=tuple(range(len(tensors))))
+        value, grads = (jax.jit(vg) if jit else vg)(*tensors)
+        return np.asarray(value), [np.asarray(g) for g in grads]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tensors = [tf.constant(a) for a in arrays]
+        with tf.GradientTape() as tape:
+            for t in tensors:
+                tape.watch(t)
+            value = fn(*tensors)
+        grads = tape.gradient(value, tensors)
+        grads = [np.zeros_like(a) if g is None else np.asarray(g)
+                 for a, g in zip(arrays, grads)]
+        return np.asarray(value), grads
+    if backend == "torch":
+        import torch
+
+        tensors = [keras.ops.convert_to_tensor(a).detach().clone()
+                   .requires_grad_(True) for a in arrays]
+        value = fn(*tensors)
+        grads = torch.autograd.grad(value, tensors, allow_unused=True)
+        grads = [np.zeros_like(a) if g is None else
+                 g.detach().cpu().float().numpy().astype(a.dtype)
+                 for a, g in zip(arrays, grads)]
+        return value.detach().cpu().numpy(), grads
+    raise NotImplementedError(f"value_and_grad: backend {backend!r}")
+
+
+def to_numpy(x):
+    """Backend tensor (or anything array-like) -> numpy."""
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+@contextlib.contextmanager
+def full_precision_matmul():
+    """Disables TF32 / reduced-precision matmuls on GPUs for the block, so
+    float32 results can be compared to float64 references at ~1e-6.
+    A no-op on CPU."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        with jax.default_matmul_precision("highest"):
+            yield
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        old = tf.config.experimental.tensor_float_32_execution_enabled()
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        try:
+            yield
+        finally:
+            tf.config.experimental.enable_tensor_float_32_execution(old)
+    elif backend == "torch":
+        import torch
+
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    else:
+        yield

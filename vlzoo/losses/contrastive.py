@@ -1,0 +1,335 @@
+"""Contrastive image-text losses of CLIP and SigLIP.
+
+All functions take the *projected, unnormalised* embeddings, L2-normalise
+them internally, and compute in float32 whatever the input dtype
+(float16 / bfloat16 inputs are cast first). They accept tensors of the
+active Keras backend or numpy arrays; `logit_scale` / `logit_bias` may
+also be python numbers. `logit_scale` is the multiplier itself, i.e.
+`exp` of the learned log-scale, not the log-scale.
+
+Conventions (row `i` of `image_embeds` and row `i` of `text_embeds` form
+the positive pair):
+
+* CLIP (Radford et al. 2021):
+  `0.5 * (CE(logits, diag) + CE(logits.T, diag))`, each cross-entropy
+  averaged over the batch, with `logits = s * cos(img_i, txt_j)`.
+* SigLIP (Zhai et al. 2023):
+  `-(1/B) * sum_ij log_sigmoid(y_ij * (s * cos_ij + b))`,
+  `y_ij = +1` if `i == j` else `-1`; note the sum over all `B^2` pairs is
+  divided by `B`, not `B^2`, as in big_vision.
+"""
+
+import keras
+from keras import ops
+
+from vlzoo.losses._utils import check_pair
+from vlzoo.losses._utils import check_scalar
+
+
+def l2_normalize(x, axis=-1, epsilon=1e-12):
+    """L2-normalises `x` along `axis`, with a guard for zero vectors.
+
+    Computes `x * rsqrt(max(sum(x**2, axis), epsilon**2))` in float32, so a
+    zero vector maps to a zero vector with a finite value and a finite
+    gradient (`1 / epsilon` times the upstream one; the convention of
+    `torch.nn.functional.normalize`).
+    The result has the dtype of `x` when `x` is floating, float32
+    otherwise.
+
+    Args:
+        x: tensor of any shape, e.g. `(B, D)` embeddings.
+        axis: axis to normalise over (default: last).
+        epsilon: lower bound on the norm.
+
+    Returns:
+        Tensor of the same shape as `x`.
+
+    Example:
+
+    >>> l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]))  # doctest: +SKIP
+    [[0.6, 0.8], [0.0, 0.0]]
+    """
+    x = ops.convert_to_tensor(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    x32 = ops.cast(x, "float32") if dtype != "float32" else x
+    sq = ops.sum(ops.square(x32), axis=axis, keepdims=True)
+    y = x32 * ops.rsqrt(ops.maximum(sq, float(epsilon) ** 2))
+    if "float" in dtype and dtype != "float32":
+        y = ops.cast(y, dtype)
+    return y
+
+
+def _cosine(image_embeds, text_embeds):
+    """`(B_img, B_txt)` float32 cosine similarities (inputs already float32)."""
+    return ops.matmul(
+        l2_normalize(image_embeds), ops.transpose(l2_normalize(text_embeds))
+    )
+
+
+def clip_logits(image_embeds, text_embeds, logit_scale):
+    """Scaled cosine-similarity logits of CLIP.
+
+    Args:
+        image_embeds: `(B_img, D)` image embeddings (unnormalised).
+        text_embeds: `(B_txt, D)` text embeddings (unnormalised).
+        logit_scale: scalar multiplier `s` (`exp` of the learned log-scale).
+
+    Returns:
+        `(B_img, B_txt)` float32 tensor `s * cos(image_i, text_j)`.
+
+    Example:
+
+    >>> img = np.random.randn(4, 8); txt = np.random.randn(3, 8)
+    >>> clip_logits(img, txt, 100.0).shape
+    (4, 3)
+    """
+    image_embeds, text_embeds = check_pair(
+        image_embeds, text_embeds, paired=False
+    )
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    return logit_scale * _cosine(image_embeds, text_embeds)
+
+
+def siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias):
+    """Scaled and shifted cosine-similarity logits of SigLIP.
+
+    Args:
+        image_embeds: `(B_img, D)` image embeddings (unnormalised).
+        text_embeds: `(B_txt, D)` text embeddings (unnormalised).
+        logit_scale: scalar multiplier `s` (`exp` of the learned log-scale).
+        logit_bias: scalar bias `b`.
+
+    Returns:
+        `(B_img, B_txt)` float32 tensor `s * cos(image_i, text_j) + b`.
+
+    Example:
+
+    >>> img = np.random.randn(4, 8); txt = np.random.randn(4, 8)
+    >>> siglip_logits(img, txt, 10.0, -10.0).shape
+    (4, 4)
+    """
+    image_embeds, text_embeds = check_pair(
+        image_embeds, text_embeds, paired=False
+    )
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    logit_bias = check_scalar(logit_bias, "logit_bias")
+    return logit_scale * _cosine(image_embeds, text_embeds) + logit_bias
+
+
+def _batch_size(x):
+    """Batch size: python int when static, scalar tensor otherwise."""
+    return ops.shape(x)[0]
+
+
+def clip_loss(image_embeds, text_embeds, logit_scale):
+    """Symmetric InfoNCE loss of CLIP.
+
+    `0.5 * (CE_i2t + CE_t2i)` where `CE_i2t` is the batch mean of the
+    cross-entropy of each image's row of logits with its own text (the
+    diagonal) as target, and `CE_t2i` the same over columns.
+
+    Args:
+        image_embeds: `(B, D)` image embeddings (unnormalised).
+        text_embeds: `(B, D)` text embeddings (unnormalised); row `i` is
+            the caption of image `i`.
+        logit_scale: scalar multiplier `s` (`exp` of the learned
+            log-scale, e.g. 100.0 for a trained CLIP).
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> img = np.random.randn(8, 512); txt = np.random.randn(8, 512)
+    >>> loss = clip_loss(img, txt, logit_scale=100.0)  # float32 scalar
+    """
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    logits = clip_logits(image_embeds, text_embeds, logit_scale)
+    i2t = ops.diagonal(ops.log_softmax(logits, axis=1))
+    t2i = ops.diagonal(ops.log_softmax(logits, axis=0))
+    return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+
+def _siglip_labels(rows, cols):
+    """`+1` where `rows[i] == cols[j]`, `-1` elsewhere, float32."""
+    eq = ops.cast(
+        ops.equal(ops.expand_dims(rows, 1), ops.expand_dims(cols, 0)),
+        "float32",
+    )
+    return 2.0 * eq - 1.0
+
+
+def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias):
+    """Pairwise sigmoid loss of SigLIP.
+
+    `-(1/B) * sum_ij log_sigmoid(y_ij * (s * cos_ij + b))` with
+    `y_ij = +1` on the diagonal and `-1` elsewhere.
+
+    Args:
+        image_embeds: `(B, D)` image embeddings (unnormalised).
+        text_embeds: `(B, D)` text embeddings (unnormalised); row `i` is
+            the caption of image `i`.
+        logit_scale: scalar multiplier `s` (`exp` of the learned
+            log-scale; SigLIP initialises it to 10).
+        logit_bias: scalar bias `b` (SigLIP initialises it to -10).
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> img = np.random.randn(8, 512); txt = np.random.randn(8, 512)
+    >>> loss = siglip_loss(img, txt, logit_scale=10.0, logit_bias=-10.0)
+    """
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    logits = siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias)
+    n = _batch_size(logits)
+    idx = ops.arange(n)
+    labels = _siglip_labels(idx, idx)
+    total = ops.sum(ops.log_sigmoid(labels * logits))
+    return -total / ops.cast(n, "float32")
+
+
+def siglip_loss_chunked(
+    image_embeds,
+    text_embeds,
+    logit_scale,
+    logit_bias,
+    num_chunks=None,
+    chunk_size=None,
+    remat=True,
+):
+    """SigLIP loss computed over a static number of text chunks.
+
+    Same value (and gradient) as `siglip_loss`, but the `(B, B)` logit
+    matrix is never materialised: the texts are split into `K` chunks of
+    `C` rows and a loop with a static trip count `K` (`ops.fori_loop`, a
+    scan on JAX; `ops.while_loop` with `maximum_iterations` on
+    TensorFlow, so XLA can differentiate it; a python loop on PyTorch)
+    reduces each `(B, C)` block to a scalar before forming the next.
+    When `C` does not divide `B`, the texts are zero-padded to `K * C`
+    rows and the padded columns are multiplied by a 0/1 mask (finite
+    values, zero gradient). With `remat=True` (default) each block is
+    wrapped in `keras.remat`, so the backward pass recomputes it instead
+    of storing it: memory grows with `B * C`, not `B^2`, in training too
+    (without remat, the loop stores every block for the backward pass).
+
+    Pass exactly one of `num_chunks` or `chunk_size`. With a batch size
+    that is unknown at trace time (`None`, e.g. TensorFlow with
+    `reduce_retracing`), only `num_chunks` can be used.
+
+    Args:
+        image_embeds: `(B, D)` image embeddings (unnormalised).
+        text_embeds: `(B, D)` text embeddings (unnormalised).
+        logit_scale: scalar multiplier `s`.
+        logit_bias: scalar bias `b`.
+        num_chunks: number of text chunks `K` (python int >= 1); then
+            `C = ceil(B / K)`.
+        chunk_size: rows per chunk `C` (python int >= 1); then
+            `K = ceil(B / C)`.
+        remat: rematerialise each chunk in the backward pass.
+
+    Returns:
+        float32 scalar, equal to `siglip_loss(...)` up to float rounding.
+
+    Example:
+
+    >>> img = np.random.randn(10, 64); txt = np.random.randn(10, 64)
+    >>> loss = siglip_loss_chunked(img, txt, 10.0, -10.0, chunk_size=4)
+    """
+    if (num_chunks is None) == (chunk_size is None):
+        raise ValueError(
+            "Pass exactly one of `num_chunks` or `chunk_size`; received "
+            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
+        )
+    for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ValueError(
+                f"`{name}` must be a python int >= 1; received {value!r}."
+            )
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    logit_bias = check_scalar(logit_bias, "logit_bias")
+
+    static_b = image_embeds.shape[0]
+    if static_b is None:
+        static_b = text_embeds.shape[0]
+    if static_b is not None:
+        n = int(static_b)
+        if chunk_size is not None:
+            size = min(chunk_size, n)
+            count = -(-n // size)
+        else:
+            count = min(num_chunks, n)
+            size = -(-n // count)
+    else:
+        if num_chunks is None:
+            raise ValueError(
+                "`chunk_size` needs a static batch size; the batch size of "
+                "`image_embeds` is unknown at trace time. Pass `num_chunks`."
+            )
+        n = _batch_size(image_embeds)  # scalar tensor
+        count = num_chunks
+        size = (n + count - 1) // count
+
+    img = l2_normalize(image_embeds)
+    txt = l2_normalize(text_embeds)
+    pad = count * size - n
+    if not (isinstance(pad, int) and pad == 0):
+        txt = ops.pad(txt, [[0, pad], [0, 0]])  # zero rows: finite logits = b
+    dim = ops.shape(txt)[1]
+    chunk_fn = _remat_chunk_sum() if remat else _siglip_chunk_sum
+    n_tensor = ops.convert_to_tensor(n, "int32")
+
+    def body(k, total):
+        # A loop rather than unrolled chunks: XLA would fuse unrolled
+        # blocks back into one `(B, B)` matmul. `ops.slice` is a dynamic
+        # slice.
+        start = ops.cast(k * size, "int32")
+        txt_chunk = ops.slice(txt, (start, 0), (size, dim))
+        return total + chunk_fn(
+            img, txt_chunk, logit_scale, logit_bias, start, n_tensor
+        )
+
+    zero = ops.zeros((), "float32")
+    if keras.backend.backend() == "tensorflow":
+        # `tf.while_loop` needs `maximum_iterations` for its gradient to
+        # compile with XLA (`fori_loop` does not pass it).
+        _, total = ops.while_loop(
+            lambda k, total: k < count,
+            lambda k, total: (k + 1, body(k, total)),
+            (ops.convert_to_tensor(0, "int32"), zero),
+            maximum_iterations=count,
+        )
+    else:
+        # JAX: a scan (static trip count), reverse-differentiable;
+        # PyTorch: a python loop.
+        total = ops.fori_loop(0, count, body, zero)
+    return -total / ops.cast(n, "float32")
+
+
+def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n):
+    """`sum_ij mask_j * log_sigmoid(y_ij * (s * img_i . txt_j + b))` over one
+    `(B, C)` block whose columns are texts `start .. start + C - 1`; columns
+    `>= n` are padding (mask 0). Inputs are already normalised."""
+    logits = logit_scale * ops.matmul(img, ops.transpose(txt_chunk))
+    logits = logits + logit_bias
+    rows = ops.arange(ops.shape(img)[0], dtype="int32")
+    cols = start + ops.arange(ops.shape(txt_chunk)[0], dtype="int32")
+    labels = _siglip_labels(rows, cols)
+    mask = ops.expand_dims(ops.cast(ops.less(cols, n), "float32"), 0)
+    return ops.sum(ops.log_sigmoid(labels * logits) * mask)
+
+
+_REMAT_CACHE = {}
+
+
+def _remat_chunk_sum():
+    """`keras.remat(_siglip_chunk_sum)`, built once per backend (a stable
+    function object lets JAX reuse its traces)."""
+    backend = keras.backend.backend()
+    if backend not in _REMAT_CACHE:
+        _REMAT_CACHE[backend] = keras.remat(_siglip_chunk_sum)
+    return _REMAT_CACHE[backend]
