@@ -16,8 +16,8 @@ Both files are what ``keras_hub.models.CLIPTokenizer(vocabulary=..., merges=...)
 
     python tools/build_clip_bpe_assets.py [--source PATH] [--out DIR]
 
-The script needs only the standard library (``open_clip`` is only looked up, never
-imported, so its torch/torchvision imports do not run).
+``open_clip`` is only looked up, never imported, so its torch/torchvision imports do
+not run.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import json
 import os
 import sys
 
+from vlzoo.tokenizers import bytes_to_unicode
+
 NUM_MERGES = 49152 - 256 - 2  # 48,894: the merges OpenAI CLIP uses.
 START_TOKEN = "<|startoftext|>"
 END_TOKEN = "<|endoftext|>"
@@ -40,23 +42,6 @@ DEFAULT_OUT = os.path.join(
     "_assets",
     "clip_bpe",
 )
-
-
-def bytes_to_unicode():
-    """OpenAI CLIP's reversible byte -> printable unicode table (256 entries)."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(2**8):
-        if b not in bs:
-            bs.append(b)
-            cs.append(2**8 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
 
 
 def find_open_clip_source():

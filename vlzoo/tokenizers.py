@@ -215,7 +215,8 @@ def _clip_split_pattern():
     return _CLIP_SPLIT_PATTERN
 
 
-def _bytes_to_unicode():
+def bytes_to_unicode():
+    """OpenAI CLIP's reversible byte -> printable unicode table (256 entries)."""
     bs = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -273,8 +274,44 @@ def _load_merges(merges):
     return out
 
 
+class _PackingTokenizer:
+    """The call contract shared by vlzoo's tokenizers.
+
+    Subclasses provide `_check_ready()`, `_encode_batch(texts)` (ids without
+    start/end tokens) and the `start_token_id`, `end_token_id` and
+    `pad_token_id` properties.
+    """
+
+    def __call__(self, texts, sequence_length=None):
+        """Tokenize, add start/end, truncate and pad.
+
+        Args:
+            texts: str or list of str (also a 1-D numpy/tensor array of strings).
+            sequence_length: optional override of `self.sequence_length`.
+
+        Returns:
+            dict with `"token_ids"` (np.int32, `(B, T)`) and `"padding_mask"`
+            (np.bool_, `(B, T)`).
+        """
+        texts, _ = _canonicalize_texts(texts)
+        self._check_ready()
+        length = (
+            self.sequence_length
+            if sequence_length is None
+            else _check_sequence_length(sequence_length)
+        )
+        ids, mask = _pack(
+            self._encode_batch(texts),
+            length,
+            self.start_token_id,
+            self.end_token_id,
+            self.pad_token_id,
+        )
+        return {"token_ids": ids, "padding_mask": mask}
+
+
 @keras.saving.register_keras_serializable(package="vlzoo")
-class CLIPTokenizer:
+class CLIPTokenizer(_PackingTokenizer):
     """OpenAI CLIP byte-pair-encoding tokenizer (lowercased, `ftfy`-cleaned).
 
     Gives exactly the ids of open_clip's `SimpleTokenizer()(texts, context_length)`:
@@ -447,33 +484,6 @@ class CLIPTokenizer:
             out.append(ids)
         return out
 
-    def __call__(self, texts, sequence_length=None):
-        """Tokenize, add start/end, truncate and pad.
-
-        Args:
-            texts: str or list of str (also a 1-D numpy/tensor array of strings).
-            sequence_length: optional override of `self.sequence_length`.
-
-        Returns:
-            dict with `"token_ids"` (np.int32, `(B, T)`) and `"padding_mask"`
-            (np.bool_, `(B, T)`).
-        """
-        texts, _ = _canonicalize_texts(texts)
-        self._check_ready()
-        length = (
-            self.sequence_length
-            if sequence_length is None
-            else _check_sequence_length(sequence_length)
-        )
-        ids, mask = _pack(
-            self._encode_batch(texts),
-            length,
-            self.start_token_id,
-            self.end_token_id,
-            self.pad_value,
-        )
-        return {"token_ids": ids, "padding_mask": mask}
-
     def detokenize(self, token_ids):
         """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
 
@@ -488,7 +498,7 @@ class CLIPTokenizer:
             raise ValueError(
                 f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}."
             )
-        byte_decoder = {v: k for k, v in _bytes_to_unicode().items()}
+        byte_decoder = {v: k for k, v in bytes_to_unicode().items()}
         start, end = self.start_token_id, self.end_token_id
         out = []
         for row in arr.tolist():
@@ -568,7 +578,7 @@ def _canonicalize_punctuation(text):
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_PackingTokenizer):
     """SentencePiece tokenizer (e.g. SigLIP's) with the `CLIPTokenizer` contract.
 
     Wraps `keras_hub.tokenizers.SentencePieceTokenizer(proto=...)`. vlzoo does not
@@ -699,23 +709,8 @@ class SentencePieceTokenizer:
         encoded = tok.tokenize([self._clean(t) for t in texts])
         return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
 
-    def __call__(self, texts, sequence_length=None):
-        """Same contract as `CLIPTokenizer.__call__`."""
-        texts, _ = _canonicalize_texts(texts)
+    def _check_ready(self):
         self._backend()
-        length = (
-            self.sequence_length
-            if sequence_length is None
-            else _check_sequence_length(sequence_length)
-        )
-        ids, mask = _pack(
-            self._encode_batch(texts),
-            length,
-            self.start_token_id,
-            self.end_token_id,
-            self.pad_token_id,
-        )
-        return {"token_ids": ids, "padding_mask": mask}
 
     def detokenize(self, token_ids):
         """Ids -> strings; stops at the first end token, drops the start token."""

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from vlzoo.layers.embedding import PositionEmbedding
-from vlzoo.layers.transformer import TransformerBlock
+from vlzoo.layers.transformer import transformer_stack
 
 POOLINGS = ("eot", "last", "mean", "first")
 
@@ -74,13 +74,9 @@ class TextTransformer(keras.layers.Layer):
             hidden_dim, sequence_length=sequence_length, init_std=0.01,
             dtype=dtype, name="position_embedding",
         )
-        self.blocks = [
-            TransformerBlock(
-                hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
-                num_layers=num_layers, dtype=dtype, name=f"block_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        self.blocks = transformer_stack(
+            hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype
+        )
         self.post_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="post_norm")
         self.projection = (
             keras.layers.Dense(

@@ -220,3 +220,14 @@ class TransformerBlock(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon, num_layers=self.num_layers,
         )
         return config
+
+
+def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype):
+    """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ..."""
+    return [
+        TransformerBlock(
+            hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
+            num_layers=num_layers, dtype=dtype, name=f"block_{i}",
+        )
+        for i in range(num_layers)
+    ]

@@ -5,7 +5,7 @@ from keras import ops
 
 from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding
 from vlzoo.layers.heads import MAPHead
-from vlzoo.layers.transformer import TransformerBlock
+from vlzoo.layers.transformer import transformer_stack
 
 POOLINGS = ("cls", "mean", "map")
 
@@ -91,13 +91,9 @@ class VisionTransformer(keras.layers.Layer):
             dtype=dtype, name="position_embedding",
         )
         self.pre_norm = keras.layers.LayerNormalization(name="pre_norm", **ln) if use_pre_norm else None
-        self.blocks = [
-            TransformerBlock(
-                hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
-                num_layers=num_layers, dtype=dtype, name=f"block_{i}",
-            )
-            for i in range(num_layers)
-        ]
+        self.blocks = transformer_stack(
+            hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype
+        )
         self.post_norm = keras.layers.LayerNormalization(name="post_norm", **ln)
         self.map_head = (
             MAPHead(hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype=dtype, name="map_head")

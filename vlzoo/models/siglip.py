@@ -70,19 +70,28 @@ class SigLIP(ContrastiveModel):
         return config
 
 
+def _siglip_config(image_size, patch, width, layers, heads, mlp_dim, vocabulary_size, sequence_length):
+    return dict(
+        vision=dict(
+            image_size=image_size, patch_size=patch, hidden_dim=width, num_layers=layers,
+            num_heads=heads, intermediate_dim=mlp_dim, output_dim=None,
+        ),
+        text=dict(
+            vocabulary_size=vocabulary_size, sequence_length=sequence_length, hidden_dim=width,
+            num_layers=layers, num_heads=heads, intermediate_dim=mlp_dim,
+        ),
+        embed_dim=width,
+    )
+
+
+_SIGLIP = dict(
+    paper="Zhai et al. 2023, Sigmoid Loss for Language Image Pre-Training",
+    preprocessor_stats=dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+)
+
 PRESETS = {
     "siglip_vit_b16": dict(
-        config=dict(
-            vision=dict(
-                image_size=224, patch_size=16, hidden_dim=768, num_layers=12, num_heads=12,
-                intermediate_dim=3072, output_dim=None,
-            ),
-            text=dict(
-                vocabulary_size=32000, sequence_length=64, hidden_dim=768, num_layers=12,
-                num_heads=12, intermediate_dim=3072,
-            ),
-            embed_dim=768,
-        ),
+        config=_siglip_config(224, 16, 768, 12, 12, 3072, 32000, 64),
         description="SigLIP ViT-B/16 (open_clip ViT-B-16-SigLIP geometry: MAP head, 768 embed, "
         "bidirectional text, vocabulary 32000, context 64, LayerNorm eps 1e-6).",
         tokenizer=dict(
@@ -90,26 +99,17 @@ PRESETS = {
             note="SigLIP's 32k SentencePiece model cannot be bundled offline; place it at "
             "assets/tokenizer/spiece.model of a saved preset or set `model.tokenizer`.",
         ),
-        preprocessor=dict(image_size=224, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-        paper="Zhai et al. 2023, Sigmoid Loss for Language Image Pre-Training",
+        preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
+        paper=_SIGLIP["paper"],
         weights_note="Weights not bundled; convert a local checkpoint with `vlzoo.convert`.",
     ),
     "siglip_tiny": dict(
-        config=dict(
-            vision=dict(
-                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
-                intermediate_dim=64, output_dim=None,
-            ),
-            text=dict(
-                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
-                num_heads=4, intermediate_dim=64,
-            ),
-            embed_dim=32,
-        ),
+        config=_siglip_config(32, 8, 32, 2, 4, 64, 49408, 16),
         description="Tiny SigLIP for tests and examples (32 px, 2+2 layers, width 32; CLIP BPE "
         "tokenizer in place of SigLIP's SentencePiece).",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-        paper="Zhai et al. 2023, Sigmoid Loss for Language Image Pre-Training",
+        tokenizer=CLIP_BPE,
+        preprocessor=dict(image_size=32, **_SIGLIP["preprocessor_stats"]),
+        paper=_SIGLIP["paper"],
         weights_note="Random initialisation; for tests.",
     ),
 }
