@@ -168,3 +168,36 @@ def test_registered_directories_match_the_registry(repo_root):
         [sys.executable, "tools/build_presets.py", "--check"], cwd=repo_root, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_unbundled_tokenizer_survives_save_and_loads_once_supplied(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    source = vlzoo.from_preset("siglip_tiny", load_weights=False)
+    source.save_to_preset(tmp_path / "a")
+    # Turn it into a preset whose SentencePiece model is not bundled (as siglip_vit_b16).
+    shutil.rmtree(tmp_path / "a" / "assets")
+    spec = {"class_name": "SentencePieceTokenizer", "config": {"sequence_length": 16, "proto_file": "spiece.model"},
+            "module": "vlzoo.tokenizers", "registered_name": "vlzoo>SentencePieceTokenizer"}
+    (tmp_path / "a" / "tokenizer.json").write_text(json.dumps(spec))
+    metadata = json.loads((tmp_path / "a" / "metadata.json").read_text())
+    metadata.update(tokenizer_bundled=False, tokenizer_note="bring spiece.model")
+    (tmp_path / "a" / "metadata.json").write_text(json.dumps(metadata))
+
+    model = vlzoo.from_preset(str(tmp_path / "a"))
+    with pytest.raises(FileNotFoundError, match="spiece.model"):
+        model.tokenizer(["a cat"])
+    model.save_to_preset(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "tokenizer.json").read_text())["class_name"] == "SentencePieceTokenizer"
+    assert json.loads((tmp_path / "b" / "metadata.json").read_text())["tokenizer_bundled"] is False
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"a {c} {s} next to a {s2}" for c in ("red", "blue", "green")
+                                for s in ("circle", "square") for s2 in ("cat", "dog")) * 20)
+    (tmp_path / "b" / "assets" / "tokenizer").mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "b" / "assets" / "tokenizer" / "spiece"),
+        vocab_size=20, eos_id=1, pad_id=0, unk_id=2, bos_id=-1,
+    )
+    reloaded = vlzoo.from_preset(str(tmp_path / "b"))
+    out = reloaded.tokenizer(["a red circle"])
+    assert out["token_ids"].shape == (1, 16) and out["padding_mask"][0, 0]

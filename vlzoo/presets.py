@@ -223,7 +223,9 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
             model.tokenizer = tokenizer_from_config(_read_json(tokenizer_file), assets)
         except FileNotFoundError as error:
             if metadata.get("tokenizer_bundled", True) is False:
-                model.tokenizer = UnavailableTokenizer(f"{metadata.get('tokenizer_note', '')} ({error})")
+                model.tokenizer = UnavailableTokenizer(
+                    f"{metadata.get('tokenizer_note', '')} ({error})", config=_read_json(tokenizer_file)
+                )
                 return _finish(model, directory)
             raise FileNotFoundError(
                 f"Tokenizer asset missing in {assets} (named by {tokenizer_file}): {error}"
@@ -272,8 +274,6 @@ def save_to_preset(model, directory, metadata=None):
     from vlzoo.tokenizers import UnavailableTokenizer
 
     tokenizer = model.tokenizer
-    if isinstance(tokenizer, UnavailableTokenizer):
-        tokenizer = None
     info = {
         "family": getattr(model, "family", None),
         "parameter_count": int(model.count_params()),
@@ -281,8 +281,11 @@ def save_to_preset(model, directory, metadata=None):
     }
     config = keras.saving.serialize_keras_object(model)
     config.pop("compile_config", None)  # a preset carries no optimizer; compile after loading
-    write_preset(
-        directory, config, info,
-        tokenizer=tokenizer, preprocessor=model.preprocessor,
-    )
+    if isinstance(tokenizer, UnavailableTokenizer):
+        info.update(tokenizer_bundled=False, tokenizer_note=tokenizer.message)
+        write_preset(directory, config, info, preprocessor=model.preprocessor)
+        if tokenizer.config is not None:
+            (pathlib.Path(directory) / TOKENIZER_FILE).write_text(json.dumps(tokenizer.config, indent=2) + "\n")
+    else:
+        write_preset(directory, config, info, tokenizer=tokenizer, preprocessor=model.preprocessor)
     model.save_weights(str(pathlib.Path(directory) / WEIGHTS_FILE))

@@ -1082,10 +1082,18 @@ def bundled_tokenizer(spec, sequence_length):
 
 
 class UnavailableTokenizer:
-    """Stands in for a missing tokenizer; calling it raises `FileNotFoundError` explaining why."""
+    """Stands in for a tokenizer whose files are missing; calling it explains why.
 
-    def __init__(self, message):
+    Args:
+        message: why, and how to supply the files.
+        config: the serialised tokenizer it stands for, kept so that
+            `save_to_preset` writes it back (drop the files into the saved
+            preset's `assets/tokenizer/` and it loads).
+    """
+
+    def __init__(self, message, config=None):
         self.message = message
+        self.config = config
 
     def __call__(self, *args, **kwargs):
         raise FileNotFoundError(f"No tokenizer available: {self.message}")
