@@ -87,13 +87,27 @@ def test_weight_decay_skips_biases_norms_embeddings_and_scale():
     assert decayed == {"kernel"}
 
 
-def test_logit_scale_is_clamped_at_ln_100():
-    model = tiny_model("clip")
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_logit_scale_is_clamped_at_ln_100_after_each_update(family):
+    model = tiny_model(family)
     model.logit_scale.assign(8.0)
-    assert abs(float(to_numpy(model.logit_scale_value())) - 100.0) < 1e-3
+    # The forward pass never clamps: a loaded checkpoint scores as its source.
+    assert abs(float(to_numpy(model.logit_scale_value())) - math.exp(8.0)) < 1e-2
     model.compile(optimizer=keras.optimizers.SGD(0.0))
     model.train_on_batch(tiny_batch())
     assert abs(float(to_numpy(model.logit_scale)) - LOGIT_SCALE_MAX) < 1e-6
+    model.logit_scale.assign(-1.0)
+    model.train_on_batch(tiny_batch())
+    assert float(to_numpy(model.logit_scale)) == 0.0
+
+
+def test_logit_scale_bound_is_configurable():
+    model = tiny_model("clip", logit_scale_max=None)
+    model.logit_scale.assign(8.0)
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    model.train_on_batch(tiny_batch())
+    assert float(to_numpy(model.logit_scale)) == 8.0
+    assert type(model).from_config(model.get_config()).logit_scale_max is None
 
 
 def test_initial_temperatures():

@@ -18,7 +18,12 @@ _NO_DECAY_NAMES = ("embeddings", "prefix_tokens", "latent")
 
 @keras.saving.register_keras_serializable(package="vlzoo")
 class ClampLogitScale(keras.constraints.Constraint):
-    """Keeps the learned log-scale in `[0, ln 100]` after every update (as open_clip)."""
+    """Keeps the learned log-scale in `[0, max_value]` after every optimizer update.
+
+    As open_clip's training loop, the clamp acts on the parameter after each
+    step, never in the forward pass: a loaded checkpoint whose scale is above
+    the bound (trained SigLIP models are) scores exactly as its source.
+    """
 
     def __init__(self, max_value=LOGIT_SCALE_MAX):
         self.max_value = max_value
@@ -41,8 +46,9 @@ class ContrastiveModel(keras.Model):
             what is missing; `output_dim` defaults to `embed_dim`).
         text: dict of `TextTransformer` arguments (same rules).
         embed_dim: width of the shared embedding space.
-        init_logit_scale: initial learned log-scale (the multiplier is its
-            exp, clamped at 100).
+        init_logit_scale: initial learned log-scale (the multiplier is its exp).
+        logit_scale_max: bound on the log-scale applied after every training
+            update (`ln 100` by default, as open_clip); `None` for no bound.
         dtype: dtype policy, e.g. `"float32"`, `"bfloat16"` or
             `"mixed_bfloat16"`; losses are always computed in float32.
 
@@ -54,10 +60,14 @@ class ContrastiveModel(keras.Model):
     vision_defaults = {}
     text_defaults = {}
 
-    def __init__(self, vision, text, embed_dim, init_logit_scale=math.log(1 / 0.07), dtype=None, **kwargs):
+    def __init__(
+        self, vision, text, embed_dim, init_logit_scale=math.log(1 / 0.07),
+        logit_scale_max=LOGIT_SCALE_MAX, dtype=None, **kwargs,
+    ):
         super().__init__(dtype=dtype, **kwargs)
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
+        self.logit_scale_max = logit_scale_max
         self.vision_config = {"output_dim": embed_dim, **self.vision_defaults, **vision}
         self.text_config = {"output_dim": embed_dim, **self.text_defaults, **text}
         self.vision = VisionTransformer(**self.vision_config, dtype=self.dtype_policy, name="vision")
@@ -65,7 +75,7 @@ class ContrastiveModel(keras.Model):
         self.logit_scale = self.add_weight(
             name="logit_scale", shape=(), dtype="float32",
             initializer=keras.initializers.Constant(init_logit_scale),
-            constraint=ClampLogitScale(),
+            constraint=ClampLogitScale(logit_scale_max) if logit_scale_max is not None else None,
         )
         self.vision.build()
         self.text.build()
@@ -111,8 +121,8 @@ class ContrastiveModel(keras.Model):
         return ImagePreprocessor(image_size=self.vision.image_size)
 
     def logit_scale_value(self):
-        """The multiplier `exp(min(log_scale, ln 100))`, float32 scalar."""
-        return ops.exp(ops.minimum(ops.convert_to_tensor(self.logit_scale), LOGIT_SCALE_MAX))
+        """The multiplier `exp(logit_scale)`, float32 scalar."""
+        return ops.exp(ops.convert_to_tensor(self.logit_scale))
 
     def _tokenize(self, texts):
         if isinstance(texts, str) or (isinstance(texts, (list, tuple)) and texts and isinstance(texts[0], str)):
@@ -234,5 +244,6 @@ class ContrastiveModel(keras.Model):
         config.update(
             vision=dict(self.vision_config), text=dict(self.text_config),
             embed_dim=self.embed_dim, init_logit_scale=self.init_logit_scale,
+            logit_scale_max=self.logit_scale_max,
         )
         return config
