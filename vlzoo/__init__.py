@@ -5,7 +5,7 @@
 >>> scores = model.similarity(images, model.tokenizer(["a red circle"]))
 """
 
-from vlzoo import layers, losses, models
+from vlzoo import convert, layers, losses, models
 from vlzoo.models import CLIP, ContrastiveModel, SigLIP
 from vlzoo.presets import from_preset, list_presets, preset_info, save_to_preset
 from vlzoo.version import __version__

@@ -1,0 +1,240 @@
+"""vlzoo.convert <-> Hugging Face transformers: CLIPModel and SiglipModel built offline from configs.
+
+Text inputs end with the end token, which is also the largest id (`eos_token_id =
+vocab_size - 1`), so transformers' CLIP pooling (first end token) and vlzoo's (argmax) agree.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import vlzoo
+import vlzoo.convert as vc
+
+try:
+    from peers import import_torchvision
+except ImportError:  # tests/ imported as a package
+    from tests.peers import import_torchvision
+
+pytestmark = pytest.mark.peer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3
+VOCAB, LENGTH, SIZE = 64, 12, 32
+
+
+@pytest.fixture(scope="module")
+def hf():
+    try:
+        import_torchvision()  # transformers imports torchvision when it is installed
+        import transformers
+        from transformers import CLIPModel  # noqa: F401  (fails if the torch side cannot load)
+    except (ImportError, RuntimeError) as error:
+        pytest.skip(f"transformers is not importable here: {error}")
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+@pytest.fixture(scope="module")
+def torch(hf):
+    import torch
+
+    return torch
+
+
+def _text(act, **extra):
+    return dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=LENGTH, hidden_act=act, eos_token_id=VOCAB - 1, bos_token_id=VOCAB - 2,
+        pad_token_id=0, **extra,
+    )
+
+
+def _vision(act, **extra):
+    return dict(
+        image_size=SIZE, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, hidden_act=act, **extra,
+    )
+
+
+def build_clip(hf, torch, act="quick_gelu", seed=0, **config):
+    torch.manual_seed(seed)
+    cfg = hf.CLIPConfig(text_config=_text(act), vision_config=_vision(act), projection_dim=16, **config)
+    model = hf.CLIPModel(cfg).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(math.log(20.0))
+    return model
+
+
+def build_siglip(hf, torch, seed=0, vision_act="gelu_pytorch_tanh", text_act="gelu_pytorch_tanh"):
+    torch.manual_seed(seed)
+    cfg = hf.SiglipConfig(
+        text_config=_text(text_act, projection_size=32, layer_norm_eps=1e-6),
+        vision_config=_vision(vision_act, layer_norm_eps=1e-6),
+    )
+    model = hf.SiglipModel(cfg).eval()
+    with torch.no_grad():  # transformers initialises both to 0
+        model.logit_scale.fill_(math.log(10.0))
+        model.logit_bias.fill_(-3.0)
+    return model
+
+
+def inputs(batch=3, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=(batch, SIZE, SIZE, 3)).astype("float32")
+    ids = np.zeros((batch, LENGTH), "int32")
+    mask = np.zeros((batch, LENGTH), bool)
+    for i in range(batch):
+        n = int(rng.integers(2, LENGTH + 1))
+        ids[i, :n] = rng.integers(1, VOCAB - 2, size=n)
+        ids[i, n - 1] = VOCAB - 1
+        mask[i, :n] = True
+    return images, ids, mask
+
+
+def assert_parity(torch, model, peer, label):
+    images, ids, mask = inputs()
+    with torch.no_grad():
+        out = peer(
+            input_ids=torch.from_numpy(ids).long(),
+            pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2).copy()),
+        )
+    texts = {"token_ids": ids, "padding_mask": mask}
+    image = keras.ops.convert_to_numpy(model.encode_image(images, normalize=True))
+    text = keras.ops.convert_to_numpy(model.encode_text(texts, normalize=True))
+    logits = keras.ops.convert_to_numpy(model.similarity(images, texts))
+    diffs = {
+        "image": float(np.abs(image - out.image_embeds.numpy()).max()),
+        "text": float(np.abs(text - out.text_embeds.numpy()).max()),
+        "logits": float(np.abs(logits - out.logits_per_image.numpy()).max()),
+    }
+    print(f"[{keras.backend.backend()}] transformers {label}: max abs diff {diffs}")
+    assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
+    assert diffs["logits"] < LOGIT_TOL, diffs
+    return diffs
+
+
+# ----------------------------------------------------------------------------- CLIP
+
+
+@pytest.mark.parametrize("act, ours", [("quick_gelu", "quick_gelu"), ("gelu", "gelu"), ("gelu_pytorch_tanh", "gelu_tanh")])
+def test_clip_parity(hf, torch, act, ours):
+    peer = build_clip(hf, torch, act)
+    model = vc.from_transformers(peer)
+    assert isinstance(model, vlzoo.CLIP)
+    assert model.vision.activation == model.text.activation == ours
+    assert_parity(torch, model, peer, f"CLIPModel hidden_act={act}")
+
+
+def test_clip_from_config_json_dict(hf, torch):
+    """The state dict + config.json path (what tools/convert.py reads from disk)."""
+    peer = build_clip(hf, torch, "quick_gelu")
+    config = json.loads(peer.config.to_json_string())
+    model = vc.from_transformers_state_dict(peer.state_dict(), config)
+    assert_parity(torch, model, peer, "CLIPModel (state dict + config.json)")
+    assert model.preprocessor.image_size == SIZE
+
+
+def test_clip_legacy_eos_and_warning(hf, torch):
+    peer = build_clip(hf, torch)
+    config = peer.config.to_dict()
+    config["text_config"]["eos_token_id"] = 2  # legacy configs: transformers pools at argmax, like vlzoo
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vc.from_transformers_state_dict(peer.state_dict(), config)
+    config["text_config"]["eos_token_id"] = 5
+    with pytest.warns(UserWarning, match="eos_token_id=5"):
+        vc.from_transformers_state_dict(peer.state_dict(), config)
+
+
+# ----------------------------------------------------------------------------- SigLIP
+
+
+@pytest.mark.parametrize("vision_act, text_act", [("gelu_pytorch_tanh", "gelu_pytorch_tanh"), ("gelu", "quick_gelu")])
+def test_siglip_parity(hf, torch, vision_act, text_act):
+    peer = build_siglip(hf, torch, vision_act=vision_act, text_act=text_act)
+    model = vc.from_transformers(peer)
+    assert isinstance(model, vlzoo.SigLIP)
+    assert model.vision.pooling == "map" and model.vision.projection is None
+    assert model.text.pooling == "last" and not model.text.causal and model.text.projection_bias
+    assert model.vision.layer_norm_epsilon == 1e-6
+    assert_parity(torch, model, peer, f"SiglipModel vision={vision_act} text={text_act}")
+    assert model.preprocessor.crop == "none" and model.preprocessor.mean == (0.5, 0.5, 0.5)
+    with pytest.raises(FileNotFoundError, match="SentencePiece"):
+        model.tokenizer(["a cat"])
+
+
+def test_siglip_logit_scale_above_the_training_bound_scores_exactly(hf, torch):
+    peer = build_siglip(hf, torch)
+    with torch.no_grad():
+        peer.logit_scale.fill_(math.log(117.0))  # trained SigLIP checkpoints exceed open_clip's ln(100) bound
+    with pytest.warns(UserWarning, match="training bound"):
+        model = vc.from_transformers(peer)
+    # The forward pass never clamps, so the logits (scale 117) still match the peer.
+    assert_parity(torch, model, peer, "SiglipModel, logit scale 117")
+
+
+# ----------------------------------------------------------------------------- named errors
+
+
+def test_unknown_missing_and_misshaped_keys_are_named(hf, torch):
+    peer = build_clip(hf, torch)
+    config = peer.config
+    state = dict(peer.state_dict())
+    state["vision_model.adapter.weight"] = torch.zeros(2)
+    with pytest.raises(KeyError, match=r"vision_model\.adapter\.weight"):
+        vc.from_transformers_state_dict(state, config)
+    state = dict(peer.state_dict())
+    del state["text_model.encoder.layers.1.self_attn.v_proj.bias"]
+    with pytest.raises(KeyError, match=r"text_model\.encoder\.layers\.1\.self_attn\.v_proj\.bias"):
+        vc.from_transformers_state_dict(state, config)
+    state = dict(peer.state_dict())
+    state["visual_projection.weight"] = torch.zeros(8, 32)
+    with pytest.raises(ValueError, match=r"visual_projection\.weight.*expected \(32, 16\), received \(32, 8\)"):
+        vc.from_transformers_state_dict(state, config)
+
+
+def test_unsupported_models_are_named(hf, torch):
+    peer = build_siglip(hf, torch)
+    config = peer.config.to_dict()
+    config["vision_config"]["vision_use_head"] = False
+    with pytest.raises(NotImplementedError, match="vision_use_head"):
+        vc.from_transformers_state_dict(peer.state_dict(), config)
+    with pytest.raises(NotImplementedError, match="siglip2"):
+        vc.from_transformers_state_dict({}, {"model_type": "siglip2"})
+    with pytest.raises(NotImplementedError, match="CLIPVisionModel"):
+        vc.from_transformers(hf.CLIPVisionModel(hf.CLIPVisionConfig(**_vision("quick_gelu"))))
+    bad = build_clip(hf, torch).config.to_dict()
+    bad["vision_config"]["hidden_act"] = "relu"
+    with pytest.raises(NotImplementedError, match="relu"):
+        vc.from_transformers_state_dict(build_clip(hf, torch).state_dict(), bad)
+
+
+# ----------------------------------------------------------------------------- tools/convert.py
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("vlzoo_tools_convert", os.path.join(ROOT, "tools", "convert.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_tool_converts_a_local_transformers_directory(hf, torch, tmp_path, capsys, family):
+    peer = build_clip(hf, torch) if family == "clip" else build_siglip(hf, torch)
+    directory = tmp_path / "hf_model"
+    peer.save_pretrained(str(directory))  # config.json + model.safetensors, offline
+    out = tmp_path / "preset"
+    status = _tool().main(["--source", "transformers", "--checkpoint", str(directory), "--out", str(out)])
+    printed = capsys.readouterr().out
+    print(printed)
+    assert status == 0
+    assert "parity vs transformers" in printed and "-> OK" in printed
+    assert_parity(torch, vlzoo.from_preset(str(out)), peer, f"tools/convert.py {family} preset")

@@ -1,0 +1,51 @@
+"""Converters from the checkpoints users already have to vlzoo models (and back, for CLIP).
+
+- `from_open_clip(model)` / `from_open_clip_state_dict(state_dict, config)`:
+  open_clip CLIP and SigLIP (timm ViT + MAP head) models.
+- `from_transformers(model)` / `from_transformers_state_dict(state_dict, config)`:
+  Hugging Face `CLIPModel` and `SiglipModel`.
+- `from_keras_hub(backbone)`: keras-hub `CLIPBackbone` and `SigLIPBackbone`.
+- `to_open_clip_state_dict(model)`: vlzoo -> open_clip state dict (exact round
+  trip); `open_clip_config(model)` describes the open_clip model to load it into.
+- `parity(model, peer)`: max abs differences against the peer on random inputs.
+
+Nothing here downloads anything or imports the peers' packages: converters read
+the objects, state dicts and config dicts you pass. Every converter checks that
+each vlzoo variable receives exactly one tensor of the right shape and that
+every checkpoint key is used, and raises `KeyError`/`ValueError` naming the key
+otherwise (nothing is assigned until everything matched).
+
+Example:
+
+```python
+import open_clip, vlzoo
+peer = open_clip.create_model("ViT-B-32", pretrained="/path/to/local/weights.pt")
+model = vlzoo.convert.from_open_clip(peer)
+vlzoo.convert.parity(model, peer)   # {'image': 1e-07, 'text': 2e-07, 'logits': 1e-06}
+model.save_to_preset("clip_b32")
+```
+"""
+
+from vlzoo.convert._common import parity, peer_outputs, random_inputs, vlzoo_variables
+from vlzoo.convert.keras_hub import from_keras_hub
+from vlzoo.convert.open_clip import (
+    from_open_clip,
+    from_open_clip_state_dict,
+    open_clip_config,
+    to_open_clip_state_dict,
+)
+from vlzoo.convert.transformers import from_transformers, from_transformers_state_dict
+
+__all__ = [
+    "from_open_clip",
+    "from_open_clip_state_dict",
+    "to_open_clip_state_dict",
+    "open_clip_config",
+    "from_transformers",
+    "from_transformers_state_dict",
+    "from_keras_hub",
+    "parity",
+    "peer_outputs",
+    "random_inputs",
+    "vlzoo_variables",
+]

@@ -1,0 +1,243 @@
+"""Hugging Face transformers (`CLIPModel`, `SiglipModel`) -> vlzoo.
+
+Reads the model you pass (its `state_dict()` and `config`) or a bare state
+dict plus the `config.json` dict; never imports or downloads anything.
+"""
+
+import warnings
+
+import numpy as np
+
+from vlzoo.convert import _common as C
+
+# Hugging Face defaults for keys a config.json may leave out.
+_CLIP_TEXT = dict(
+    vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8,
+    max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, eos_token_id=49407,
+)
+_CLIP_VISION = dict(
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_channels=3,
+    image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+)
+_SIGLIP_TEXT = dict(
+    vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+    max_position_embeddings=64, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, projection_size=None,
+)
+_SIGLIP_VISION = dict(
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_channels=3,
+    image_size=224, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=True,
+)
+
+
+def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, progress=None):
+    """Converts a transformers `CLIPModel` or `SiglipModel` to the matching vlzoo model.
+
+    Args:
+        model: the transformers model (any weights; e.g. `from_pretrained`
+            on a local directory, or `from_config`).
+        dtype: dtype policy of the vlzoo model (default float32).
+        tokenizer: tokenizer to attach (default: vlzoo's CLIP BPE for CLIP
+            with CLIP's vocabulary; none for SigLIP, whose SentencePiece model
+            is not bundled).
+        preprocessor: image preprocessor to attach (default: the family's
+            standard one at the model's resolution).
+        progress: optional `progress(done, total)` callback while assigning.
+
+    Returns:
+        `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel`.
+    """
+    if not hasattr(model, "state_dict") or not hasattr(model, "config"):
+        raise TypeError(f"from_transformers expects a transformers model; received {type(model).__name__}.")
+    name = type(model).__name__
+    if name not in ("CLIPModel", "SiglipModel"):
+        raise NotImplementedError(
+            f"from_transformers: {name} is not supported; pass a `CLIPModel` or `SiglipModel` (the dual encoder)."
+        )
+    return from_transformers_state_dict(
+        dict(model.state_dict()), model.config, dtype=dtype, tokenizer=tokenizer, preprocessor=preprocessor,
+        progress=progress,
+    )
+
+
+def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=None, preprocessor=None, progress=None):
+    """Converts a transformers CLIP/SigLIP state dict plus its config to a vlzoo model.
+
+    Args:
+        state_dict: `{key: tensor or array}` (e.g. read from
+            `model.safetensors` or `pytorch_model.bin`).
+        config: the `config.json` dict (or a transformers config object);
+            `model_type` must be `"clip"` or `"siglip"`.
+        dtype, tokenizer, preprocessor, progress: as in `from_transformers`.
+
+    Raises:
+        KeyError: a key is missing or unexpected (named).
+        ValueError: a tensor's shape does not match the config (named).
+        NotImplementedError: an unsupported model type or feature.
+    """
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        raise TypeError(f"`config` must be a dict (config.json) or a transformers config; received {type(config).__name__}.")
+    state_dict = C.strip_prefix(C.numpy_state_dict(state_dict))
+    model_type = config.get("model_type")
+    if model_type == "clip":
+        spec = _clip_spec(config, state_dict)
+    elif model_type == "siglip":
+        spec = _siglip_spec(config, state_dict)
+    else:
+        raise NotImplementedError(
+            f"from_transformers: `model_type={model_type!r}` is not supported (supported: 'clip', 'siglip')."
+            + (" SigLIP 2's NaFlex patch embedding has no vlzoo counterpart." if model_type == "siglip2" else "")
+        )
+    C.warn_logit_scale(spec["logit_scale"], f"transformers {model_type} checkpoint")
+    model = C.build_model(
+        spec["family"], spec["vision"], spec["text"], spec["logit_scale"], spec["logit_bias"], dtype=dtype,
+    )
+    ignore = [k for k in state_dict if k.endswith("position_ids")]
+    C.load_rules(spec["rules"], state_dict, model, ignore=ignore, progress=progress)
+    return C.attach_processing(
+        model, spec["family"], spec["vision"]["image_size"], tokenizer=tokenizer, preprocessor=preprocessor,
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _sub_config(config, key, defaults):
+    sub = config.get(key) or config.get(f"{key}_dict") or {}
+    if hasattr(sub, "to_dict"):
+        sub = sub.to_dict()
+    return {**defaults, **{k: v for k, v in sub.items() if k in defaults and v is not None}}
+
+
+def _scalar(state_dict, key, default):
+    if key not in state_dict:
+        return default
+    return float(np.reshape(C.to_numpy(state_dict[key]), -1)[0])
+
+
+def _geometry(cfg, where):
+    if cfg["hidden_size"] % cfg["num_attention_heads"]:
+        raise ValueError(f"{where}: `num_attention_heads` must divide `hidden_size`.")
+    return dict(
+        hidden_dim=int(cfg["hidden_size"]), num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=int(cfg["num_attention_heads"]), intermediate_dim=int(cfg["intermediate_size"]),
+        activation=C.hf_activation_name(cfg["hidden_act"], where), layer_norm_epsilon=float(cfg["layer_norm_eps"]),
+    )
+
+
+def _vision_image(cfg, where):
+    if cfg["num_channels"] != 3:
+        raise NotImplementedError(f"{where}: {cfg['num_channels']} input channels are not supported (RGB only).")
+    image, patch = int(cfg["image_size"]), int(cfg["patch_size"])
+    return dict(image_size=image - image % patch, patch_size=patch)
+
+
+def _encoder_rules(src, dst, num_layers):
+    rules = []
+    for i in range(num_layers):
+        s, d = f"{src}.layers.{i}", f"{dst}/block_{i}"
+        rules += C.torch_layer_norm(f"{s}.layer_norm1", f"{d}/ln_1")
+        for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("out_proj", "output")):
+            rules += C.torch_linear(f"{s}.self_attn.{hf}", f"{d}/attention/{ours}")
+        rules += C.torch_layer_norm(f"{s}.layer_norm2", f"{d}/ln_2")
+        rules += C.torch_linear(f"{s}.mlp.fc1", f"{d}/mlp/fc1")
+        rules += C.torch_linear(f"{s}.mlp.fc2", f"{d}/mlp/fc2")
+    return rules
+
+
+# ----------------------------------------------------------------------------- CLIP
+
+
+def _clip_spec(config, state_dict):
+    vcfg = _sub_config(config, "vision_config", _CLIP_VISION)
+    tcfg = _sub_config(config, "text_config", _CLIP_TEXT)
+    projection_dim = int(config.get("projection_dim") or 512)
+    vision = dict(
+        **_vision_image(vcfg, "CLIP vision_config"), **_geometry(vcfg, "CLIP vision_config"),
+        output_dim=projection_dim, num_prefix_tokens=1, pooling="cls", use_pre_norm=True,
+        patch_bias=False, projection_bias=False,
+    )
+    vocab = int(tcfg["vocab_size"])
+    eos = tcfg.get("eos_token_id")
+    if eos not in (2, vocab - 1):
+        warnings.warn(
+            f"transformers CLIP: `eos_token_id={eos}` is not the largest token id ({vocab - 1}); vlzoo pools at "
+            "the position of the largest id (argmax), which differs when the end token is not the largest id.",
+            stacklevel=3,
+        )
+    text = dict(
+        vocabulary_size=vocab, sequence_length=int(tcfg["max_position_embeddings"]),
+        **_geometry(tcfg, "CLIP text_config"), output_dim=projection_dim, causal=True, pooling="eot",
+        use_padding_mask=False, projection_bias=False,
+    )
+    width = vision["hidden_dim"]
+    v, t = "vision_model", "text_model"
+    rules = [
+        C.transpose(f"{v}.embeddings.patch_embedding.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)),
+        C.reshape(f"{v}.embeddings.class_embedding", "vision/prefix_tokens", (1, width), (width,)),
+        C.copy(f"{v}.embeddings.position_embedding.weight", "vision/position_embedding/embeddings"),
+        *C.torch_layer_norm(f"{v}.pre_layrnorm", "vision/pre_norm"),
+        *_encoder_rules(f"{v}.encoder", "vision", vision["num_layers"]),
+        *C.torch_layer_norm(f"{v}.post_layernorm", "vision/post_norm"),
+        *C.torch_linear("visual_projection", "vision/projection", bias=False),
+        C.copy(f"{t}.embeddings.token_embedding.weight", "text/token_embedding/embeddings"),
+        C.copy(f"{t}.embeddings.position_embedding.weight", "text/position_embedding/embeddings"),
+        *_encoder_rules(f"{t}.encoder", "text", text["num_layers"]),
+        *C.torch_layer_norm(f"{t}.final_layer_norm", "text/post_norm"),
+        *C.torch_linear("text_projection", "text/projection", bias=False),
+        C.scalar("logit_scale", "logit_scale"),
+    ]
+    return dict(
+        family="clip", vision=vision, text=text, rules=rules,
+        logit_scale=_scalar(state_dict, "logit_scale", float(config.get("logit_scale_init_value", 2.6592))),
+        logit_bias=None,
+    )
+
+
+# ----------------------------------------------------------------------------- SigLIP
+
+
+def _siglip_spec(config, state_dict):
+    vcfg = _sub_config(config, "vision_config", _SIGLIP_VISION)
+    tcfg = _sub_config(config, "text_config", _SIGLIP_TEXT)
+    if not vcfg["vision_use_head"]:
+        raise NotImplementedError(
+            "transformers SigLIP: `vision_use_head=False` (no MAP head, no pooled image embedding) is not supported."
+        )
+    vision = dict(
+        **_vision_image(vcfg, "SigLIP vision_config"), **_geometry(vcfg, "SigLIP vision_config"),
+        output_dim=None, num_prefix_tokens=0, pooling="map", use_pre_norm=False, patch_bias=True,
+        projection_bias=False,
+    )
+    text_geometry = _geometry(tcfg, "SigLIP text_config")
+    text = dict(
+        vocabulary_size=int(tcfg["vocab_size"]), sequence_length=int(tcfg["max_position_embeddings"]),
+        **text_geometry, output_dim=int(tcfg["projection_size"] or text_geometry["hidden_dim"]),
+        causal=False, pooling="last", use_padding_mask=False, projection_bias=True,
+    )
+    v, t, h = "vision_model", "text_model", "vision_model.head"
+    rules = [
+        C.transpose(f"{v}.embeddings.patch_embedding.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)),
+        C.copy(f"{v}.embeddings.patch_embedding.bias", "vision/patch_embedding/conv/bias"),
+        C.copy(f"{v}.embeddings.position_embedding.weight", "vision/position_embedding/embeddings"),
+        *_encoder_rules(f"{v}.encoder", "vision", vision["num_layers"]),
+        *C.torch_layer_norm(f"{v}.post_layernorm", "vision/post_norm"),
+        C.copy(f"{h}.probe", "vision/map_head/latent"),
+        *C.fused_qkv(f"{h}.attention.in_proj_weight", f"{h}.attention.in_proj_bias", "vision/map_head/attention"),
+        *C.torch_linear(f"{h}.attention.out_proj", "vision/map_head/attention/output"),
+        *C.torch_layer_norm(f"{h}.layernorm", "vision/map_head/norm"),
+        *C.torch_linear(f"{h}.mlp.fc1", "vision/map_head/mlp/fc1"),
+        *C.torch_linear(f"{h}.mlp.fc2", "vision/map_head/mlp/fc2"),
+        C.copy(f"{t}.embeddings.token_embedding.weight", "text/token_embedding/embeddings"),
+        C.copy(f"{t}.embeddings.position_embedding.weight", "text/position_embedding/embeddings"),
+        *_encoder_rules(f"{t}.encoder", "text", text["num_layers"]),
+        *C.torch_layer_norm(f"{t}.final_layer_norm", "text/post_norm"),
+        *C.torch_linear(f"{t}.head", "text/projection", bias=True),
+        C.scalar("logit_scale", "logit_scale", (1,)),
+        C.scalar("logit_bias", "logit_bias", (1,)),
+    ]
+    return dict(
+        family="siglip", vision=vision, text=text, rules=rules,
+        logit_scale=_scalar(state_dict, "logit_scale", 0.0), logit_bias=_scalar(state_dict, "logit_bias", 0.0),
+    )
