@@ -1,4 +1,4 @@
-"""Contrastive image-text losses (CLIP, SigLIP) and their logit helpers."""
+"""Image-text losses (CLIP, SigLIP, FILIP, SPARC) and their logit helpers."""
 
 from vlzoo.losses.contrastive import clip_logits
 from vlzoo.losses.contrastive import clip_loss
@@ -6,8 +6,24 @@ from vlzoo.losses.contrastive import l2_normalize
 from vlzoo.losses.contrastive import siglip_logits
 from vlzoo.losses.contrastive import siglip_loss
 from vlzoo.losses.contrastive import siglip_loss_chunked
+from vlzoo.losses.filip import filip_ensemble_scores
+from vlzoo.losses.filip import filip_loss
+from vlzoo.losses.filip import filip_select_tokens
+from vlzoo.losses.filip import filip_similarity
+from vlzoo.losses.filip import filip_token_alignment
+from vlzoo.losses.sparc import sparc_alignment_weights
+from vlzoo.losses.sparc import sparc_fine_grained_loss
+from vlzoo.losses.sparc import sparc_loss
 
 __all__ = [
+    "filip_ensemble_scores",
+    "filip_loss",
+    "filip_select_tokens",
+    "filip_similarity",
+    "filip_token_alignment",
+    "sparc_alignment_weights",
+    "sparc_fine_grained_loss",
+    "sparc_loss",
     "clip_logits",
     "clip_loss",
     "l2_normalize",

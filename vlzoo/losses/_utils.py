@@ -6,6 +6,7 @@ checked.
 """
 
 import keras
+import keras
 from keras import ops
 
 
@@ -86,3 +87,66 @@ def check_scalar(x, name):
     if shape:
         x = ops.reshape(x, ())
     return x
+
+
+def check_tokens(x, name):
+    """Converts `x` to float32 and checks that it is a rank-3 `(B, N, D)`
+    tensor of token embeddings."""
+    x = to_float32(x)
+    shape = static_shape(x)
+    if len(shape) != 3:
+        raise ValueError(
+            f"`{name}` must have rank 3, shape (B, N, D); received shape "
+            f"{_fmt(shape)} (rank {len(shape)})."
+        )
+    return x
+
+
+def check_token_pair(image_tokens, text_tokens, image_name, text_name,
+                     paired=True):
+    """Validates two token tensors `(B_img, P, D)` and `(B_txt, T, D)`: same
+    `D`, and the same batch size when `paired`."""
+    image_tokens = check_tokens(image_tokens, image_name)
+    text_tokens = check_tokens(text_tokens, text_name)
+    (bi, _, di), (bt, _, dt) = static_shape(image_tokens), static_shape(
+        text_tokens)
+    bad_d = di is not None and dt is not None and di != dt
+    bad_b = paired and bi is not None and bt is not None and bi != bt
+    if bad_d or bad_b:
+        expected = "(B, T, D)" if paired else "(B_txt, T, D)"
+        matching = "B and D" if paired else "D"
+        raise ValueError(
+            f"`{text_name}` must have shape {expected} with {matching} "
+            f"matching `{image_name}` {_fmt(static_shape(image_tokens))}; "
+            f"received {_fmt(static_shape(text_tokens))}."
+        )
+    return image_tokens, text_tokens
+
+
+def check_mask(mask, name, tokens, tokens_name):
+    """Converts `mask` to a bool tensor and checks that it has shape
+    `(B, N)` matching `tokens` `(B, N, D)`.
+
+    Bool and integer (0/1) masks are accepted; float masks raise a
+    `TypeError` (an additive attention bias passed by mistake would
+    otherwise be read as a mask)."""
+    mask = ops.convert_to_tensor(mask)
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if dtype != "bool":
+        if "int" not in dtype:
+            raise TypeError(
+                f"`{name}` must be a bool (or integer 0/1) mask with True = "
+                f"real token; received dtype {dtype}."
+            )
+        mask = ops.not_equal(mask, 0)
+    shape, tshape = static_shape(mask), static_shape(tokens)
+    expected = tshape[:2]
+    if len(shape) != 2 or any(
+        a is not None and b is not None and a != b
+        for a, b in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"`{name}` must have shape (B, N) = {_fmt(expected)} matching "
+            f"`{tokens_name}` {_fmt(tshape)}; received {_fmt(shape)}."
+        )
+    return mask

@@ -1,0 +1,701 @@
+"""Token-wise late-interaction similarity and loss of FILIP.
+
+Yao et al. 2022, "FILIP: Fine-grained Interactive Language-Image
+Pre-training" (see `specs/filip.md`). Every image token (patch) and every
+text token is L2-normalised on its own; with `A[i, j, p, t] = <x_ip, y_jt>`:
+
+* image -> text (eq. 4): `S_I[i, j] = mean_p max_{t real} A[i, j, p, t]`
+* text -> image (eq. 5): `S_T[i, j] = mean_{t real} max_{p real} A[i, j, p, t]`
+
+Padding is left out of the max (a finite `-1e4` put in by `where`, never a
+multiplication by the mask, since similarities can be negative) and out of
+the mean (divided by the number of real tokens). A text (or image) with no
+real token at all gets similarity 0 to everything.
+
+The loss is CLIP's symmetric InfoNCE with `logits_i2t = s * S_I` (rows:
+images) and `logits_t2i = s * S_T^T` (rows: texts, i.e. the softmax runs
+over the *column* of `S_T`, not over `S_I^T`).
+
+Conventions as in `contrastive.py`: inputs are the *projected, unnormalised*
+token embeddings (tensors of the active backend or numpy), computation is
+float32 whatever the input dtype, `logit_scale` is the multiplier itself
+(`exp` of the learned log-scale, FILIP initialises it to `1 / 0.07`), and
+masks are bool with True = real token (integer 0/1 masks are accepted).
+
+At scale the `(B, B, P, T)` interaction is never materialised: with
+`chunk_size`, a loop with a static trip count (`ops.fori_loop`, a scan on
+JAX; `ops.while_loop` with `maximum_iterations` on TensorFlow; a python
+loop on PyTorch) reduces one `(B_img, C, P, T)` block at a time to
+`(B_img, C)` similarities, each block wrapped in `keras.remat`, so memory
+grows with the chunk `C`, not with `B^2`, in training too.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.losses._utils import _fmt
+from vlzoo.losses._utils import check_mask
+from vlzoo.losses._utils import check_scalar
+from vlzoo.losses._utils import check_token_pair
+from vlzoo.losses._utils import static_shape
+from vlzoo.losses._utils import to_float32
+from vlzoo.losses.contrastive import l2_normalize
+
+# Finite masking value: below any cosine (>= -1) and representable in
+# float16 / bfloat16 (for `similarity_dtype`).
+_NEG = -1e4
+
+_SIMILARITY_DTYPES = (None, "float32", "float16", "bfloat16")
+
+
+# ------------------------------------------------------------ validation
+
+
+def _check_positive_int(value, name, allow_none=True):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a python int >= 1"
+            + (" or None" if allow_none else "") + f"; received {value!r}."
+        )
+
+
+def _check_choice(value, name, choices):
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {choices}; received {value!r}."
+        )
+
+
+# ------------------------------------------------------ similarity blocks
+
+
+def _masked_mean(values, valid, axis, count):
+    """`sum(values where valid) / max(count, 1)` along `axis`."""
+    total = ops.sum(ops.where(valid, values, 0.0), axis=axis)
+    return total / ops.maximum(count, 1.0)
+
+
+def _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x):
+    """Both token-wise max-mean similarities of one block.
+
+    Args:
+        x: `(Bx, P, D)` normalised tokens; x_valid: `(Bx, P)` float 0/1.
+        y: `(By, T, D)` normalised tokens; y_valid: `(By, T)` float 0/1.
+        sim_dtype: dtype of the einsum and of the maxima.
+        mask_x: static flag, False when every `x` token is real (saves the
+            `(Bx, By, P, T)` mask).
+
+    Returns:
+        `(mean_x_max_y, mean_y_max_x)`, each `(Bx, By)` float32:
+        `mean_{p valid} max_{t valid} A` and `mean_{t valid} max_{p valid} A`
+        (`S_I` and `S_T` when `x` are the images); 0 where a side has no
+        real token.
+    """
+    if sim_dtype != "float32":
+        x, y = ops.cast(x, sim_dtype), ops.cast(y, sim_dtype)
+    xv = ops.greater(x_valid, 0.5)
+    yv = ops.greater(y_valid, 0.5)
+    sim = ops.einsum("ipd,jtd->ijpt", x, y)
+    valid = yv[None, :, None, :]
+    if mask_x:
+        valid = ops.logical_and(valid, xv[:, None, :, None])
+    sim = ops.where(valid, sim, ops.cast(_NEG, sim.dtype))
+    best_y = ops.cast(ops.max(sim, axis=3), "float32")  # (Bx, By, P)
+    best_x = ops.cast(ops.max(sim, axis=2), "float32")  # (Bx, By, T)
+    nx = ops.sum(x_valid, axis=1)  # (Bx,)
+    ny = ops.sum(y_valid, axis=1)  # (By,)
+    s_xy = _masked_mean(best_y, xv[:, None, :], 2, nx[:, None])
+    s_yx = _masked_mean(best_x, yv[None, :, :], 2, ny[None, :])
+    # A side without real tokens: the max ran over `_NEG` only.
+    s_xy = ops.where(ops.greater(ny, 0.0)[None, :], s_xy, 0.0)
+    s_yx = ops.where(ops.greater(nx, 0.0)[:, None], s_yx, 0.0)
+    return s_xy, s_yx
+
+
+_REMAT_CACHE = {}
+
+
+def _block_fn(sim_dtype, mask_x, remat):
+    """The block function for the static flags, `keras.remat`-wrapped when
+    `remat`; one stable function object per configuration (JAX reuses its
+    traces)."""
+    key = (keras.backend.backend(), sim_dtype, mask_x, remat)
+    if key not in _REMAT_CACHE:
+        def block(x, x_valid, y, y_valid):
+            return _late_interaction(x, x_valid, y, y_valid, sim_dtype,
+                                     mask_x)
+
+        _REMAT_CACHE[key] = keras.remat(block) if remat else block
+    return _REMAT_CACHE[key]
+
+
+def _static_loop(count, body, init):
+    """`carry = body(k, carry)` for `k = 0 .. count - 1`, a real loop with a
+    static trip count: XLA would fuse unrolled blocks back together."""
+    init = tuple(init)
+    if keras.backend.backend() == "tensorflow":
+        # `tf.while_loop` needs `maximum_iterations` for its gradient to
+        # compile with XLA (`fori_loop` does not pass it).
+        out = ops.while_loop(
+            lambda k, *carry: k < count,
+            lambda k, *carry: (k + 1,) + tuple(body(k, carry)),
+            (ops.convert_to_tensor(0, "int32"),) + init,
+            maximum_iterations=count,
+        )
+        return tuple(out[1:])
+    # JAX: a scan (static trip count); PyTorch: a python loop.
+    return tuple(ops.fori_loop(0, count, lambda k, c: tuple(body(k, c)),
+                               init))
+
+
+def _check_chunks(chunk_size, num_chunks):
+    _check_positive_int(chunk_size, "chunk_size")
+    _check_positive_int(num_chunks, "num_chunks")
+    if chunk_size is not None and num_chunks is not None:
+        raise ValueError(
+            "Pass at most one of `chunk_size` or `num_chunks`; received "
+            f"chunk_size={chunk_size}, num_chunks={num_chunks}."
+        )
+
+
+def _chunking(y, chunks, name):
+    """`(count, size, n)` of the chunks over the batch of `y`, or None for
+    a single block. `count` is a python int; `size` and `n` are tensors when
+    the batch size is unknown at trace time (then only `num_chunks` works).
+    """
+    chunk_size, num_chunks = chunks
+    if chunk_size is None and num_chunks is None:
+        return None
+    n = y.shape[0]
+    if n is None:
+        if num_chunks is None:
+            raise ValueError(
+                f"`chunk_size` needs a static batch size; the batch size of "
+                f"`{name}` is unknown at trace time. Pass `num_chunks`."
+            )
+        n = ops.shape(y)[0]
+        return num_chunks, (n + num_chunks - 1) // num_chunks, n
+    if chunk_size is not None:
+        size = min(chunk_size, n)
+    else:
+        size = -(-n // min(num_chunks, n))
+    count = -(-n // size)
+    return None if count == 1 else (count, size, n)
+
+
+def _put(stack, k, value):
+    """`stack[k] = value` for a loop index `k` (a `where`, since the
+    backends' dynamic update ops are not all differentiable)."""
+    count = stack.shape[0]
+    hit = ops.equal(ops.arange(count, dtype="int32"), ops.cast(k, "int32"))
+    hit = ops.reshape(hit, (count,) + (1,) * (len(stack.shape) - 1))
+    return ops.where(hit, ops.expand_dims(value, 0), stack)
+
+
+def _unstack_columns(stack, count, size, n):
+    """`(K, R, C)` stacked blocks -> `(R, n)` columns (drops padding)."""
+    out = ops.reshape(ops.transpose(stack, (1, 0, 2)), (-1, count * size))
+    return out[:, :n]
+
+
+def _pad_rows(x, pad):
+    if isinstance(pad, int) and pad == 0:
+        return x
+    return ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+
+
+def _similarity_chunked(x, x_valid, y, y_valid, chunks, sim_dtype, mask_x,
+                        remat, y_name):
+    """`_late_interaction` over chunks of the `y` batch; `(Bx, By)` each."""
+    chunking = _chunking(y, chunks, y_name)
+    if chunking is None:
+        return _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x)
+    count, size, n = chunking
+    pad = count * size - n
+    # Padded rows have no real token: similarity 0, zero gradient.
+    y, y_valid = _pad_rows(y, pad), _pad_rows(y_valid, pad)
+    t, d = y.shape[1:]
+    block = _block_fn(sim_dtype, mask_x, remat)
+
+    def body(k, carry):
+        s_xy, s_yx = carry
+        start = ops.cast(k * size, "int32")
+        yc = ops.slice(y, (start, 0, 0), (size, t, d))
+        vc = ops.slice(y_valid, (start, 0), (size, t))
+        a, b = block(x, x_valid, yc, vc)
+        return _put(s_xy, k, a), _put(s_yx, k, b)
+
+    zeros = ops.zeros((count, ops.shape(x)[0], size), "float32")
+    s_xy, s_yx = _static_loop(count, body, (zeros, zeros))
+    return (_unstack_columns(s_xy, count, size, n),
+            _unstack_columns(s_yx, count, size, n))
+
+
+def _similarity(img, img_valid, txt, txt_valid, chunks=(None, None),
+                chunk_axis="text", sim_dtype="float32", mask_img=True,
+                remat=True):
+    """`(S_I, S_T)`, each `(B_img, B_txt)`, from normalised tokens and
+    float 0/1 masks; `chunks` is `(chunk_size, num_chunks)`."""
+    if chunk_axis == "text":
+        return _similarity_chunked(img, img_valid, txt, txt_valid, chunks,
+                                   sim_dtype, mask_img, remat, "text_tokens")
+    # The two similarities are symmetric in the roles of the sides:
+    # with texts as `x`, `mean_x max_y` is `S_T^T` and `mean_y max_x` `S_I^T`.
+    s_t, s_i = _similarity_chunked(txt, txt_valid, img, img_valid, chunks,
+                                   sim_dtype, True, remat, "image_tokens")
+    return ops.transpose(s_i), ops.transpose(s_t)
+
+
+def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
+             chunks, chunk_axis, similarity_dtype):
+    """Validates the inputs; returns normalised tokens, float masks and
+    whether an image mask is in use."""
+    _check_chunks(*chunks)
+    _check_choice(chunk_axis, "chunk_axis", ("text", "image"))
+    _check_choice(similarity_dtype, "similarity_dtype", _SIMILARITY_DTYPES)
+    image_tokens, text_tokens = check_token_pair(
+        image_tokens, text_tokens, "image_tokens", "text_tokens", paired)
+    text_mask = check_mask(text_mask, "text_mask", text_tokens, "text_tokens")
+    if image_mask is None:
+        image_valid = ops.ones(ops.shape(image_tokens)[:2], "float32")
+    else:
+        image_mask = check_mask(image_mask, "image_mask", image_tokens,
+                                "image_tokens")
+        image_valid = ops.cast(image_mask, "float32")
+    return (l2_normalize(image_tokens), image_valid,
+            l2_normalize(text_tokens), ops.cast(text_mask, "float32"),
+            image_mask is not None)
+
+
+# ------------------------------------------------------------ public API
+
+
+def filip_similarity(
+    image_tokens,
+    text_tokens,
+    text_mask,
+    image_mask=None,
+    chunk_size=None,
+    *,
+    num_chunks=None,
+    chunk_axis="text",
+    similarity_dtype=None,
+    remat=True,
+):
+    """Token-wise max-mean similarities of FILIP, both directions.
+
+    `S_I[i, j] = mean_{p real} max_{t real} <x_ip, y_jt>` (eq. 4) and
+    `S_T[i, j] = mean_{t real} max_{p real} <x_ip, y_jt>` (eq. 5), on
+    L2-normalised tokens. `S_I != S_T` in general; both lie in `[-1, 1]`;
+    a text (image) without any real token scores 0.
+
+    Args:
+        image_tokens: `(B_img, P, D)` projected patch embeddings.
+        text_tokens: `(B_txt, T, D)` projected token embeddings.
+        text_mask: `(B_txt, T)` bool, True = real token (BOS/EOS included).
+        image_mask: optional `(B_img, P)` bool, True = real patch; None: all.
+        chunk_size: None computes the `(B_img, B_txt, P, T)` interaction at
+            once; an int `C` loops over blocks of `C` texts (of `C` images
+            with `chunk_axis="image"`), each rematerialised in the backward
+            pass, so peak memory is `B_img * C * P * T`. `C` need not divide
+            the batch (the last block is zero-padded and masked). Needs a
+            static batch size.
+        num_chunks: alternative to `chunk_size`: a static number of chunks
+            `K`, blocks of `ceil(B / K)`; also works when the batch size is
+            unknown at trace time (e.g. TensorFlow graphs of `fit`).
+        chunk_axis: "text" (default) or "image", the batch that is chunked.
+        similarity_dtype: None / "float32", or "float16" / "bfloat16" to
+            compute the dot products and maxima in that dtype (FILIP's
+            fp16 trick); means and outputs stay float32.
+        remat: rematerialise each chunk in the backward pass.
+
+    Returns:
+        `(sim_i2t, sim_t2i)`: `S_I` and `S_T`, each `(B_img, B_txt)`
+        float32, indexed `[image, text]`.
+
+    Example:
+
+    >>> img = np.random.randn(4, 49, 256); txt = np.random.randn(6, 77, 256)
+    >>> mask = np.arange(77)[None] < np.array([[5], [9], [3], [77], [2], [8]])
+    >>> s_i, s_t = filip_similarity(img, txt, mask, chunk_size=4)
+    >>> s_i.shape, s_t.shape
+    ((4, 6), (4, 6))
+    """
+    chunks = (chunk_size, num_chunks)
+    img, img_valid, txt, txt_valid, mask_img = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, False, chunks,
+        chunk_axis, similarity_dtype)
+    return _similarity(img, img_valid, txt, txt_valid, chunks, chunk_axis,
+                       similarity_dtype or "float32", mask_img, remat)
+
+
+def filip_loss(
+    image_tokens,
+    text_tokens,
+    text_mask,
+    logit_scale,
+    image_mask=None,
+    chunk_size=None,
+    *,
+    num_chunks=None,
+    keep_ratio=1.0,
+    selection_group_size=None,
+    keep_mode="static",
+    image_ids=None,
+    chunk_axis="text",
+    similarity_dtype=None,
+    remat=True,
+):
+    """Contrastive loss of FILIP (eq. 1) over the late-interaction scores.
+
+    `0.5 * (CE(s * S_I, diag) + CE(s * S_T^T, diag))`, each cross-entropy
+    a batch mean over rows: image `i` against all texts with `S_I[i, :]`,
+    text `j` against all images with the column `S_T[:, j]`.
+
+    Token dropping (`keep_ratio < 1`, **training only**: the paper keeps
+    25% of the tokens of each image and each text during pre-training and
+    drops nothing at evaluation; a model passes `keep_ratio` only when
+    training). Each image keeps its `k_P = max(1, round(keep_ratio * P))`
+    patches with the highest score `max_j max_{t real} <x_ip, y_jt>` over
+    the texts `j` of its selection group, each text its
+    `k_T = max(1, round(keep_ratio * T))` tokens with the highest
+    `max_i max_{p real} <x_ip, y_jt>` (`round` is half-up, so 0.25 keeps
+    12 of 49 patches, 64 of 256, 19 of 77 text positions). The scores
+    carry no gradient; the kept token values do, dropped tokens get zero
+    gradient. Padding: padded tokens score below every real one, so they
+    are never kept over a real token; when a text has fewer than `k_T`
+    real tokens the extra kept positions are padding and stay masked
+    (`S_T` is then the mean over the kept real tokens). The count `k_T`
+    is a fraction of the padded length `T` (static shapes); with
+    `keep_mode="per_row"` each text further keeps at most
+    `ceil(keep_ratio * n_j)` of its `n_j` real tokens (and each image at
+    most `ceil(keep_ratio * n_i)` real patches with `image_mask`).
+
+    Args:
+        image_tokens: `(B, P, D)` projected patch embeddings.
+        text_tokens: `(B, T, D)` projected token embeddings; row `i` is the
+            caption of image `i`.
+        text_mask: `(B, T)` bool, True = real token.
+        logit_scale: scalar multiplier `s` (`exp` of the learned log-scale,
+            `1 / 0.07` at FILIP's initialisation); shared by both directions.
+        image_mask: optional `(B, P)` bool, True = real patch.
+        chunk_size: see `filip_similarity` (chunked and unchunked values
+            and gradients agree).
+        keep_ratio: fraction of tokens kept per sample, in `(0, 1]`;
+            1.0 (default) keeps everything and skips the selection.
+        selection_group_size: None scores tokens against the whole batch;
+            an int `b` scores them only against the partners of the same
+            contiguous block of `b` samples, as the paper's per-worker
+            selection before the all-gather.
+        keep_mode: "static" (default, `k` of the padded length) or
+            "per_row" (also capped at `ceil(keep_ratio * n)` real tokens).
+        image_ids: optional `(B,)` integer ids for several captions per
+            image (retrieval fine-tuning): samples with the same id are
+            all positives, with soft targets `1 / #positives` in both
+            directions. None (default): one positive per row.
+        num_chunks, chunk_axis, similarity_dtype, remat: see
+            `filip_similarity`.
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> img = np.random.randn(8, 49, 256); txt = np.random.randn(8, 77, 256)
+    >>> mask = np.arange(77)[None] < np.random.randint(2, 78, (8, 1))
+    >>> loss = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=4,
+    ...                   keep_ratio=0.25)
+    """
+    _check_keep(keep_ratio, selection_group_size, keep_mode)
+    chunks = (chunk_size, num_chunks)
+    img, img_valid, txt, txt_valid, mask_img = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
+        chunk_axis, similarity_dtype)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    sim_dtype = similarity_dtype or "float32"
+    if keep_ratio != 1.0:
+        kept = _select(img, img_valid, txt, txt_valid, keep_ratio,
+                       selection_group_size, keep_mode, chunks, sim_dtype)
+        (img, img_valid, _), (txt, txt_valid, _) = kept
+        mask_img = mask_img or keep_mode == "per_row"
+    s_i, s_t = _similarity(img, img_valid, txt, txt_valid, chunks,
+                           chunk_axis, sim_dtype, mask_img, remat)
+    logits_i2t = logit_scale * s_i
+    logits_t2i = logit_scale * ops.transpose(s_t)
+    if image_ids is None:
+        i2t = ops.diagonal(ops.log_softmax(logits_i2t, axis=1))
+        t2i = ops.diagonal(ops.log_softmax(logits_t2i, axis=1))
+        return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+    targets = _soft_targets(image_ids, static_shape(s_i)[0])
+    i2t = ops.sum(targets * ops.log_softmax(logits_i2t, axis=1), axis=1)
+    t2i = ops.sum(targets * ops.log_softmax(logits_t2i, axis=1), axis=1)
+    return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+
+def _soft_targets(image_ids, batch_size):
+    """`pos / rowsum(pos)` with `pos[a, b] = image_ids[a] == image_ids[b]`."""
+    image_ids = ops.convert_to_tensor(image_ids)
+    shape, expected = static_shape(image_ids), (batch_size,)
+    if len(shape) != 1 or (None not in (shape[0], batch_size)
+                           and shape[0] != batch_size):
+        raise ValueError(
+            f"`image_ids` must have shape (B,) = {_fmt(expected)}; received "
+            f"{_fmt(shape)}."
+        )
+    pos = ops.cast(ops.equal(image_ids[:, None], image_ids[None, :]),
+                   "float32")
+    return pos / ops.sum(pos, axis=1, keepdims=True)
+
+
+# ----------------------------------------------------------- token dropping
+
+
+def _keep_count(n, keep_ratio):
+    """`max(1, round_half_up(keep_ratio * n))`, at most `n`."""
+    return min(n, max(1, int(math.floor(keep_ratio * n + 0.5))))
+
+
+def _check_keep(keep_ratio, selection_group_size, keep_mode):
+    if isinstance(keep_ratio, bool) or not isinstance(
+            keep_ratio, (int, float)) or not 0.0 < keep_ratio <= 1.0:
+        raise ValueError(
+            f"`keep_ratio` must be a python number in (0, 1]; received "
+            f"{keep_ratio!r}."
+        )
+    _check_positive_int(selection_group_size, "selection_group_size")
+    _check_choice(keep_mode, "keep_mode", ("static", "per_row"))
+
+
+def _score_block(x, x_valid, y, y_valid, x_group, y_group, sim_dtype):
+    """Selection scores from one block: `(Bx, P)` best over the `y` tokens
+    of the same group, `(By, T)` best over the `x` tokens."""
+    if sim_dtype != "float32":
+        x, y = ops.cast(x, sim_dtype), ops.cast(y, sim_dtype)
+    sim = ops.einsum("ipd,jtd->ijpt", x, y)
+    same = ops.equal(x_group[:, None], y_group[None, :])[:, :, None, None]
+    valid = ops.logical_and(ops.greater(x_valid, 0.5)[:, None, :, None],
+                            ops.greater(y_valid, 0.5)[None, :, None, :])
+    sim = ops.where(ops.logical_and(same, valid), sim,
+                    ops.cast(_NEG, sim.dtype))
+    return (ops.cast(ops.max(sim, axis=(1, 3)), "float32"),
+            ops.cast(ops.max(sim, axis=(0, 2)), "float32"))
+
+
+def _selection_scores(img, img_valid, txt, txt_valid, group_size, chunks,
+                      sim_dtype):
+    """`(B, P)` patch and `(B, T)` token scores, chunked over texts like the
+    similarity (forward only: the inputs carry no gradient)."""
+    img, txt = ops.stop_gradient(img), ops.stop_gradient(txt)
+    ids = ops.arange(ops.shape(img)[0], dtype="int32")
+    # Contiguous blocks of `group_size` samples; None: one group.
+    group = ops.zeros_like(ids) if group_size is None else ids // group_size
+    chunking = _chunking(txt, chunks, "text_tokens")
+    if chunking is None:
+        return _score_block(img, img_valid, txt, txt_valid, group, group,
+                            sim_dtype)
+    count, size, n = chunking
+    pad = count * size - n
+    txt, txt_valid = _pad_rows(txt, pad), _pad_rows(txt_valid, pad)
+    txt_group = _pad_rows(group, pad)
+    t, d = txt.shape[1:]
+
+    def body(k, carry):
+        best_img, best_txt = carry
+        start = ops.cast(k * size, "int32")
+        a, b = _score_block(
+            img, img_valid, ops.slice(txt, (start, 0, 0), (size, t, d)),
+            ops.slice(txt_valid, (start, 0), (size, t)), group,
+            ops.slice(txt_group, (start,), (size,)), sim_dtype)
+        return ops.maximum(best_img, a), _put(best_txt, k, b)
+
+    init = (ops.full(ops.shape(img_valid), _NEG, "float32"),
+            ops.zeros((count, size, t), "float32"))
+    best_img, best_txt = _static_loop(count, body, init)
+    return best_img, ops.reshape(best_txt, (count * size, t))[:n]
+
+
+def _keep_top(tokens, valid, score, keep_ratio, keep_mode):
+    """Gathers the `k` best-scoring tokens of each row; returns the kept
+    tokens `(B, k, D)`, their float validity `(B, k)` and indices `(B, k)`."""
+    n = tokens.shape[1]
+    if n is None:
+        raise ValueError("Token dropping needs a static number of tokens.")
+    k = _keep_count(n, keep_ratio)
+    # Padding scores below every real token (whose scores are >= _NEG),
+    # decreasing with the position: kept padding is the first padded
+    # positions on every backend (no ties).
+    position = ops.cast(ops.arange(n), "float32")
+    score = ops.where(ops.greater(valid, 0.5), score,
+                      2.0 * _NEG - position[None, :])
+    _, idx = ops.top_k(score, k)
+    kept = ops.take_along_axis(tokens, ops.expand_dims(idx, -1), axis=1)
+    kept_valid = ops.take_along_axis(valid, idx, axis=1)
+    if keep_mode == "per_row":
+        cap = ops.ceil(keep_ratio * ops.sum(valid, axis=1) - 1e-6)
+        rank = ops.cast(ops.arange(k), "float32")
+        kept_valid = kept_valid * ops.cast(
+            ops.less(rank[None, :], cap[:, None]), "float32")
+    return kept, kept_valid, idx
+
+
+def _select(img, img_valid, txt, txt_valid, keep_ratio, group_size,
+            keep_mode, chunks, sim_dtype):
+    best_img, best_txt = _selection_scores(img, img_valid, txt, txt_valid,
+                                           group_size, chunks, sim_dtype)
+    return (_keep_top(img, img_valid, best_img, keep_ratio, keep_mode),
+            _keep_top(txt, txt_valid, best_txt, keep_ratio, keep_mode))
+
+
+def filip_select_tokens(
+    image_tokens,
+    text_tokens,
+    text_mask,
+    keep_ratio,
+    image_mask=None,
+    *,
+    selection_group_size=None,
+    keep_mode="static",
+    chunk_size=None,
+    num_chunks=None,
+):
+    """FILIP's token dropping on its own (what `filip_loss` does with
+    `keep_ratio < 1`; training only).
+
+    Useful to drop tokens before an all-gather, as in the paper. See
+    `filip_loss` for the selection rule and how padding is handled.
+
+    Args:
+        image_tokens: `(B, P, D)` projected patch embeddings.
+        text_tokens: `(B, T, D)` projected token embeddings.
+        text_mask: `(B, T)` bool, True = real token.
+        keep_ratio: fraction kept, in `(0, 1]`.
+        image_mask: optional `(B, P)` bool.
+        selection_group_size, keep_mode, chunk_size, num_chunks: see
+            `filip_loss` (the scores are computed in chunks of texts).
+
+    Returns:
+        dict with `image_tokens` `(B, k_P, D)` and `text_tokens`
+        `(B, k_T, D)` (the kept input tokens, float32, unnormalised,
+        ordered by decreasing score), `image_mask` `(B, k_P)` and
+        `text_mask` `(B, k_T)` (bool, False for kept padding) and
+        `image_indices` / `text_indices` (int32 positions in the input).
+    """
+    _check_keep(keep_ratio, selection_group_size, keep_mode)
+    chunks = (chunk_size, num_chunks)
+    image_tokens, text_tokens = check_token_pair(
+        image_tokens, text_tokens, "image_tokens", "text_tokens")
+    img, img_valid, txt, txt_valid, _ = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
+        "text", None)
+    (_, iv, ii), (_, tv, ti) = _select(
+        img, img_valid, txt, txt_valid, keep_ratio, selection_group_size,
+        keep_mode, chunks, "float32")
+    ii, ti = ops.cast(ii, "int32"), ops.cast(ti, "int32")
+    return {
+        "image_tokens": ops.take_along_axis(
+            image_tokens, ops.expand_dims(ii, -1), axis=1),
+        "image_mask": ops.greater(iv, 0.5),
+        "image_indices": ii,
+        "text_tokens": ops.take_along_axis(
+            text_tokens, ops.expand_dims(ti, -1), axis=1),
+        "text_mask": ops.greater(tv, 0.5),
+        "text_indices": ti,
+    }
+
+
+# ------------------------------------------------------------- inference
+
+
+def filip_ensemble_scores(
+    image_tokens,
+    text_tokens,
+    text_mask,
+    image_mask=None,
+    chunk_size=None,
+    *,
+    similarity_dtype=None,
+):
+    """Prompt-ensembled zero-shot scores of FILIP.
+
+    Each template of a class yields its own token set, so FILIP averages
+    *similarities*, not embeddings:
+    `score[b, c] = (1/K) sum_k S_I(image_b, text_{c,k})`, the image->text
+    similarity (eq. 4). This is neither the max over the union of the
+    templates' tokens nor CLIP's mean text embedding. The temperature is
+    monotone, so it is left out.
+
+    Args:
+        image_tokens: `(B, P, D)` projected patch embeddings.
+        text_tokens: `(N, K, T, D)` projected tokens of `K` templates for
+            each of `N` classes.
+        text_mask: `(N, K, T)` bool, True = real token.
+        image_mask: optional `(B, P)` bool.
+        chunk_size: chunk over the `N * K` prompts (see
+            `filip_similarity`).
+        similarity_dtype: see `filip_similarity`.
+
+    Returns:
+        `(B, N)` float32 scores; `argmax` over classes is the prediction.
+
+    Example:
+
+    >>> img = np.random.randn(2, 49, 256)
+    >>> txt = np.random.randn(10, 30, 16, 256)  # 30 templates per class
+    >>> mask = np.ones((10, 30, 16), bool)
+    >>> filip_ensemble_scores(img, txt, mask, chunk_size=64).shape
+    (2, 10)
+    """
+    text_tokens = to_float32(text_tokens)
+    shape = static_shape(text_tokens)
+    if len(shape) != 4:
+        raise ValueError(
+            f"`text_tokens` must have rank 4, shape (N, K, T, D) "
+            f"(classes, templates, tokens, dim); received shape "
+            f"{_fmt(shape)} (rank {len(shape)})."
+        )
+    n, k, t, d = shape
+    mask = ops.convert_to_tensor(text_mask)
+    mshape = static_shape(mask)
+    if len(mshape) != 3 or any(
+            a is not None and b is not None and a != b
+            for a, b in zip(mshape, (n, k, t))):
+        raise ValueError(
+            f"`text_mask` must have shape (N, K, T) = {_fmt((n, k, t))} "
+            f"matching `text_tokens` {_fmt(shape)}; received {_fmt(mshape)}."
+        )
+    flat = ops.reshape(text_tokens, (-1, t, d))
+    flat_mask = ops.reshape(mask, (-1, t))
+    s_i, _ = filip_similarity(image_tokens, flat, flat_mask, image_mask,
+                              chunk_size, similarity_dtype=similarity_dtype)
+    return ops.mean(ops.reshape(s_i, (-1, n, k)), axis=2)
+
+
+def filip_token_alignment(image_tokens, text_tokens, text_mask,
+                          image_mask=None):
+    """Word-patch alignment of FILIP's visualisations (eq. 4 / 5 argmaxes).
+
+    Not chunked: meant for inspecting a few pairs.
+
+    Args:
+        image_tokens: `(B_img, P, D)`; text_tokens: `(B_txt, T, D)`;
+        text_mask: `(B_txt, T)` bool; image_mask: optional `(B_img, P)`.
+
+    Returns:
+        `(patch_to_token, token_to_patch)`: int32 `(B_img, B_txt, P)`, the
+        index of the best real token of text `j` for each patch of image
+        `i` (0-based, BOS = 0), and int32 `(B_img, B_txt, T)`, the best
+        real patch for each token (meaningless at padded positions).
+    """
+    img, img_valid, txt, txt_valid, _ = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, False, (None, None),
+        "text", None)
+    sim = ops.einsum("ipd,jtd->ijpt", img, txt)
+    valid = ops.logical_and(ops.greater(img_valid, 0.5)[:, None, :, None],
+                            ops.greater(txt_valid, 0.5)[None, :, None, :])
+    sim = ops.where(valid, sim, _NEG)
+    return (ops.cast(ops.argmax(sim, axis=3), "int32"),
+            ops.cast(ops.argmax(sim, axis=2), "int32"))

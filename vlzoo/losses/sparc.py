@@ -1,0 +1,269 @@
+"""Fine-grained (token-to-patch) loss of SPARC.
+
+Bica et al. 2024, "Improving fine-grained understanding in image-text
+pre-training" (see `specs/sparc.md`). For each image-text pair `b`, with
+raw (projected, *unnormalised*) patch embeddings `V_b` `(P, D)` and token
+embeddings `T_b` `(T, D)`:
+
+1. `s_lp = t_l . v_p` (raw dot products);
+2. min-max normalisation over the patches of each token (eq. 2), then
+   sparsification at `sigma = 1/P` (eq. 3: `s < sigma -> 0`, a value equal
+   to `sigma` is kept), then `a_lp = s_lp / sum_k s_lk` (eq. 4, not a
+   softmax);
+3. language-grouped vision embeddings `c_l = sum_p a_lp v_p` (eq. 5);
+4. within the pair only (no other sample is a negative), a token-level
+   InfoNCE between `l2n(c)` and `l2n(t)` in both directions (eq. 6), padded
+   tokens removed as keys and as queries.
+
+The global loss is CLIP's (`clip_loss`); `sparc_loss` adds the two with the
+paper's weights. Conventions as in `contrastive.py`: float32 computation
+whatever the input dtype, `logit_scale` is the multiplier (`exp` of the
+learned log-scale), masks are bool with True = real token, masking with
+finite values and `where`, so padded tokens get exactly zero gradient and
+their content never changes the loss.
+"""
+
+from keras import ops
+
+from vlzoo.losses._utils import _fmt
+from vlzoo.losses._utils import check_mask
+from vlzoo.losses._utils import check_scalar
+from vlzoo.losses._utils import check_token_pair
+from vlzoo.losses._utils import static_shape
+from vlzoo.losses._utils import to_float32
+from vlzoo.losses.contrastive import clip_loss
+from vlzoo.losses.contrastive import l2_normalize
+
+# Finite masking value for float32 logits (|logits| <= logit_scale).
+_NEG = -1e9
+
+
+def _check_options(threshold, alignment, epsilon):
+    if alignment not in ("threshold", "softmax"):
+        raise ValueError(
+            "`alignment` must be one of ('threshold', 'softmax'); received "
+            f"{alignment!r}."
+        )
+    if threshold is not None and (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, (int, float))
+            or not 0.0 <= threshold <= 1.0):
+        raise ValueError(
+            f"`threshold` must be None (1/P) or a python number in [0, 1]; "
+            f"received {threshold!r}."
+        )
+    if isinstance(epsilon, bool) or not isinstance(
+            epsilon, (int, float)) or epsilon < 0:
+        raise ValueError(
+            f"`epsilon` must be a python number >= 0; received {epsilon!r}."
+        )
+
+
+def _alignment(patch_embeds, token_embeds, threshold, alignment, epsilon):
+    """`(B, T, P)` weights from validated float32 inputs."""
+    sim = ops.einsum("btd,bpd->btp", token_embeds, patch_embeds)
+    if alignment == "softmax":
+        # Ablation of the paper's Table 6 (softmax over the raw similarities).
+        return ops.softmax(sim, axis=-1)
+    lo = ops.min(sim, axis=-1, keepdims=True)
+    hi = ops.max(sim, axis=-1, keepdims=True)
+    span = hi - lo
+    # Degenerate rows (zero token, identical patches, P = 1): the spread is
+    # within rounding of the largest possible |s_lp| = |t_l| * max_p |v_p|.
+    # They get s = 1 everywhere, i.e. uniform weights 1/P. The double
+    # `where` keeps the unused branch's 0/0 out of the gradient.
+    bound = ops.stop_gradient(
+        ops.norm(token_embeds, axis=-1, keepdims=True)
+        * ops.max(ops.norm(patch_embeds, axis=-1), axis=-1)[:, None, None])
+    ok = ops.greater(span, epsilon * bound)
+    scaled = (sim - lo) / ops.where(ok, span, 1.0)
+    scaled = ops.where(ok, scaled, 1.0)
+    if threshold is None:
+        threshold = 1.0 / ops.cast(ops.shape(patch_embeds)[1], "float32")
+    # The argmax patch has scaled = 1 >= threshold, so the sum is >= 1.
+    kept = ops.where(ops.less(scaled, threshold), 0.0, scaled)
+    return kept / ops.sum(kept, axis=-1, keepdims=True)
+
+
+def sparc_alignment_weights(
+    patch_embeds,
+    token_embeds,
+    threshold=None,
+    *,
+    alignment="threshold",
+    epsilon=1e-5,
+):
+    """SPARC's sparse token-to-patch alignment weights (eqs. 2-4).
+
+    `a_lp = s~_lp / sum_k s~_lk` with `s~ = s^ * (s^ >= threshold)` and
+    `s^_lp = (s_lp - min_k s_lk) / (max_k s_lk - min_k s_lk)`, computed on
+    the raw dot products `s_lp = t_l . v_p` of each pair. Every row is >= 0
+    and sums to 1; the argmax patch always keeps a positive weight, the
+    argmin patch always gets 0. Rows whose similarities are all equal (a
+    zero token vector, identical patches, `P = 1`) get uniform weights
+    `1/P`, with finite gradients.
+
+    Args:
+        patch_embeds: `(B, P, D)` projected patch embeddings (unnormalised).
+        token_embeds: `(B, T, D)` projected token embeddings (unnormalised);
+            row `b` is the caption of image `b`.
+        threshold: sparsity threshold `sigma` in `[0, 1]`; None (default)
+            uses `1/P` for the actual `P` (recomputed when `P` changes).
+        alignment: "threshold" (the paper) or "softmax" (`softmax_p(s_lp)`
+            over the raw similarities: the ablation of Table 6; `threshold`
+            is then unused).
+        epsilon: a row counts as degenerate when
+            `max_p s_lp - min_p s_lp <= epsilon * |t_l| * max_p |v_p|`.
+
+    Returns:
+        `(B, T, P)` float32 weights (rows of padded tokens are computed too;
+        the losses ignore them).
+
+    Example:
+
+    >>> v = np.random.randn(2, 49, 512); t = np.random.randn(2, 55, 512)
+    >>> sparc_alignment_weights(v, t).shape
+    (2, 55, 49)
+    """
+    _check_options(threshold, alignment, epsilon)
+    patch_embeds, token_embeds = check_token_pair(
+        patch_embeds, token_embeds, "patch_embeds", "token_embeds")
+    return _alignment(patch_embeds, token_embeds, threshold, alignment,
+                      epsilon)
+
+
+def _masked_token_ce(logits, mask):
+    """`(B, T)` cross-entropy of each query row `j` against key `j`, keys
+    outside `mask` removed (finite `_NEG`, by `where`)."""
+    logits = ops.where(mask[:, None, :], logits, _NEG)
+    return -ops.diagonal(ops.log_softmax(logits, axis=-1), axis1=1, axis2=2)
+
+
+def sparc_fine_grained_loss(
+    patch_embeds,
+    token_embeds,
+    token_mask,
+    logit_scale,
+    threshold=None,
+    reduction="tokens",
+    *,
+    alignment="threshold",
+    epsilon=1e-5,
+):
+    """SPARC's fine-grained loss `L_f` (eq. 6), within each pair.
+
+    With `c = l2n(A V)` (A from `sparc_alignment_weights`), `t = l2n(T)` and
+    `Z_b[j, k] = s * c_bj . t_bk`: `L_vl` is the cross-entropy of each row
+    `j` of `Z_b` (softmax over the real tokens `k` of the same caption,
+    target `k = j`), `L_lv` the same for `Z_b^T`; `L_f = (L_vl + L_lv) / 2`.
+    Only real tokens are queries or keys; other samples of the batch play no
+    part. A caption with one real token contributes exactly 0; a caption
+    with none contributes 0 (finite values and gradients).
+
+    Args:
+        patch_embeds: `(B, P, D)` projected patch embeddings (unnormalised).
+        token_embeds: `(B, T, D)` projected token embeddings (unnormalised).
+        token_mask: `(B, T)` bool, True = real token.
+        logit_scale: scalar multiplier `s` (`exp` of the learned log-scale,
+            shared with the global loss in the paper).
+        threshold: see `sparc_alignment_weights` (None: `1/P`).
+        reduction: "tokens" (default; the paper's Listing 1: the sum over
+            all real tokens of the batch divided by their number, each token
+            weighs the same) or "samples" (the paper's eq. 6: mean over the
+            real tokens of each caption, then mean over the `B` captions,
+            each caption weighs the same). They agree when all captions
+            have the same length.
+        alignment, epsilon: see `sparc_alignment_weights`.
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> v = np.random.randn(8, 49, 512); t = np.random.randn(8, 55, 512)
+    >>> mask = np.arange(55)[None] < np.random.randint(2, 56, (8, 1))
+    >>> loss = sparc_fine_grained_loss(v, t, mask, logit_scale=1 / 0.07)
+    """
+    _check_options(threshold, alignment, epsilon)
+    if reduction not in ("tokens", "samples"):
+        raise ValueError(
+            "`reduction` must be one of ('tokens', 'samples'); received "
+            f"{reduction!r}."
+        )
+    patch_embeds, token_embeds = check_token_pair(
+        patch_embeds, token_embeds, "patch_embeds", "token_embeds")
+    mask = check_mask(token_mask, "token_mask", token_embeds, "token_embeds")
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+
+    weights = _alignment(patch_embeds, token_embeds, threshold, alignment,
+                         epsilon)
+    grouped = l2_normalize(ops.einsum("btp,bpd->btd", weights, patch_embeds))
+    tokens = l2_normalize(token_embeds)
+    logits = logit_scale * ops.einsum("bjd,bkd->bjk", grouped, tokens)
+    ce = (_masked_token_ce(logits, mask)  # rows c_j, keys t_k
+          + _masked_token_ce(ops.transpose(logits, (0, 2, 1)), mask))
+    # Padded queries are left out with `where`, never by multiplying.
+    ce = ops.where(mask, 0.5 * ce, 0.0)
+    count = ops.cast(ops.sum(ops.cast(mask, "int32"), axis=1), "float32")
+    if reduction == "tokens":
+        return ops.sum(ce) / ops.maximum(ops.sum(count), 1.0)
+    return ops.mean(ops.sum(ce, axis=1) / ops.maximum(count, 1.0))
+
+
+def sparc_loss(
+    image_global,
+    text_global,
+    patch_embeds,
+    token_embeds,
+    token_mask,
+    logit_scale,
+    lambda_global=0.5,
+    lambda_fine=1.0,
+    threshold=None,
+    reduction="tokens",
+    *,
+    fine_logit_scale=None,
+    alignment="threshold",
+    epsilon=1e-5,
+):
+    """Total SPARC loss (eq. 7): `lambda_global * L_g + lambda_fine * L_f`.
+
+    `L_g = clip_loss(image_global, text_global, logit_scale)` (eq. 1, with
+    its own factor 1/2, so the default global term is
+    `0.25 * (CE_i2t + CE_t2i)`), `L_f = sparc_fine_grained_loss(...)`.
+    The paper learns one temperature shared by both terms.
+
+    Args:
+        image_global: `(B, D)` global image embeddings (in the paper
+            `g_v(h_v(mean_p F_v))`; unnormalised).
+        text_global: `(B, D)` global text embeddings (the masked mean of the
+            token features, projected; unnormalised).
+        patch_embeds, token_embeds, token_mask: see
+            `sparc_fine_grained_loss`.
+        logit_scale: shared scalar multiplier (`exp` of the learned
+            log-scale).
+        lambda_global: weight of `L_g`; 0.5 in the paper.
+        lambda_fine: weight of `L_f`; the paper sweeps {0.5, 1, 5, 10}
+            without reporting its choice; 1.0 by default.
+        threshold, reduction: see `sparc_fine_grained_loss`.
+        fine_logit_scale: None (default) shares `logit_scale`; a scalar
+            gives the fine-grained term its own multiplier (an ablation).
+        alignment, epsilon: see `sparc_alignment_weights`.
+
+    Returns:
+        float32 scalar.
+    """
+    global_loss = clip_loss(image_global, text_global, logit_scale)
+    b_global = static_shape(to_float32(image_global))[0]
+    local_shape = static_shape(to_float32(patch_embeds))
+    if None not in (b_global, local_shape[0]) and b_global != local_shape[0]:
+        raise ValueError(
+            f"`patch_embeds` must have the batch size B = {b_global} of "
+            f"`image_global`; received shape {_fmt(local_shape)}."
+        )
+    fine_loss = sparc_fine_grained_loss(
+        patch_embeds, token_embeds, token_mask,
+        logit_scale if fine_logit_scale is None else fine_logit_scale,
+        threshold, reduction, alignment=alignment, epsilon=epsilon)
+    return (check_scalar(lambda_global, "lambda_global") * global_loss
+            + check_scalar(lambda_fine, "lambda_fine") * fine_loss)
