@@ -1,0 +1,43 @@
+"""Alignment maps render real content."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlzoo import losses, viz
+
+
+def _render(tmp_path, weights, name):
+    image = np.zeros((32, 32, 3), np.uint8)
+    image[8:24, 8:24] = (220, 40, 40)
+    return np.asarray(Image.open(viz.alignment_maps(image, ["a", "red", "square"], weights, tmp_path / name,
+                                                    title="a red square")).convert("RGB"), np.float32)
+
+
+def test_sparc_weights_render_a_non_blank_grid(tmp_path):
+    rng = np.random.default_rng(0)
+    weights = losses.sparc_alignment_weights(rng.normal(size=(1, 16, 8)), rng.normal(size=(1, 3, 8)))[0]
+    picture = _render(tmp_path, weights, "sparc.png")
+    assert picture.shape[0] > 100 and picture.shape[1] > 300
+    assert picture.std() > 20  # not a blank canvas
+    # Moving a token's weight to another patch changes the picture.
+    other = np.zeros((3, 16), np.float32)
+    other[:, 0] = 1.0
+    assert np.abs(_render(tmp_path, other, "other.png") - picture).mean() > 1.0
+
+
+def test_filip_matches_become_one_hot_rows(tmp_path):
+    rng = np.random.default_rng(1)
+    _, token_to_patch = losses.filip_token_alignment(
+        rng.normal(size=(1, 16, 8)), rng.normal(size=(1, 3, 8)), np.ones((1, 3), bool)
+    )
+    weights = viz.filip_match_weights(np.asarray(token_to_patch)[0, 0], 16)
+    assert weights.shape == (3, 16) and (weights.sum(1) == 1).all()
+    assert _render(tmp_path, weights, "filip.png").std() > 20
+
+
+def test_bad_weights_are_named(tmp_path):
+    with pytest.raises(ValueError, match="weights"):
+        viz.alignment_maps(np.zeros((8, 8, 3)), ["a"], np.zeros((2, 4)), tmp_path / "x.png")
+    with pytest.raises(ValueError, match="grid_size"):
+        viz.alignment_maps(np.zeros((8, 8, 3)), ["a"], np.zeros((1, 5)), tmp_path / "x.png")
