@@ -63,3 +63,65 @@ def open_clip_or_skip():
         return import_open_clip()
     except ImportError as e:
         pytest.skip(str(e))
+
+
+# ----------------------------------------------------------------------------- converter tests
+
+EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3  # normalised embeddings, image-text logits (max abs diff)
+
+
+def load_convert_tool():
+    """`tools/convert.py` as a module (tools/ is not a package)."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("vlzoo_tools_convert", os.path.join(root, "tools", "convert.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parity_inputs(model, batch_size=3, seed=0):
+    """`(images, texts)` for `model` from `vlzoo.convert.random_inputs`, with int32 token ids.
+
+    Every text ends with the largest id (CLIP's end token; transformers' `eos_token_id` in
+    these tests), every other id lies in [1, vocabulary_size - 1).
+    """
+    from vlzoo.convert import random_inputs
+
+    images, ids, mask = random_inputs(model, batch_size, seed)
+    return images, {"token_ids": ids.astype("int32"), "padding_mask": mask}
+
+
+def _unit(x):
+    import keras
+    import numpy as np
+
+    x = np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def assert_parity(model, images, texts, peer_image, peer_text, peer_logits, label):
+    """Asserts a vlzoo model matches a peer's outputs on `images`/`texts`; returns the max abs diffs.
+
+    vlzoo's embeddings are taken as `encode_*(normalize=True)` returns them (not renormalised
+    here); the peer's embeddings are L2-normalised here, so unnormalised ones may be passed.
+    Prints `[backend] label: max abs diff {...}`.
+    """
+    import keras
+    import numpy as np
+
+    to_numpy = keras.ops.convert_to_numpy
+    image = to_numpy(model.encode_image(images, normalize=True))
+    text = to_numpy(model.encode_text(texts, normalize=True))
+    logits = to_numpy(model.similarity(images, texts))
+    diffs = {
+        "image": float(np.abs(image - _unit(peer_image)).max()),
+        "text": float(np.abs(text - _unit(peer_text)).max()),
+        "logits": float(np.abs(logits - to_numpy(peer_logits)).max()),
+    }
+    print(f"[{keras.backend.backend()}] {label}: max abs diff {diffs}")
+    assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
+    assert diffs["logits"] < LOGIT_TOL, diffs
+    return diffs

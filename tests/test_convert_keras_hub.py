@@ -10,10 +10,15 @@ import pytest
 import vlzoo
 import vlzoo.convert as vc
 
+try:
+    import peers
+except ImportError:  # tests/ imported as a package
+    from tests import peers
+
 pytestmark = pytest.mark.peer
 
-EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3
 VOCAB, LENGTH, SIZE = 64, 12, 32
+TOWER = dict(hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +26,21 @@ def keras_hub():
     return pytest.importorskip("keras_hub")
 
 
-def build_clip(keras_hub, activation="quick_gelu", arange_positions=True):
+def build_towers(vision_cls, text_cls, activation, **text_args):
+    """A tiny vision and text encoder of one keras-hub family, seeded."""
     keras.utils.set_random_seed(0)
-    vision = keras_hub.models.CLIPVisionEncoder(
-        patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64,
-        intermediate_activation=activation, image_shape=(SIZE, SIZE, 3),
+    vision = vision_cls(patch_size=8, intermediate_activation=activation, image_shape=(SIZE, SIZE, 3), **TOWER)
+    text = text_cls(
+        vocabulary_size=VOCAB, embedding_dim=32, intermediate_activation=activation, max_sequence_length=LENGTH,
+        **TOWER, **text_args,
     )
-    text = keras_hub.models.CLIPTextEncoder(
-        vocabulary_size=VOCAB, embedding_dim=32, hidden_dim=32, num_layers=2, num_heads=4,
-        intermediate_dim=64, intermediate_activation=activation, max_sequence_length=LENGTH,
-    )
-    backbone = keras_hub.models.CLIPBackbone(vision, text, projection_dim=16)
+    return vision, text
+
+
+def build_clip(keras_hub, activation="quick_gelu", arange_positions=True):
+    models = keras_hub.models
+    vision, text = build_towers(models.CLIPVisionEncoder, models.CLIPTextEncoder, activation)
+    backbone = models.CLIPBackbone(vision, text, projection_dim=16)
     if arange_positions:  # what keras-hub's presets hold; a fresh CLIPVisionEncoder holds zeros
         ids = vision.embedding.position_ids
         ids.assign(np.arange(ids.shape[1])[None].astype(keras.backend.standardize_dtype(ids.dtype)))
@@ -39,57 +48,24 @@ def build_clip(keras_hub, activation="quick_gelu", arange_positions=True):
 
 
 def build_siglip(keras_hub, activation="gelu_approximate"):
-    keras.utils.set_random_seed(0)
-    vision = keras_hub.models.SigLIPVisionEncoder(
-        patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64,
-        intermediate_activation=activation, image_shape=(SIZE, SIZE, 3),
-    )
-    text = keras_hub.models.SigLIPTextEncoder(
-        vocabulary_size=VOCAB, embedding_dim=32, hidden_dim=32, num_layers=2, num_heads=4,
-        intermediate_dim=64, intermediate_activation=activation, max_sequence_length=LENGTH, projection_dim=32,
-    )
-    backbone = keras_hub.models.SigLIPBackbone(vision, text)
+    models = keras_hub.models
+    vision, text = build_towers(models.SigLIPVisionEncoder, models.SigLIPTextEncoder, activation, projection_dim=32)
+    backbone = models.SigLIPBackbone(vision, text)
     backbone.siglip_head.logit_scale.assign(np.log(10.0))
     backbone.siglip_head.logit_bias.assign(-3.0)
     return backbone
 
 
-def inputs(batch=3, seed=0):
-    rng = np.random.default_rng(seed)
-    images = rng.normal(size=(batch, SIZE, SIZE, 3)).astype("float32")
-    ids = np.zeros((batch, LENGTH), "int32")
-    mask = np.zeros((batch, LENGTH), bool)
-    for i in range(batch):
-        n = int(rng.integers(2, LENGTH + 1))
-        ids[i, :n] = rng.integers(1, VOCAB - 1, size=n)
-        ids[i, n - 1] = VOCAB - 1
-        mask[i, :n] = True
-    return images, ids, mask
-
-
-def _normalize(x):
-    x = keras.ops.convert_to_numpy(x).astype("float64")
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-
 def assert_parity(model, backbone, label):
-    images, ids, mask = inputs()
-    p_image = _normalize(backbone.get_vision_embeddings(images))
-    p_text = _normalize(backbone.get_text_embeddings(ids))
-    p_logits = keras.ops.convert_to_numpy(backbone({"images": images, "token_ids": ids})["vision_logits"])
-    texts = {"token_ids": ids, "padding_mask": mask}
-    image = keras.ops.convert_to_numpy(model.encode_image(images, normalize=True))
-    text = keras.ops.convert_to_numpy(model.encode_text(texts, normalize=True))
-    logits = keras.ops.convert_to_numpy(model.similarity(images, texts))
-    diffs = {
-        "image": float(np.abs(image - p_image).max()),
-        "text": float(np.abs(text - p_text).max()),
-        "logits": float(np.abs(logits - p_logits).max()),
-    }
-    print(f"[{keras.backend.backend()}] keras-hub {label}: max abs diff {diffs}")
-    assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
-    assert diffs["logits"] < LOGIT_TOL, diffs
-    return diffs
+    """`peers.assert_parity` against a keras-hub backbone (unnormalised embeddings, normalised there)."""
+    images, texts = peers.parity_inputs(model)
+    ids = texts["token_ids"]
+    return peers.assert_parity(
+        model, images, texts,
+        backbone.get_vision_embeddings(images), backbone.get_text_embeddings(ids),
+        backbone({"images": images, "token_ids": ids})["vision_logits"],
+        f"keras-hub {label}",
+    )
 
 
 @pytest.mark.parametrize("activation, ours", [("quick_gelu", "quick_gelu"), ("gelu", "gelu")])
@@ -137,9 +113,7 @@ def test_unknown_variable_is_named(keras_hub):
 def test_unsupported_backbone_and_activation_are_named(keras_hub):
     with pytest.raises(NotImplementedError, match="CLIPVisionEncoder"):
         vc.from_keras_hub(
-            keras_hub.models.CLIPVisionEncoder(
-                patch_size=8, hidden_dim=32, num_layers=1, num_heads=4, intermediate_dim=64, image_shape=(SIZE, SIZE, 3),
-            )
+            keras_hub.models.CLIPVisionEncoder(patch_size=8, image_shape=(SIZE, SIZE, 3), **dict(TOWER, num_layers=1))
         )
     backbone = build_clip(keras_hub, activation="relu")
     with pytest.raises(NotImplementedError, match="relu"):
@@ -150,20 +124,14 @@ def test_round_trip_through_preset(keras_hub, tmp_path):
     model = vc.from_keras_hub(build_clip(keras_hub))
     model.save_to_preset(str(tmp_path / "preset"))
     again = vlzoo.from_preset(str(tmp_path / "preset"))
-    images, ids, mask = inputs()
+    images, _ = peers.parity_inputs(model)
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(again.encode_image(images)), keras.ops.convert_to_numpy(model.encode_image(images))
     )
 
 
 def test_tool_converts_a_local_keras_hub_preset(keras_hub, tmp_path, capsys):
-    import importlib.util
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("vlzoo_tools_convert", os.path.join(root, "tools", "convert.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = peers.load_convert_tool()
     backbone = build_siglip(keras_hub)
     backbone.save_to_preset(str(tmp_path / "keras_hub_preset"))  # a local keras-hub preset, offline
     out = tmp_path / "preset"

@@ -5,9 +5,7 @@ with a tiny timm SigLIP tower registered here, `create_model("ViT-B-32", pretrai
 """
 
 import copy
-import importlib.util
 import json
-import os
 import time
 
 import keras
@@ -18,14 +16,12 @@ import vlzoo
 import vlzoo.convert as vc
 
 try:
-    from peers import open_clip_or_skip
+    import peers
 except ImportError:  # tests/ imported as a package
-    from tests.peers import open_clip_or_skip
+    from tests import peers
 
 pytestmark = pytest.mark.peer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3
 TIMM_TINY = "vit_vlzoo_tiny_siglip_32"
 
 SMALL_VISION = dict(image_size=32, patch_size=8, width=32, layers=2, head_width=8)
@@ -61,7 +57,7 @@ SIGLIP_CONFIG = dict(
 
 @pytest.fixture(scope="module")
 def open_clip():
-    return open_clip_or_skip()
+    return peers.open_clip_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -104,19 +100,6 @@ def randomize_scale_bias(torch, peer, scale=2.9, bias=-4.0):
             peer.logit_bias.fill_(bias)
 
 
-def inputs(image_size, vocab, length, batch=3, seed=0):
-    rng = np.random.default_rng(seed)
-    images = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
-    ids = np.zeros((batch, length), "int32")
-    mask = np.zeros((batch, length), bool)
-    for i in range(batch):
-        n = int(rng.integers(2, length + 1))
-        ids[i, :n] = rng.integers(1, vocab - 1, size=n)
-        ids[i, n - 1] = vocab - 1  # end token: the largest id
-        mask[i, :n] = True
-    return images, ids, mask
-
-
 def open_clip_outputs(torch, peer, images, ids):
     with torch.no_grad():
         pixels = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
@@ -129,21 +112,10 @@ def open_clip_outputs(torch, peer, images, ids):
 
 
 def assert_parity(torch, model, peer, label, batch=3):
-    images, ids, mask = inputs(model.vision.image_size, model.text.vocabulary_size, model.text.sequence_length, batch)
-    p_image, p_text, p_logits = open_clip_outputs(torch, peer, images, ids)
-    texts = {"token_ids": ids, "padding_mask": mask}
-    image = keras.ops.convert_to_numpy(model.encode_image(images, normalize=True))
-    text = keras.ops.convert_to_numpy(model.encode_text(texts, normalize=True))
-    logits = keras.ops.convert_to_numpy(model.similarity(images, texts))
-    diffs = {
-        "image": float(np.abs(image - p_image).max()),
-        "text": float(np.abs(text - p_text).max()),
-        "logits": float(np.abs(logits - p_logits).max()),
-    }
-    print(f"[{keras.backend.backend()}] open_clip {label}: max abs diff {diffs}")
-    assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
-    assert diffs["logits"] < LOGIT_TOL, diffs
-    return diffs
+    """`peers.assert_parity` against an open_clip model on `batch` random inputs."""
+    images, texts = peers.parity_inputs(model, batch)
+    outputs = open_clip_outputs(torch, peer, images, texts["token_ids"])
+    return peers.assert_parity(model, images, texts, *outputs, f"open_clip {label}")
 
 
 # ----------------------------------------------------------------------------- CLIP
@@ -188,7 +160,7 @@ def test_clip_vocabulary_gets_bundled_tokenizer_and_preprocessor(open_clip, torc
     with torch.no_grad():
         expected = peer.encode_text(torch.from_numpy(reference).long(), normalize=True).numpy()
     got = keras.ops.convert_to_numpy(model.encode_text(captions, normalize=True))
-    assert np.abs(got - expected).max() < EMBED_TOL
+    assert np.abs(got - expected).max() < peers.EMBED_TOL
     assert model.preprocessor.image_size == 32 and model.preprocessor.crop == "center"
 
 
@@ -248,7 +220,8 @@ def test_clip_round_trip_is_exact(open_clip, torch, name):
     fresh = build_clip(open_clip, torch, vc.open_clip_config(model), seed=1)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
     _assert_same_state(torch, fresh, peer)
-    images, ids, _ = inputs(32, 64, 12)
+    images, texts = peers.parity_inputs(model)
+    ids = texts["token_ids"]
     for a, b in zip(open_clip_outputs(torch, fresh, images, ids), open_clip_outputs(torch, peer, images, ids)):
         np.testing.assert_array_equal(a, b)
 
@@ -346,13 +319,6 @@ def test_resnet_tower_is_refused(open_clip, torch):
 # ----------------------------------------------------------------------------- tools/convert.py
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("vlzoo_tools_convert", os.path.join(ROOT, "tools", "convert.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     config = CLIP_CONFIGS["gelu_avgpool_noln_projbias"]
     peer = build_clip(open_clip, torch, config)
@@ -360,7 +326,7 @@ def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in peer.state_dict().items()}}, checkpoint)
     (tmp_path / "tiny.json").write_text(json.dumps(config))
     out = tmp_path / "preset"
-    status = _tool().main([
+    status = peers.load_convert_tool().main([
         "--source", "open_clip", "--checkpoint", str(checkpoint), "--config", str(tmp_path / "tiny.json"),
         "--out", str(out),
     ])
@@ -375,7 +341,7 @@ def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
 
 def test_tool_safetensors_and_named_model_config(open_clip, torch, tmp_path, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
-    tool = _tool()
+    tool = peers.load_convert_tool()
     assert tool.open_clip_model_config("ViT-B-32")["vision_cfg"]["patch_size"] == 32
     with pytest.raises(ValueError, match="ViT-B-32"):
         tool.open_clip_model_config("ViT-B-33")

@@ -4,35 +4,29 @@ Text inputs end with the end token, which is also the largest id (`eos_token_id 
 vocab_size - 1`), so transformers' CLIP pooling (first end token) and vlzoo's (argmax) agree.
 """
 
-import importlib.util
 import json
 import math
-import os
 import warnings
 
-import keras
-import numpy as np
 import pytest
 
 import vlzoo
 import vlzoo.convert as vc
 
 try:
-    from peers import import_torchvision
+    import peers
 except ImportError:  # tests/ imported as a package
-    from tests.peers import import_torchvision
+    from tests import peers
 
 pytestmark = pytest.mark.peer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3
 VOCAB, LENGTH, SIZE = 64, 12, 32
 
 
 @pytest.fixture(scope="module")
 def hf():
     try:
-        import_torchvision()  # transformers imports torchvision when it is installed
+        peers.import_torchvision()  # transformers imports torchvision when it is installed
         import transformers
         from transformers import CLIPModel  # noqa: F401  (fails if the torch side cannot load)
     except (ImportError, RuntimeError) as error:
@@ -85,39 +79,18 @@ def build_siglip(hf, torch, seed=0, vision_act="gelu_pytorch_tanh", text_act="ge
     return model
 
 
-def inputs(batch=3, seed=0):
-    rng = np.random.default_rng(seed)
-    images = rng.normal(size=(batch, SIZE, SIZE, 3)).astype("float32")
-    ids = np.zeros((batch, LENGTH), "int32")
-    mask = np.zeros((batch, LENGTH), bool)
-    for i in range(batch):
-        n = int(rng.integers(2, LENGTH + 1))
-        ids[i, :n] = rng.integers(1, VOCAB - 2, size=n)
-        ids[i, n - 1] = VOCAB - 1
-        mask[i, :n] = True
-    return images, ids, mask
-
-
 def assert_parity(torch, model, peer, label):
-    images, ids, mask = inputs()
+    """`peers.assert_parity` against a transformers CLIPModel/SiglipModel (ids below eos: see above)."""
+    images, texts = peers.parity_inputs(model)
     with torch.no_grad():
         out = peer(
-            input_ids=torch.from_numpy(ids).long(),
+            input_ids=torch.from_numpy(texts["token_ids"]).long(),
             pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2).copy()),
         )
-    texts = {"token_ids": ids, "padding_mask": mask}
-    image = keras.ops.convert_to_numpy(model.encode_image(images, normalize=True))
-    text = keras.ops.convert_to_numpy(model.encode_text(texts, normalize=True))
-    logits = keras.ops.convert_to_numpy(model.similarity(images, texts))
-    diffs = {
-        "image": float(np.abs(image - out.image_embeds.numpy()).max()),
-        "text": float(np.abs(text - out.text_embeds.numpy()).max()),
-        "logits": float(np.abs(logits - out.logits_per_image.numpy()).max()),
-    }
-    print(f"[{keras.backend.backend()}] transformers {label}: max abs diff {diffs}")
-    assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
-    assert diffs["logits"] < LOGIT_TOL, diffs
-    return diffs
+    return peers.assert_parity(
+        model, images, texts, out.image_embeds.numpy(), out.text_embeds.numpy(), out.logits_per_image.numpy(),
+        f"transformers {label}",
+    )
 
 
 # ----------------------------------------------------------------------------- CLIP
@@ -219,20 +192,13 @@ def test_unsupported_models_are_named(hf, torch):
 # ----------------------------------------------------------------------------- tools/convert.py
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("vlzoo_tools_convert", os.path.join(ROOT, "tools", "convert.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("family", ["clip", "siglip"])
 def test_tool_converts_a_local_transformers_directory(hf, torch, tmp_path, capsys, family):
     peer = build_clip(hf, torch) if family == "clip" else build_siglip(hf, torch)
     directory = tmp_path / "hf_model"
     peer.save_pretrained(str(directory))  # config.json + model.safetensors, offline
     out = tmp_path / "preset"
-    status = _tool().main(["--source", "transformers", "--checkpoint", str(directory), "--out", str(out)])
+    status = peers.load_convert_tool().main(["--source", "transformers", "--checkpoint", str(directory), "--out", str(out)])
     printed = capsys.readouterr().out
     print(printed)
     assert status == 0
