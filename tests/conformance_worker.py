@@ -5,7 +5,7 @@ Run once per backend (the backend is read from `KERAS_BACKEND`):
     KERAS_BACKEND=jax python tests/conformance_worker.py --out jax.npz --save-preset /tmp/p_jax
     KERAS_BACKEND=torch python tests/conformance_worker.py --out torch.npz --load-preset /tmp/p_jax
 
-For each family model (`clip_tiny`, `siglip_tiny`, built with
+For each family model (`clip_tiny`, `siglip_tiny`, `filip_tiny`, `sparc_tiny`, built with
 `load_weights=False`) every weight is overwritten with values drawn from a
 numpy RNG seeded by the weight's index, so every backend starts from
 bit-identical weights; the inputs (4 images from a seeded RNG, 4 fixed
@@ -17,7 +17,14 @@ the key prefix `<preset>/` (e.g. `clip_tiny/image_embeds`):
     init/{i:03d}            weight i as assigned (float32)
     images, token_ids, padding_mask
     image_embeds            `encode_image(images)`                  (4, D)
+                            (FILIP / SPARC: its "global" entry)
     text_embeds             `encode_text(texts)`                    (4, D)
+    image_tokens, text_tokens  (FILIP / SPARC) the "tokens" entries of
+                            `encode_image` / `encode_text`
+    call_image_tokens, call_text_tokens  (FILIP / SPARC) from `model(inputs)`
+    loss_eval               (FILIP / SPARC) `compute_loss(..., training=False)`
+                            (`loss` is Keras' default `training=True`: FILIP's
+                            token dropping applies, as in `grad_loss`)
     similarity              `similarity(images, texts)`             (4, 4)
     call_image_embeds, call_text_embeds, logit_scale[, logit_bias]  from `model(inputs)`
     loss                    `compute_loss(y_pred=model(inputs))`, scalar
@@ -28,8 +35,9 @@ the key prefix `<preset>/` (e.g. `clip_tiny/image_embeds`):
     step/{i:03d}            weight i after ONE `AdamW(1e-3, weight_decay=0.1)` step:
                             `model.compile(optimizer)` (which excludes biases, norms,
                             embeddings and the logit scale/bias from the decay), then
-                            `model.optimizer.apply(grads)` with the gradients above
-                            (jitted `stateless_apply` on JAX)
+                            `model.optimizer.apply(grads)` with seeded gradients that are
+                            identical on every backend (`step_gradients`; jitted
+                            `stateless_apply` on JAX)
 
 Gradients come from the backend's own autodiff: `jax.value_and_grad` over
 `model.stateless_call` (jitted), `tf.GradientTape`, `torch.autograd.grad`.
@@ -56,7 +64,7 @@ import time
 
 import numpy as np
 
-FAMILIES = ("clip_tiny", "siglip_tiny")
+FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny")
 CAPTIONS = (
     "a photo of a cat",
     "a red circle on a white background",
@@ -67,6 +75,7 @@ BATCH = 4
 IMAGE_SIZE = 32
 IMAGE_SEED = 1234
 WEIGHT_SEED = 20240607
+STEP_SEED = 777
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.1
 LOGIT_SCALE = math.log(10.0)
@@ -197,6 +206,21 @@ def loss_and_grads(model, inputs):
     return float(to_numpy(loss)), dense
 
 
+def step_gradients(model):
+    """Seeded gradients, identical on every backend, for the optimizer-step check.
+
+    The backends' own gradients already agree to ~1e-6 (checked above), but Adam's
+    first update `lr * g / (|g| + eps)` amplifies their float noise by up to
+    `lr / eps` = 1e4 where a gradient is near zero. Feeding every backend the same
+    gradients checks the update path itself (AdamW, the decay exclusions, the
+    logit-scale constraint) instead of that noise.
+    """
+    return [
+        (0.01 * np.random.default_rng([STEP_SEED, j]).standard_normal(tuple(v.shape))).astype("float32")
+        for j, v in enumerate(model.trainable_variables)
+    ]
+
+
 def optimizer_step(model, grads):
     """One `AdamW(1e-3, weight_decay=0.1)` step of `model` with the given numpy gradients."""
     import keras
@@ -223,6 +247,15 @@ def save_preset_atomically(model, directory):
     shutil.rmtree(partial, ignore_errors=True)
     model.save_to_preset(partial)
     os.rename(partial, directory)
+
+
+def _embeds(side, embeds):
+    """`encode_*` output -> recorded arrays: a tensor as `<side>_embeds`; the
+    dict of the token-level families as `<side>_embeds` (its "global") and
+    `<side>_tokens`."""
+    if isinstance(embeds, dict):
+        return {f"{side}_embeds": embeds["global"], f"{side}_tokens": embeds["tokens"]}
+    return {f"{side}_embeds": embeds}
 
 
 def run_family(name, record, save_preset=None):
@@ -255,14 +288,18 @@ def run_family(name, record, save_preset=None):
     def forward():
         outputs = model(inputs, training=False)
         result = {
-            "image_embeds": model.encode_image(images),
-            "text_embeds": model.encode_text(texts),
+            **_embeds("image", model.encode_image(images)),
+            **_embeds("text", model.encode_text(texts)),
             "similarity": model.similarity(images, texts),
             "call_image_embeds": outputs["image_embeds"],
             "call_text_embeds": outputs["text_embeds"],
             "logit_scale": outputs["logit_scale"],
             "loss": model.compute_loss(y_pred=outputs),
         }
+        if "image_tokens" in outputs:  # token-level families (FILIP, SPARC)
+            result["call_image_tokens"] = outputs["image_tokens"]
+            result["call_text_tokens"] = outputs["text_tokens"]
+            result["loss_eval"] = model.compute_loss(y_pred=outputs, training=False)
         if "logit_bias" in outputs:
             result["logit_bias"] = outputs["logit_bias"]
             result["loss_chunked"] = siglip_loss_chunked(
@@ -284,7 +321,7 @@ def run_family(name, record, save_preset=None):
         save_preset_atomically(model, save_preset)
         _phase(f"{name}: saved to {save_preset}")
 
-    optimizer_step(model, grads)
+    optimizer_step(model, step_gradients(model))
     for i, v in enumerate(model.weights):
         record[f"step/{i:03d}"] = to_numpy(v)
     _phase(f"{name}: optimizer step")
