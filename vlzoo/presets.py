@@ -36,9 +36,12 @@ _warned_random = set()
 
 
 def _family_modules():
-    from vlzoo.models import clip, siglip
+    from vlzoo.models import clip, filip, siglip, sparc
 
-    return {"clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS)}
+    return {
+        "clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS),
+        "filip": (filip.FILIP, filip.PRESETS), "sparc": (sparc.SPARC, sparc.PRESETS),
+    }
 
 
 def registry():

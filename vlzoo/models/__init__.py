@@ -2,4 +2,6 @@
 
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
+from vlzoo.models.filip import FILIP
 from vlzoo.models.siglip import SigLIP
+from vlzoo.models.sparc import SPARC

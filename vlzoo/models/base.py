@@ -139,10 +139,9 @@ class ContrastiveModel(keras.Model):
         Returns:
             `(B, embed_dim)`.
         """
-        validation.check_images(images, patch_size=self.vision.patch_size)
-        validation.check_images_values(images)
-        embeds = self.vision(images)["pooled"]
-        return l2_normalize(embeds) if normalize else embeds
+        self._check_image_inputs(images)
+        embeds = self._image_features(images)
+        return self._normalize_embeds(embeds) if normalize else embeds
 
     def encode_text(self, texts, normalize=False):
         """Text embeddings.
@@ -156,9 +155,9 @@ class ContrastiveModel(keras.Model):
             `(B, embed_dim)`.
         """
         inputs = self._tokenize(texts)
-        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
+        self._check_text_inputs(inputs)
         embeds = self._text_features(inputs)
-        return l2_normalize(embeds) if normalize else embeds
+        return self._normalize_embeds(embeds) if normalize else embeds
 
     def similarity(self, images, texts):
         """Scores of every image against every text, `(N_images, N_texts)` float32."""
@@ -166,11 +165,29 @@ class ContrastiveModel(keras.Model):
 
     # --------------------------------------------------------------- training
 
-    def _text_features(self, inputs):
+    def _check_image_inputs(self, images):
+        validation.check_images(images, patch_size=self.vision.patch_size)
+        validation.check_images_values(images)
+
+    def _check_text_inputs(self, inputs):
+        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
+
+    def _normalize_embeds(self, embeds):
+        """L2-normalises what `encode_image` / `encode_text` return (`normalize=True`)."""
+        return l2_normalize(embeds)
+
+    @staticmethod
+    def _padding_mask(inputs):
         mask = inputs.get("padding_mask")
         if mask is None:
             mask = ops.ones_like(inputs["token_ids"], dtype="bool")
-        return self.text(inputs["token_ids"], mask)["pooled"]
+        return mask
+
+    def _image_features(self, images):
+        return self.vision(images)["pooled"]
+
+    def _text_features(self, inputs):
+        return self.text(inputs["token_ids"], self._padding_mask(inputs))["pooled"]
 
     def _check_training_inputs(self, inputs):
         if not isinstance(inputs, dict) or not {"images", "token_ids"} <= set(inputs):
@@ -186,7 +203,7 @@ class ContrastiveModel(keras.Model):
     def call(self, inputs, training=False):
         self._check_training_inputs(inputs)
         return {
-            "image_embeds": self.vision(inputs["images"])["pooled"],
+            "image_embeds": self._image_features(inputs["images"]),
             "text_embeds": self._text_features(inputs),
             "logit_scale": self.logit_scale_value(),
         }
@@ -194,7 +211,7 @@ class ContrastiveModel(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         if y_pred is None:
             y_pred = self(x, training=training)
-        loss = self.contrastive_loss(y_pred)
+        loss = self.contrastive_loss(y_pred, training=training)
         if self.losses:
             loss = loss + ops.cast(ops.sum(self.losses), "float32")
         return loss
@@ -228,7 +245,9 @@ class ContrastiveModel(keras.Model):
     def score(self, image_embeds, text_embeds):
         raise NotImplementedError
 
-    def contrastive_loss(self, outputs):
+    def contrastive_loss(self, outputs, training=False):
+        """The family loss from `call`'s outputs; `training` is Keras' flag
+        (True in `fit`'s train step, False in `evaluate`)."""
         raise NotImplementedError
 
     # ---------------------------------------------------------- persistence

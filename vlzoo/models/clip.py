@@ -50,7 +50,7 @@ class CLIP(ContrastiveModel):
     def score(self, image_embeds, text_embeds):
         return clip_logits(image_embeds, text_embeds, self.logit_scale_value())
 
-    def contrastive_loss(self, outputs):
+    def contrastive_loss(self, outputs, training=False):
         return clip_loss(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
 
 

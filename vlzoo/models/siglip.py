@@ -58,7 +58,7 @@ class SigLIP(ContrastiveModel):
     def score(self, image_embeds, text_embeds):
         return siglip_logits(image_embeds, text_embeds, self.logit_scale_value(), self.logit_bias)
 
-    def contrastive_loss(self, outputs):
+    def contrastive_loss(self, outputs, training=False):
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
         if self.loss_num_chunks:
             return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)

@@ -1,0 +1,269 @@
+"""FILIP (Yao et al., ICLR 2022): fine-grained late interaction between patch and word tokens."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment, l2_normalize
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP_BPE
+
+DIRECTIONS = ("i2t", "t2i")
+
+
+def masked_mean(tokens, mask):
+    """Mean of `tokens` `(B, T, D)` over the positions where `mask` `(B, T)` is True."""
+    weights = ops.cast(mask, tokens.dtype)[..., None]
+    return ops.sum(tokens * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+
+
+def token_projection(units, input_dim, use_bias, dtype, name):
+    """A built `Dense(units)` applied to every token (CLIP-style init, std `input_dim**-0.5`)."""
+    layer = keras.layers.Dense(
+        units, use_bias=use_bias, dtype=dtype, name=name,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=input_dim**-0.5),
+    )
+    layer.build((None, None, input_dim))
+    return layer
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class FILIP(ContrastiveModel):
+    """FILIP: CLIP towers whose every token is projected; token-wise max-mean late interaction.
+
+    Image side: a CLIP ViT (CLS token in the input, `ln_pre`, final LN on
+    every token); each token goes through `image_projection` (no bias) to
+    `embed_dim` (256 in the paper). The CLS output is left out of the
+    interaction unless `interaction_include_cls=True` (specs/filip.md §1.1).
+    Text side: CLIP's causal transformer (so real tokens never see the
+    padding); every token goes through `text_projection`. Tokens are
+    L2-normalised inside the losses.
+
+    Score (`similarity`): `exp(logit_scale) * S_I`, the image->text
+    late-interaction similarity (eq. 4: mean over patches of the best real
+    token), as the paper ranks texts for an image and zero-shot classes;
+    `score(..., direction="t2i")` gives `exp(logit_scale) * S_T` (eq. 5).
+    Loss: `vlzoo.losses.filip_loss` (InfoNCE over `S_I` and the columns of
+    `S_T`), with token dropping (`keep_ratio`) **only in training**.
+
+    Args:
+        vision, text: tower arguments (CLIP defaults; the towers carry no
+            projection of their own: `output_dim=None`).
+        embed_dim: width of the token embeddings, 256 in the paper.
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)`.
+        interaction_include_cls: use the CLS output as one more image token.
+        chunk_size: texts per block of the late interaction (memory
+            `B * chunk_size * P * T`; needs a static batch size). None: all
+            at once.
+        num_chunks: alternative to `chunk_size`, a static number of blocks
+            (works when the batch size is unknown while tracing).
+        keep_ratio: fraction of tokens each image and text keeps in training
+            (FILIP's 25% token dropping: 0.25); 1.0 keeps all. Never applied
+            outside training.
+        selection_group_size: see `filip_loss` (per-worker selection).
+        keep_mode: "static" or "per_row", see `filip_loss`.
+        similarity_dtype: None, "float16" or "bfloat16" for the token dot
+            products (FILIP's fp16 trick); results stay float32.
+        projection_bias: bias in the token projections (CLIP: none).
+
+    `encode_image` returns `{"global", "tokens"}` and `encode_text`
+    `{"global", "tokens", "mask"}`: `tokens` are the projected interaction
+    tokens, `global` their (masked) mean, a pooled convenience that FILIP's
+    score does not use.
+
+    Example:
+    >>> model = vlzoo.from_preset("filip_tiny")
+    >>> model.similarity(images, model.tokenizer(["a red circle"])).shape
+    (B, 1)
+    """
+
+    family = "filip"
+    vision_defaults = dict(
+        num_prefix_tokens=1, pooling="cls", use_pre_norm=True, patch_bias=False,
+        projection_bias=False, layer_norm_epsilon=1e-5, output_dim=None,
+    )
+    text_defaults = dict(
+        causal=True, pooling="eot", projection_bias=False, layer_norm_epsilon=1e-5, output_dim=None,
+    )
+
+    def __init__(
+        self, vision, text, embed_dim=256, init_logit_scale=math.log(1 / 0.07),
+        interaction_include_cls=False, chunk_size=None, num_chunks=None, keep_ratio=1.0,
+        selection_group_size=None, keep_mode="static", similarity_dtype=None,
+        projection_bias=False, **kwargs,
+    ):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        if not 0.0 < float(keep_ratio) <= 1.0:
+            raise ValueError(f"`keep_ratio` must lie in (0, 1]; received {keep_ratio!r}.")
+        if chunk_size is not None and num_chunks is not None:
+            raise ValueError("Pass at most one of `chunk_size` and `num_chunks`.")
+        self.interaction_include_cls = interaction_include_cls
+        self.chunk_size = chunk_size
+        self.num_chunks = num_chunks
+        self.keep_ratio = keep_ratio
+        self.selection_group_size = selection_group_size
+        self.keep_mode = keep_mode
+        self.similarity_dtype = similarity_dtype
+        self.projection_bias = projection_bias
+        self.image_projection = token_projection(
+            embed_dim, self.vision.hidden_dim, projection_bias, self.dtype_policy, "image_projection")
+        self.text_projection = token_projection(
+            embed_dim, self.text.hidden_dim, projection_bias, self.dtype_policy, "text_projection")
+
+    def default_tokenizer(self):
+        from vlzoo.tokenizers import bundled_tokenizer
+
+        return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
+
+    # ------------------------------------------------------------- features
+
+    def _image_features(self, images):
+        tokens = self.vision(images)["tokens"]
+        if not self.interaction_include_cls:
+            tokens = tokens[:, self.vision.num_prefix_tokens:]
+        tokens = self.image_projection(tokens)
+        return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
+
+    def _text_features(self, inputs):
+        mask = ops.cast(self._padding_mask(inputs), "bool")
+        tokens = self.text_projection(self.text(inputs["token_ids"], mask)["tokens"])
+        return {"global": masked_mean(tokens, mask), "tokens": tokens, "mask": mask}
+
+    def _normalize_embeds(self, embeds):
+        return {key: l2_normalize(value) if key in ("global", "tokens") else value
+                for key, value in embeds.items()}
+
+    def call(self, inputs, training=False):
+        self._check_training_inputs(inputs)
+        image = self._image_features(inputs["images"])
+        text = self._text_features(inputs)
+        return {
+            "image_embeds": image["global"], "text_embeds": text["global"],
+            "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
+            "logit_scale": self.logit_scale_value(),
+        }
+
+    # --------------------------------------------------------------- scores
+
+    def _chunks(self):
+        return dict(chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+                    similarity_dtype=self.similarity_dtype)
+
+    def score(self, image_embeds, text_embeds, direction="i2t"):
+        """`exp(logit_scale) * S_I` (`direction="i2t"`, default) or `* S_T`
+        (`"t2i"`), each `(N_images, N_texts)`, from `encode_image` /
+        `encode_text` outputs."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"`direction` must be one of {DIRECTIONS}; received {direction!r}.")
+        s_i, s_t = filip_similarity(image_embeds["tokens"], text_embeds["tokens"], text_embeds["mask"],
+                                    **self._chunks())
+        return self.logit_scale_value() * (s_i if direction == "i2t" else s_t)
+
+    def similarity(self, images, texts, direction="i2t"):
+        """Late-interaction scores `(N_images, N_texts)`; see `score`."""
+        return self.score(self.encode_image(images), self.encode_text(texts), direction=direction)
+
+    def ensemble_scores(self, images, class_texts):
+        """Prompt-ensembled zero-shot scores `(B, N)` (FILIP averages S_I over templates).
+
+        Args:
+            images: float `(B, H, W, 3)`.
+            class_texts: tokenizer dict whose `token_ids` / `padding_mask`
+                have shape `(N, K, T)`: K templates for each of N classes.
+        """
+        ids = class_texts["token_ids"]
+        n, k, t = ids.shape
+        flat = {"token_ids": ops.reshape(ids, (n * k, t)),
+                "padding_mask": ops.reshape(self._padding_mask(class_texts), (n * k, t))}
+        text = self.encode_text(flat)
+        tokens = ops.reshape(text["tokens"], (n, k, t, self.embed_dim))
+        return filip_ensemble_scores(self.encode_image(images)["tokens"], tokens,
+                                     ops.reshape(text["mask"], (n, k, t)),
+                                     chunk_size=self.chunk_size, similarity_dtype=self.similarity_dtype)
+
+    def token_alignment(self, images, texts):
+        """Word-patch alignment `(patch_to_token, token_to_patch)`; see
+        `vlzoo.losses.filip_token_alignment`."""
+        text = self.encode_text(texts)
+        return filip_token_alignment(self.encode_image(images)["tokens"], text["tokens"], text["mask"])
+
+    def contrastive_loss(self, outputs, training=False):
+        return filip_loss(
+            outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
+            keep_ratio=self.keep_ratio if training else 1.0,
+            selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
+            **self._chunks(),
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            interaction_include_cls=self.interaction_include_cls, chunk_size=self.chunk_size,
+            num_chunks=self.num_chunks, keep_ratio=self.keep_ratio,
+            selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
+            similarity_dtype=self.similarity_dtype, projection_bias=self.projection_bias,
+        )
+        return config
+
+
+def _filip_config(patch, vision_width, vision_layers, vision_heads, text_width, text_heads,
+                  embed_dim=256, image_size=224, keep_ratio=0.25):
+    return dict(
+        vision=dict(
+            image_size=image_size, patch_size=patch, hidden_dim=vision_width,
+            num_layers=vision_layers, num_heads=vision_heads,
+            intermediate_dim=4 * vision_width, activation="quick_gelu",
+        ),
+        text=dict(
+            vocabulary_size=49408, sequence_length=77, hidden_dim=text_width, num_layers=12,
+            num_heads=text_heads, intermediate_dim=4 * text_width, activation="quick_gelu",
+        ),
+        embed_dim=embed_dim, keep_ratio=keep_ratio,
+    )
+
+
+_PAPER = "Yao et al. 2022, FILIP: Fine-grained Interactive Language-Image Pre-training (ICLR)"
+_WEIGHTS = ("FILIP released no weights; the model is randomly initialised (architecture config). "
+            "Convert a local checkpoint of the same geometry if you have one.")
+_TOKENIZER = ("CLIP BPE (vocabulary 49408, context 77), the paper's tokenizer (lower-cased BPE, "
+              "same vocabulary size).")
+
+PRESETS = {
+    "filip_vit_b32": dict(
+        config=_filip_config(32, 768, 12, 12, 512, 8),
+        description="FILIP-base (paper Table 7): ViT-B/32 at 224 px (P=49 patches) + 12/512/8 causal text, "
+        "all tokens projected to 256, QuickGELU; 25% token dropping in training (keep_ratio=0.25). "
+        "Tokenizer: " + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "filip_vit_l14": dict(
+        config=_filip_config(14, 1024, 24, 16, 768, 12),
+        description="FILIP-large (paper Table 7): ViT-L/14 at 224 px (P=256) + 12/768/12 causal text, "
+        "all tokens projected to 256, QuickGELU; keep_ratio=0.25 in training. Tokenizer: " + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "filip_vit_b16": dict(
+        config=_filip_config(16, 768, 12, 12, 512, 8),
+        description="FILIP ViT-B/16 (EXTRAPOLATED, not in the paper): FILIP-base with 16 px patches "
+        "(P=196), 12/512/8 causal text, embed 256, keep_ratio=0.25 in training. Tokenizer: " + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "filip_tiny": dict(
+        config=dict(
+            vision=dict(
+                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
+                intermediate_dim=64, activation="quick_gelu",
+            ),
+            text=dict(
+                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
+                num_heads=4, intermediate_dim=64, activation="quick_gelu",
+            ),
+            embed_dim=16, keep_ratio=0.5,
+        ),
+        description="Tiny FILIP for tests and examples (32 px, patch 8: P=16, 2+2 layers, width 32, "
+        "embed 16, keep_ratio 0.5 in training; CLIP BPE, context 16).",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
+        weights_note="Random initialisation; for tests.",
+    ),
+}

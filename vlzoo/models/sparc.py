@@ -1,0 +1,225 @@
+"""SPARC (Bica et al., ICML 2024): global contrastive loss plus sparse token-to-patch alignment."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.losses import clip_logits, l2_normalize, sparc_alignment_weights, sparc_loss
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP_BPE
+from vlzoo.models.filip import masked_mean, token_projection
+
+TEXT_POOLS = ("masked_mean", "mean")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class SPARC(ContrastiveModel):
+    """SPARC: ViT without CLS and a bidirectional text transformer, both mean pooled.
+
+    Per token: `v_p = g_v(F_v[p])` (`image_projection`) for every patch and
+    `t_l = g_t(F_t[l])` (`text_projection`) for every text token.
+    Global: `g_v(h_v(mean_p F_v))` (`h_v`: Dense(W_v) + GELU, the paper's
+    "single non-linear layer", `global_vision_head=True`; without it,
+    `mean_p v_p`) and `g_t(masked mean of F_t)` = the masked mean of `t_l`
+    (`text_pool="mean"` mimics Listing 1's unmasked mean).
+    Score (`similarity`): `exp(logit_scale) * cos(global image, global text)`.
+    Loss: `vlzoo.losses.sparc_loss` = `lambda_global * L_g +
+    lambda_fine * L_f` with one learned temperature shared by both terms.
+
+    Args:
+        vision, text: tower arguments (no CLS, `pooling="mean"`, no tower
+            projection; the text tower attends with a key-padding mask).
+        embed_dim: shared embedding width, 512 in the paper.
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)` (the paper's
+            init is unstated; CLIP's convention).
+        lambda_global, lambda_fine: loss weights (0.5 and 1.0: the paper's
+            λ_g and the middle of its unreported λ_f sweep).
+        threshold: sparsity threshold σ; None uses `1/P` of the actual
+            number of patches at run time.
+        reduction: "tokens" (Listing 1) or "samples" (eq. 6), see
+            `sparc_fine_grained_loss`.
+        alignment: "threshold" (the paper) or "softmax" (Table 6 ablation).
+        global_vision_head: use `h_v` on the pooled vision features.
+        text_pool: "masked_mean" (default) or "mean" (Listing 1).
+        projection_bias: bias in `g_v` / `g_t` (unstated in the paper; off).
+
+    `encode_image` returns `{"global", "tokens"}` (plus `"dense"`,
+    `g_v(h_v(F_v[p]))` per patch as the paper's zero-shot segmentation uses,
+    when `h_v` is on); `encode_text` returns `{"global", "tokens", "mask"}`.
+    """
+
+    family = "sparc"
+    vision_defaults = dict(
+        num_prefix_tokens=0, pooling="mean", use_pre_norm=True, patch_bias=False,
+        projection_bias=False, layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
+    )
+    text_defaults = dict(
+        causal=False, pooling="mean", use_padding_mask=True, projection_bias=False,
+        layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
+    )
+
+    def __init__(
+        self, vision, text, embed_dim=512, init_logit_scale=math.log(1 / 0.07),
+        lambda_global=0.5, lambda_fine=1.0, threshold=None, reduction="tokens",
+        alignment="threshold", global_vision_head=True, text_pool="masked_mean",
+        projection_bias=False, **kwargs,
+    ):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        if text_pool not in TEXT_POOLS:
+            raise ValueError(f"`text_pool` must be one of {TEXT_POOLS}; received {text_pool!r}.")
+        if reduction not in ("tokens", "samples"):
+            raise ValueError(f"`reduction` must be one of ('tokens', 'samples'); received {reduction!r}.")
+        if self.vision.num_prefix_tokens:
+            raise ValueError(
+                "SPARC's ViT has no CLS token (it would enter the patch set, the mean pool and "
+                f"sigma = 1/P); received `num_prefix_tokens={self.vision.num_prefix_tokens}`."
+            )
+        self.lambda_global = lambda_global
+        self.lambda_fine = lambda_fine
+        self.threshold = threshold
+        self.reduction = reduction
+        self.alignment = alignment
+        self.global_vision_head = global_vision_head
+        self.text_pool = text_pool
+        self.projection_bias = projection_bias
+        width = self.vision.hidden_dim
+        self.vision_head = None
+        if global_vision_head:
+            self.vision_head = keras.layers.Dense(width, activation="gelu", dtype=self.dtype_policy, name="vision_head")
+            self.vision_head.build((None, width))
+        self.image_projection = token_projection(
+            embed_dim, width, projection_bias, self.dtype_policy, "image_projection")
+        self.text_projection = token_projection(
+            embed_dim, self.text.hidden_dim, projection_bias, self.dtype_policy, "text_projection")
+
+    def default_tokenizer(self):
+        from vlzoo.tokenizers import bundled_tokenizer
+
+        return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
+
+    # ------------------------------------------------------------- features
+
+    def _image_features(self, images):
+        features = self.vision(images)["tokens"]  # (B, P, W): no prefix tokens
+        tokens = self.image_projection(features)
+        if self.vision_head is None:
+            return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
+        pooled = self.image_projection(self.vision_head(ops.mean(features, axis=1)))
+        return {"global": pooled, "tokens": tokens}
+
+    def dense_image_embeddings(self, images):
+        """`g_v(h_v(F_v[p]))` per patch `(B, P, D)`: the paper's zero-shot segmentation embeddings."""
+        self._check_image_inputs(images)
+        features = self.vision(images)["tokens"]
+        if self.vision_head is not None:
+            features = self.vision_head(features)
+        return self.image_projection(features)
+
+    def _text_features(self, inputs):
+        mask = ops.cast(self._padding_mask(inputs), "bool")
+        tokens = self.text_projection(self.text(inputs["token_ids"], mask)["tokens"])
+        pooled = masked_mean(tokens, mask) if self.text_pool == "masked_mean" else ops.mean(tokens, axis=1)
+        return {"global": pooled, "tokens": tokens, "mask": mask}
+
+    def _normalize_embeds(self, embeds):
+        return {key: l2_normalize(value) if key in ("global", "tokens") else value
+                for key, value in embeds.items()}
+
+    def call(self, inputs, training=False):
+        self._check_training_inputs(inputs)
+        image = self._image_features(inputs["images"])
+        text = self._text_features(inputs)
+        return {
+            "image_embeds": image["global"], "text_embeds": text["global"],
+            "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
+            "logit_scale": self.logit_scale_value(),
+        }
+
+    # --------------------------------------------------------------- scores
+
+    def score(self, image_embeds, text_embeds):
+        """`exp(logit_scale) * cos` of the global embeddings, `(N_images, N_texts)`."""
+        return clip_logits(image_embeds["global"], text_embeds["global"], self.logit_scale_value())
+
+    def alignment_weights(self, images, texts):
+        """Sparse token-to-patch weights `(B, T, P)` of each (image, caption) pair."""
+        text = self.encode_text(texts)
+        return sparc_alignment_weights(self.encode_image(images)["tokens"], text["tokens"],
+                                       threshold=self.threshold)
+
+    def contrastive_loss(self, outputs, training=False):
+        return sparc_loss(
+            outputs["image_embeds"], outputs["text_embeds"], outputs["image_tokens"],
+            outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
+            lambda_global=self.lambda_global, lambda_fine=self.lambda_fine,
+            threshold=self.threshold, reduction=self.reduction, alignment=self.alignment,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            lambda_global=self.lambda_global, lambda_fine=self.lambda_fine, threshold=self.threshold,
+            reduction=self.reduction, alignment=self.alignment,
+            global_vision_head=self.global_vision_head, text_pool=self.text_pool,
+            projection_bias=self.projection_bias,
+        )
+        return config
+
+
+def _sparc_config(patch, vision_width, vision_layers, vision_heads, image_size=224):
+    return dict(
+        vision=dict(
+            image_size=image_size, patch_size=patch, hidden_dim=vision_width,
+            num_layers=vision_layers, num_heads=vision_heads, intermediate_dim=4 * vision_width,
+        ),
+        text=dict(
+            vocabulary_size=49408, sequence_length=55, hidden_dim=768, num_layers=12,
+            num_heads=12, intermediate_dim=3072,
+        ),
+        embed_dim=512,
+    )
+
+
+_PAPER = "Bica et al. 2024, Improving fine-grained understanding in image-text pre-training (SPARC, ICML)"
+_WEIGHTS = ("SPARC released no weights; the model is randomly initialised (architecture config). "
+            "Convert a local checkpoint of the same geometry if you have one.")
+_TOKENIZER = ("Tokenizer: the paper's 32k SentencePiece is internal and unreleased; this preset uses the "
+              "bundled CLIP BPE instead, so the text vocabulary is 49408 (not 32000) at the paper's context "
+              "of 55 tokens.")
+
+PRESETS = {
+    "sparc_vit_b32": dict(
+        config=_sparc_config(32, 768, 12, 12),
+        description="SPARC ViT-B/32 (paper D.1): no-CLS ViT-B/32 at 224 px (P=49, sigma=1/49), "
+        "12/768/12 bidirectional text, mean pooling, h_v head, embed 512, lambda_g=0.5, lambda_f=1. "
+        + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "sparc_vit_b16": dict(
+        config=_sparc_config(16, 768, 12, 12),
+        description="SPARC ViT-B/16 (paper D.1): no-CLS ViT-B/16 at 224 px (P=196, sigma=1/196), "
+        "12/768/12 bidirectional text, mean pooling, h_v head, embed 512. " + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "sparc_vit_l14": dict(
+        config=_sparc_config(14, 1024, 24, 16),
+        description="SPARC ViT-L/14 (paper D.1): no-CLS ViT-L/14 at 224 px (P=256, sigma=1/256), "
+        "12/768/12 text (D.1 lists only this text size), h_v head, embed 512. " + _TOKENIZER,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
+    ),
+    "sparc_tiny": dict(
+        config=dict(
+            vision=dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64),
+            text=dict(
+                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
+                num_heads=4, intermediate_dim=64,
+            ),
+            embed_dim=16,
+        ),
+        description="Tiny SPARC for tests and examples (32 px, patch 8: P=16, 2+2 layers, width 32, "
+        "embed 16, h_v head; CLIP BPE, context 16).",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
+        weights_note="Random initialisation; for tests.",
+    ),
+}
