@@ -94,3 +94,16 @@ def full_precision_matmul():
             torch.backends.cuda.matmul.allow_tf32 = old
     else:
         yield
+
+
+def finite_difference(f, args, i, h=1e-6):
+    """Central-difference gradient of scalar `f(*args)` with respect to `args[i]` (float64)."""
+    args = [np.array(a, dtype=np.float64) for a in args]
+    grad = np.zeros_like(args[i])
+    for idx in np.ndindex(grad.shape):
+        plus = [a.copy() for a in args]
+        minus = [a.copy() for a in args]
+        plus[i][idx] += h
+        minus[i][idx] -= h
+        grad[idx] = (f(*plus) - f(*minus)) / (2 * h)
+    return grad

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import reference as ref
+from backend_utils import finite_difference
 from backend_utils import full_precision_matmul
 from backend_utils import to_numpy
 from backend_utils import value_and_grad
@@ -106,18 +107,6 @@ def test_gradients_match_finite_differences_of_reference():
     """Backend gradients vs central differences of the float64 reference."""
     img, txt = _embeds(8, 6, seed=4)
     s, b = 5.0, -1.5
-
-    def fd(f, args, i, h=1e-6):
-        args = [np.array(a, dtype=np.float64) for a in args]
-        grad = np.zeros_like(args[i])
-        for idx in np.ndindex(grad.shape):
-            plus = [a.copy() for a in args]
-            minus = [a.copy() for a in args]
-            plus[i][idx] += h
-            minus[i][idx] -= h
-            grad[idx] = (f(*plus) - f(*minus)) / (2 * h)
-        return grad
-
     cases = [
         (clip_loss, ref.clip_loss, [img, txt, np.float32(s)]),
         (siglip_loss, ref.siglip_loss,
@@ -126,7 +115,7 @@ def test_gradients_match_finite_differences_of_reference():
     for ours, theirs, args in cases:
         _, grads = value_and_grad(ours, *args)
         for i, g in enumerate(grads):
-            np.testing.assert_allclose(g, fd(theirs, args, i),
+            np.testing.assert_allclose(g, finite_difference(theirs, args, i),
                                        rtol=1e-4, atol=1e-5)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import reference as ref
 import reference_token_losses as tref
+from backend_utils import finite_difference
 from backend_utils import full_precision_matmul
 from backend_utils import to_numpy
 from backend_utils import value_and_grad
@@ -181,18 +182,6 @@ def test_loss_matches_reference(scale):
         tref.filip_loss(img, txt, mask, scale, image_mask=im), **TOL)
 
 
-def _finite_difference(f, args, i, h=1e-6):
-    args = [np.array(a, dtype=np.float64) for a in args]
-    grad = np.zeros_like(args[i])
-    for idx in np.ndindex(grad.shape):
-        plus = [a.copy() for a in args]
-        minus = [a.copy() for a in args]
-        plus[i][idx] += h
-        minus[i][idx] -= h
-        grad[idx] = (f(*plus) - f(*minus)) / (2 * h)
-    return grad
-
-
 def test_gradients_match_finite_differences_of_reference():
     img, txt, mask = _inputs(seed=5)
     scale = np.float32(3.0)
@@ -203,7 +192,7 @@ def test_gradients_match_finite_differences_of_reference():
         return tref.filip_loss(i, t, mask, s)
 
     for k, g in enumerate(grads):
-        np.testing.assert_allclose(g, _finite_difference(f, [img, txt, scale],
+        np.testing.assert_allclose(g, finite_difference(f, [img, txt, scale],
                                                          k),
                                    rtol=1e-4, atol=1e-5)
 

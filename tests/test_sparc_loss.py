@@ -13,6 +13,7 @@ import pytest
 
 import reference as ref
 import reference_token_losses as tref
+from backend_utils import finite_difference
 from backend_utils import full_precision_matmul
 from backend_utils import to_numpy
 from backend_utils import value_and_grad
@@ -186,18 +187,6 @@ def test_softmax_alignment_option():
         tref.sparc_fine_grained_loss(v, t, mask, 10.0, weights=a), **TOL)
 
 
-def _finite_difference(f, args, i, h=1e-6):
-    args = [np.array(a, dtype=np.float64) for a in args]
-    grad = np.zeros_like(args[i])
-    for idx in np.ndindex(grad.shape):
-        plus = [a.copy() for a in args]
-        minus = [a.copy() for a in args]
-        plus[i][idx] += h
-        minus[i][idx] -= h
-        grad[idx] = (f(*plus) - f(*minus)) / (2 * h)
-    return grad
-
-
 def test_gradients_flow_through_the_alignment():
     """Backend gradients = central differences of the reference; they differ
     from a stop-gradient on the alignment weights (the paper has none)."""
@@ -209,11 +198,11 @@ def test_gradients_flow_through_the_alignment():
     def f(a, b, s):
         return tref.sparc_fine_grained_loss(a, b, mask, s)
 
-    expected = [_finite_difference(f, [v, t, scale], k) for k in range(3)]
+    expected = [finite_difference(f, [v, t, scale], k) for k in range(3)]
     for g, e in zip(grads, expected):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
     weights = tref.sparc_alignment_weights(v, t)
-    frozen = _finite_difference(
+    frozen = finite_difference(
         lambda a, b: tref.sparc_fine_grained_loss(a, b, mask, scale,
                                                   weights=weights), [v, t], 1)
     assert np.max(np.abs(frozen - expected[1])) > 1e-3

@@ -1056,6 +1056,10 @@ class ImagePreprocessor:
         return np.stack([self._one(im) for im in items]).astype(np.float32)
 
 
+CLIP_BPE = {"class_name": "CLIPTokenizer", "assets": "clip_bpe"}
+CLIP_BPE_VOCABULARY_SIZE = 49408
+
+
 def bundled_assets_dir(name):
     """Directory of a tokenizer asset set shipped with vlzoo (e.g. `"clip_bpe"`)."""
     from vlzoo.presets import presets_root

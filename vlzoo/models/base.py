@@ -108,8 +108,11 @@ class ContrastiveModel(keras.Model):
         self._preprocessor = value
 
     def default_tokenizer(self):
-        from vlzoo.tokenizers import UnavailableTokenizer
+        """The bundled CLIP BPE for a 49,408-token text tower; otherwise a stand-in that explains."""
+        from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
+        if self.text.vocabulary_size == CLIP_BPE_VOCABULARY_SIZE:
+            return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
         return UnavailableTokenizer(
             f"this {type(self).__name__} model was built without one; load it with "
             "`vlzoo.from_preset(...)` or set `model.tokenizer = ...`."

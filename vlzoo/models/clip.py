@@ -6,9 +6,8 @@ import keras
 
 from vlzoo.losses import clip_logits, clip_loss
 from vlzoo.models.base import ContrastiveModel
-from vlzoo.tokenizers import bundled_tokenizer
+from vlzoo.tokenizers import CLIP_BPE
 
-CLIP_BPE = {"class_name": "CLIPTokenizer", "assets": "clip_bpe"}
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -43,9 +42,6 @@ class CLIP(ContrastiveModel):
 
     def __init__(self, vision, text, embed_dim=512, init_logit_scale=math.log(1 / 0.07), **kwargs):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
-
-    def default_tokenizer(self):
-        return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
 
     def score(self, image_embeds, text_embeds):
         return clip_logits(image_embeds, text_embeds, self.logit_scale_value())

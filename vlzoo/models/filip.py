@@ -5,31 +5,15 @@ import math
 import keras
 from keras import ops
 
-from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment, l2_normalize
-from vlzoo.models.base import ContrastiveModel
-from vlzoo.models.clip import CLIP_BPE
+from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
+from vlzoo.models.token_level import TokenContrastiveModel
+from vlzoo.tokenizers import CLIP_BPE
 
 DIRECTIONS = ("i2t", "t2i")
 
 
-def masked_mean(tokens, mask):
-    """Mean of `tokens` `(B, T, D)` over the positions where `mask` `(B, T)` is True."""
-    weights = ops.cast(mask, tokens.dtype)[..., None]
-    return ops.sum(tokens * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
-
-
-def token_projection(units, input_dim, use_bias, dtype, name):
-    """A built `Dense(units)` applied to every token (CLIP-style init, std `input_dim**-0.5`)."""
-    layer = keras.layers.Dense(
-        units, use_bias=use_bias, dtype=dtype, name=name,
-        kernel_initializer=keras.initializers.RandomNormal(stddev=input_dim**-0.5),
-    )
-    layer.build((None, None, input_dim))
-    return layer
-
-
 @keras.saving.register_keras_serializable(package="vlzoo")
-class FILIP(ContrastiveModel):
+class FILIP(TokenContrastiveModel):
     """FILIP: CLIP towers whose every token is projected; token-wise max-mean late interaction.
 
     Image side: a CLIP ViT (CLS token in the input, `ln_pre`, final LN on
@@ -93,7 +77,9 @@ class FILIP(ContrastiveModel):
         selection_group_size=None, keep_mode="static", similarity_dtype=None,
         projection_bias=False, **kwargs,
     ):
-        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        super().__init__(
+            vision, text, embed_dim, init_logit_scale=init_logit_scale, projection_bias=projection_bias, **kwargs
+        )
         if not 0.0 < float(keep_ratio) <= 1.0:
             raise ValueError(f"`keep_ratio` must lie in (0, 1]; received {keep_ratio!r}.")
         if chunk_size is not None and num_chunks is not None:
@@ -105,16 +91,7 @@ class FILIP(ContrastiveModel):
         self.selection_group_size = selection_group_size
         self.keep_mode = keep_mode
         self.similarity_dtype = similarity_dtype
-        self.projection_bias = projection_bias
-        self.image_projection = token_projection(
-            embed_dim, self.vision.hidden_dim, projection_bias, self.dtype_policy, "image_projection")
-        self.text_projection = token_projection(
-            embed_dim, self.text.hidden_dim, projection_bias, self.dtype_policy, "text_projection")
-
-    def default_tokenizer(self):
-        from vlzoo.tokenizers import bundled_tokenizer
-
-        return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
+        self._build_token_projections()
 
     # ------------------------------------------------------------- features
 
@@ -124,25 +101,6 @@ class FILIP(ContrastiveModel):
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         tokens = self.image_projection(tokens)
         return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
-
-    def _text_features(self, inputs):
-        mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text_projection(self.text(inputs["token_ids"], mask)["tokens"])
-        return {"global": masked_mean(tokens, mask), "tokens": tokens, "mask": mask}
-
-    def _normalize_embeds(self, embeds):
-        return {key: l2_normalize(value) if key in ("global", "tokens") else value
-                for key, value in embeds.items()}
-
-    def call(self, inputs, training=False):
-        self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"])
-        text = self._text_features(inputs)
-        return {
-            "image_embeds": image["global"], "text_embeds": text["global"],
-            "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
-            "logit_scale": self.logit_scale_value(),
-        }
 
     # --------------------------------------------------------------- scores
 
@@ -202,7 +160,7 @@ class FILIP(ContrastiveModel):
             interaction_include_cls=self.interaction_include_cls, chunk_size=self.chunk_size,
             num_chunks=self.num_chunks, keep_ratio=self.keep_ratio,
             selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
-            similarity_dtype=self.similarity_dtype, projection_bias=self.projection_bias,
+            similarity_dtype=self.similarity_dtype,
         )
         return config
 

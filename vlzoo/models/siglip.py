@@ -7,7 +7,7 @@ from keras import ops
 
 from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked
 from vlzoo.models.base import ContrastiveModel
-from vlzoo.models.clip import CLIP_BPE
+from vlzoo.tokenizers import CLIP_BPE
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")

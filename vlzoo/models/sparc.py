@@ -5,16 +5,15 @@ import math
 import keras
 from keras import ops
 
-from vlzoo.losses import clip_logits, l2_normalize, sparc_alignment_weights, sparc_loss
-from vlzoo.models.base import ContrastiveModel
-from vlzoo.models.clip import CLIP_BPE
-from vlzoo.models.filip import masked_mean, token_projection
+from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
+from vlzoo.models.token_level import TokenContrastiveModel
+from vlzoo.tokenizers import CLIP_BPE
 
 TEXT_POOLS = ("masked_mean", "mean")
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
-class SPARC(ContrastiveModel):
+class SPARC(TokenContrastiveModel):
     """SPARC: ViT without CLS and a bidirectional text transformer, both mean pooled.
 
     Per token: `v_p = g_v(F_v[p])` (`image_projection`) for every patch and
@@ -65,7 +64,9 @@ class SPARC(ContrastiveModel):
         alignment="threshold", global_vision_head=True, text_pool="masked_mean",
         projection_bias=False, **kwargs,
     ):
-        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        super().__init__(
+            vision, text, embed_dim, init_logit_scale=init_logit_scale, projection_bias=projection_bias, **kwargs
+        )
         if text_pool not in TEXT_POOLS:
             raise ValueError(f"`text_pool` must be one of {TEXT_POOLS}; received {text_pool!r}.")
         if reduction not in ("tokens", "samples"):
@@ -82,21 +83,12 @@ class SPARC(ContrastiveModel):
         self.alignment = alignment
         self.global_vision_head = global_vision_head
         self.text_pool = text_pool
-        self.projection_bias = projection_bias
         width = self.vision.hidden_dim
         self.vision_head = None
         if global_vision_head:
             self.vision_head = keras.layers.Dense(width, activation="gelu", dtype=self.dtype_policy, name="vision_head")
             self.vision_head.build((None, width))
-        self.image_projection = token_projection(
-            embed_dim, width, projection_bias, self.dtype_policy, "image_projection")
-        self.text_projection = token_projection(
-            embed_dim, self.text.hidden_dim, projection_bias, self.dtype_policy, "text_projection")
-
-    def default_tokenizer(self):
-        from vlzoo.tokenizers import bundled_tokenizer
-
-        return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
+        self._build_token_projections()
 
     # ------------------------------------------------------------- features
 
@@ -116,25 +108,8 @@ class SPARC(ContrastiveModel):
             features = self.vision_head(features)
         return self.image_projection(features)
 
-    def _text_features(self, inputs):
-        mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text_projection(self.text(inputs["token_ids"], mask)["tokens"])
-        pooled = masked_mean(tokens, mask) if self.text_pool == "masked_mean" else ops.mean(tokens, axis=1)
-        return {"global": pooled, "tokens": tokens, "mask": mask}
-
-    def _normalize_embeds(self, embeds):
-        return {key: l2_normalize(value) if key in ("global", "tokens") else value
-                for key, value in embeds.items()}
-
-    def call(self, inputs, training=False):
-        self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"])
-        text = self._text_features(inputs)
-        return {
-            "image_embeds": image["global"], "text_embeds": text["global"],
-            "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
-            "logit_scale": self.logit_scale_value(),
-        }
+    def _pool_text(self, tokens, mask):
+        return super()._pool_text(tokens, mask) if self.text_pool == "masked_mean" else ops.mean(tokens, axis=1)
 
     # --------------------------------------------------------------- scores
 
@@ -162,7 +137,6 @@ class SPARC(ContrastiveModel):
             lambda_global=self.lambda_global, lambda_fine=self.lambda_fine, threshold=self.threshold,
             reduction=self.reduction, alignment=self.alignment,
             global_vision_head=self.global_vision_head, text_pool=self.text_pool,
-            projection_bias=self.projection_bias,
         )
         return config
 
