@@ -217,31 +217,26 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
             stacklevel=2,
         )
 
-    from vlzoo.tokenizers import UnavailableTokenizer, tokenizer_from_config
-
     tokenizer_file = directory / TOKENIZER_FILE
     if tokenizer_file.is_file():
-        assets = directory / TOKENIZER_ASSETS
-        try:
-            model.tokenizer = tokenizer_from_config(_read_json(tokenizer_file), assets)
-        except FileNotFoundError as error:
-            if metadata.get("tokenizer_bundled", True) is False:
-                model.tokenizer = UnavailableTokenizer(
-                    f"{metadata.get('tokenizer_note', '')} ({error})", config=_read_json(tokenizer_file)
-                )
-                return _finish(model, directory)
-            raise FileNotFoundError(
-                f"Tokenizer asset missing in {assets} (named by {tokenizer_file}): {error}"
-            ) from error
-    return _finish(model, directory)
-
-
-def _finish(model, directory):
+        model.tokenizer = _load_tokenizer(tokenizer_file, directory / TOKENIZER_ASSETS, metadata)
     preprocessor_file = directory / PREPROCESSOR_FILE
     if preprocessor_file.is_file():
         model.preprocessor = _deserialize(_read_json(preprocessor_file), preprocessor_file)
     return model
 
+
+def _load_tokenizer(tokenizer_file, assets, metadata):
+    """The preset's tokenizer; a stand-in that explains itself when its files are declared unbundled."""
+    from vlzoo.tokenizers import UnavailableTokenizer, tokenizer_from_config
+
+    config = _read_json(tokenizer_file)
+    try:
+        return tokenizer_from_config(config, assets)
+    except FileNotFoundError as error:
+        if metadata.get("tokenizer_bundled", True) is False:
+            return UnavailableTokenizer(f"{metadata.get('tokenizer_note', '')} ({error})", config=config)
+        raise FileNotFoundError(f"Tokenizer asset missing in {assets} (named by {tokenizer_file}): {error}") from error
 
 
 def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):
