@@ -282,6 +282,10 @@ class _PackingTokenizer:
     `pad_token_id` properties.
     """
 
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
     def __call__(self, texts, sequence_length=None):
         """Tokenize, add start/end, truncate and pad.
 
@@ -524,10 +528,6 @@ class CLIPTokenizer(_PackingTokenizer):
             "merges_file": self.merges_file,
         }
 
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
     def save_assets(self, directory):
         """Write `vocabulary_file` and `merges_file` into `directory`."""
         self._check_ready()
@@ -743,10 +743,6 @@ class SentencePieceTokenizer(_PackingTokenizer):
             "clean": self.clean,
             "proto_file": self.proto_file,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
     def save_assets(self, directory):
         if self._proto is None:

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
+from vlzoo.models.clip import CLIP
 from vlzoo.models.token_level import TokenContrastiveModel
 from vlzoo.tokenizers import CLIP_BPE
 
@@ -63,13 +64,9 @@ class FILIP(TokenContrastiveModel):
     """
 
     family = "filip"
-    vision_defaults = dict(
-        num_prefix_tokens=1, pooling="cls", use_pre_norm=True, patch_bias=False,
-        projection_bias=False, layer_norm_epsilon=1e-5, output_dim=None,
-    )
-    text_defaults = dict(
-        causal=True, pooling="eot", projection_bias=False, layer_norm_epsilon=1e-5, output_dim=None,
-    )
+    # CLIP's towers, without the towers' own pooled projection.
+    vision_defaults = {**CLIP.vision_defaults, "output_dim": None}
+    text_defaults = {**CLIP.text_defaults, "output_dim": None}
 
     def __init__(
         self, vision, text, embed_dim=256, init_logit_scale=math.log(1 / 0.07),
