@@ -15,6 +15,7 @@ keras-hub's CLIP image encoder looks its position table up through a
 the converter gathers the table through it, so either state converts exactly.
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -152,20 +153,29 @@ def _scalar(variable):
 # ----------------------------------------------------------------------------- CLIP
 
 
-def _clip_blocks(sources, rules, encoder, src, dst, hidden_dim, num_heads):
+# keras-hub's attribute names, per block role, in its CLIP and SigLIP encoders.
+_CLIP_BLOCK = dict(ln_1="layer_norm_1", attention="attention", ln_2="layer_norm_2", fc1="dense_1", fc2="dense_2")
+_SIGLIP_BLOCK = dict(ln_1="layer_norm1", attention="self_attn", ln_2="layer_norm2", fc1="mlp.fc1", fc2="mlp.fc2")
+
+
+def _blocks(sources, rules, encoder, src, dst, hidden_dim, num_heads, names, reject_causal=False):
+    """Maps every transformer block of a keras-hub encoder onto vlzoo's `block_{i}`."""
     for i, block in enumerate(encoder.encoder_layers):
         s, d = f"{src}.encoder_layers.{i}", f"{dst}/block_{i}"
-        sources.norm(f"{s}.layer_norm_1", block.layer_norm_1)
-        sources.mha(f"{s}.attention", block.attention)
-        sources.norm(f"{s}.layer_norm_2", block.layer_norm_2)
-        sources.dense(f"{s}.dense_1", block.dense_1)
-        sources.dense(f"{s}.dense_2", block.dense_2)
-        _check_mha(block.attention, f"keras-hub {src} block {i}")
-        rules += _norm_rules(f"{s}.layer_norm_1", f"{d}/ln_1")
-        rules += _mha_rules(f"{s}.attention", f"{d}/attention", hidden_dim, num_heads)
-        rules += _norm_rules(f"{s}.layer_norm_2", f"{d}/ln_2")
-        rules += _dense_rules(f"{s}.dense_1", f"{d}/mlp/fc1")
-        rules += _dense_rules(f"{s}.dense_2", f"{d}/mlp/fc2")
+        if reject_causal and block.use_causal_mask:
+            raise NotImplementedError(f"keras-hub {src} block {i}: causal SigLIP blocks are not supported.")
+        layer = {role: functools.reduce(getattr, path.split("."), block) for role, path in names.items()}
+        _check_mha(layer["attention"], f"keras-hub {src} block {i}")
+        sources.norm(f"{s}.{names['ln_1']}", layer["ln_1"])
+        sources.mha(f"{s}.{names['attention']}", layer["attention"])
+        sources.norm(f"{s}.{names['ln_2']}", layer["ln_2"])
+        sources.dense(f"{s}.{names['fc1']}", layer["fc1"])
+        sources.dense(f"{s}.{names['fc2']}", layer["fc2"])
+        rules += _norm_rules(f"{s}.{names['ln_1']}", f"{d}/ln_1")
+        rules += _mha_rules(f"{s}.{names['attention']}", f"{d}/attention", hidden_dim, num_heads)
+        rules += _norm_rules(f"{s}.{names['ln_2']}", f"{d}/ln_2")
+        rules += _dense_rules(f"{s}.{names['fc1']}", f"{d}/mlp/fc1")
+        rules += _dense_rules(f"{s}.{names['fc2']}", f"{d}/mlp/fc2")
 
 
 def _clip(backbone):
@@ -201,7 +211,7 @@ def _clip(backbone):
         ),
         *_norm_rules("vision_encoder.pre_layer_norm", "vision/pre_norm"),
     ]
-    _clip_blocks(sources, rules, ve, "vision_encoder", "vision", width, vision["num_heads"])
+    _blocks(sources, rules, ve, "vision_encoder", "vision", width, vision["num_heads"], _CLIP_BLOCK)
     rules += _norm_rules("vision_encoder.layer_norm", "vision/post_norm")
     sources.dense("vision_projection", backbone.vision_projection)
     rules += _dense_rules("vision_projection", "vision/projection", bias=False)
@@ -229,7 +239,7 @@ def _clip(backbone):
         C.copy("text_encoder.embedding.token_embedding.embeddings", "text/token_embedding/embeddings"),
         C.copy("text_encoder.embedding.position_embedding.position_embeddings", "text/position_embedding/embeddings"),
     ]
-    _clip_blocks(sources, rules, te, "text_encoder", "text", text["hidden_dim"], text["num_heads"])
+    _blocks(sources, rules, te, "text_encoder", "text", text["hidden_dim"], text["num_heads"], _CLIP_BLOCK)
     sources.norm("text_encoder.layer_norm", te.layer_norm)
     rules += _norm_rules("text_encoder.layer_norm", "text/post_norm")
     sources.dense("text_projection", backbone.text_projection)
@@ -243,24 +253,6 @@ def _clip(backbone):
 
 
 # ----------------------------------------------------------------------------- SigLIP
-
-
-def _siglip_blocks(sources, rules, encoder, src, dst, hidden_dim, num_heads):
-    for i, block in enumerate(encoder.encoder_layers):
-        s, d = f"{src}.encoder_layers.{i}", f"{dst}/block_{i}"
-        if block.use_causal_mask:
-            raise NotImplementedError(f"keras-hub {src} block {i}: causal SigLIP blocks are not supported.")
-        _check_mha(block.self_attn, f"keras-hub {src} block {i}")
-        sources.norm(f"{s}.layer_norm1", block.layer_norm1)
-        sources.mha(f"{s}.self_attn", block.self_attn)
-        sources.norm(f"{s}.layer_norm2", block.layer_norm2)
-        sources.dense(f"{s}.mlp.fc1", block.mlp.fc1)
-        sources.dense(f"{s}.mlp.fc2", block.mlp.fc2)
-        rules += _norm_rules(f"{s}.layer_norm1", f"{d}/ln_1")
-        rules += _mha_rules(f"{s}.self_attn", f"{d}/attention", hidden_dim, num_heads)
-        rules += _norm_rules(f"{s}.layer_norm2", f"{d}/ln_2")
-        rules += _dense_rules(f"{s}.mlp.fc1", f"{d}/mlp/fc1")
-        rules += _dense_rules(f"{s}.mlp.fc2", f"{d}/mlp/fc2")
 
 
 def _siglip(backbone):
@@ -296,7 +288,7 @@ def _siglip(backbone):
             "vision/position_embedding/embeddings",
         ),
     ]
-    _siglip_blocks(sources, rules, ve, "vision_encoder", "vision", width, heads)
+    _blocks(sources, rules, ve, "vision_encoder", "vision", width, heads, _SIGLIP_BLOCK, reject_causal=True)
     sources.norm("vision_encoder.post_layer_norm", ve.post_layer_norm)
     rules += _norm_rules("vision_encoder.post_layer_norm", "vision/post_norm")
     head = ve.head
@@ -344,7 +336,10 @@ def _siglip(backbone):
             "text/position_embedding/embeddings",
         ),
     ]
-    _siglip_blocks(sources, rules, te, "text_encoder", "text", text["hidden_dim"], text["num_heads"])
+    _blocks(
+        sources, rules, te, "text_encoder", "text", text["hidden_dim"], text["num_heads"], _SIGLIP_BLOCK,
+        reject_causal=True,
+    )
     sources.norm("text_encoder.post_layer_norm", te.post_layer_norm)
     rules += _norm_rules("text_encoder.post_layer_norm", "text/post_norm")
     sources.dense("text_encoder.head", te.head)

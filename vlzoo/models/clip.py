@@ -50,7 +50,8 @@ class CLIP(ContrastiveModel):
         return clip_loss(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
 
 
-def _clip_config(patch, vision_width, vision_layers, vision_heads, text_width, text_heads, embed_dim, image_size=224):
+def clip_config(patch, vision_width, vision_layers, vision_heads, text_width, text_heads, embed_dim, image_size=224):
+    """Constructor arguments of an OpenAI-geometry CLIP (QuickGELU, vocabulary 49408, context 77, MLP 4x)."""
     return dict(
         vision=dict(
             image_size=image_size, patch_size=patch, hidden_dim=vision_width,
@@ -73,17 +74,17 @@ _OPENAI = dict(
 
 PRESETS = {
     "clip_vit_b32": dict(
-        config=_clip_config(32, 768, 12, 12, 512, 8, 512),
+        config=clip_config(32, 768, 12, 12, 512, 8, 512),
         description="CLIP ViT-B/32 (OpenAI geometry, QuickGELU), 224 px, context 77.",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), **_OPENAI,
     ),
     "clip_vit_b16": dict(
-        config=_clip_config(16, 768, 12, 12, 512, 8, 512),
+        config=clip_config(16, 768, 12, 12, 512, 8, 512),
         description="CLIP ViT-B/16 (OpenAI geometry, QuickGELU), 224 px, context 77.",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), **_OPENAI,
     ),
     "clip_vit_l14": dict(
-        config=_clip_config(14, 1024, 24, 16, 768, 12, 768),
+        config=clip_config(14, 1024, 24, 16, 768, 12, 768),
         description="CLIP ViT-L/14 (OpenAI geometry, QuickGELU), 224 px, context 77.",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), **_OPENAI,
     ),

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
-from vlzoo.models.clip import CLIP
+from vlzoo.models.clip import CLIP, clip_config
 from vlzoo.models.token_level import TokenContrastiveModel
 from vlzoo.tokenizers import CLIP_BPE
 
@@ -164,18 +164,11 @@ class FILIP(TokenContrastiveModel):
 
 def _filip_config(patch, vision_width, vision_layers, vision_heads, text_width, text_heads,
                   embed_dim=256, image_size=224, keep_ratio=0.25):
-    return dict(
-        vision=dict(
-            image_size=image_size, patch_size=patch, hidden_dim=vision_width,
-            num_layers=vision_layers, num_heads=vision_heads,
-            intermediate_dim=4 * vision_width, activation="quick_gelu",
-        ),
-        text=dict(
-            vocabulary_size=49408, sequence_length=77, hidden_dim=text_width, num_layers=12,
-            num_heads=text_heads, intermediate_dim=4 * text_width, activation="quick_gelu",
-        ),
-        embed_dim=embed_dim, keep_ratio=keep_ratio,
+    """CLIP's tower geometry (QuickGELU, context 77) with FILIP's embedding width and token dropping."""
+    config = clip_config(
+        patch, vision_width, vision_layers, vision_heads, text_width, text_heads, embed_dim, image_size
     )
+    return {**config, "keep_ratio": keep_ratio}
 
 
 _PAPER = "Yao et al. 2022, FILIP: Fine-grained Interactive Language-Image Pre-training (ICLR)"
