@@ -34,16 +34,22 @@ def _mismatch(a, b):
     return a is not None and b is not None and a != b
 
 
-def check_embeds(x, name):
-    """Converts `x` to float32 and checks that it is a rank-2 `(B, D)` tensor."""
+def check_float_tensor(x, name, layout):
+    """Converts `x` to float32 and checks its rank against `layout`, e.g. `"(B, D)"`."""
     x = to_float32(x)
     shape = static_shape(x)
-    if len(shape) != 2:
+    rank = layout.count(",") + 1
+    if len(shape) != rank:
         raise ValueError(
-            f"`{name}` must have rank 2, shape (B, D); received shape "
+            f"`{name}` must have rank {rank}, shape {layout}; received shape "
             f"{_fmt(shape)} (rank {len(shape)})."
         )
     return x
+
+
+def check_embeds(x, name):
+    """`check_float_tensor` for `(B, D)` embeddings."""
+    return check_float_tensor(x, name, "(B, D)")
 
 
 def check_pair(image_embeds, text_embeds, paired=True):
@@ -90,16 +96,8 @@ def check_scalar(x, name):
 
 
 def check_tokens(x, name):
-    """Converts `x` to float32 and checks that it is a rank-3 `(B, N, D)`
-    tensor of token embeddings."""
-    x = to_float32(x)
-    shape = static_shape(x)
-    if len(shape) != 3:
-        raise ValueError(
-            f"`{name}` must have rank 3, shape (B, N, D); received shape "
-            f"{_fmt(shape)} (rank {len(shape)})."
-        )
-    return x
+    """`check_float_tensor` for `(B, N, D)` token embeddings."""
+    return check_float_tensor(x, name, "(B, N, D)")
 
 
 def check_token_pair(image_tokens, text_tokens, image_name, text_name,
