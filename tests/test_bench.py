@@ -1,7 +1,6 @@
 """tools/bench.py runs every entry (tiny sizes) and writes its table."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -19,5 +18,10 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert {row["backend"] for row in rows} == {"jax", "torch"}
     assert all(row["result"]["median_s"] > 0 for row in rows)
-    assert "| filip_loss |" in (tmp_path / "bench.md").read_text()
-    assert os.path.getsize(tmp_path / "bench.md") > 0
+    assert {row["entry"] for row in rows} == {"filip_loss", "train_step"}
+    steps = {(row["family"], row["backend"]) for row in rows if row["entry"] == "train_step"}
+    assert {family for family, _ in steps} >= {"clip", "sparc"}
+    table = (tmp_path / "bench.md").read_text()
+    assert "| filip_loss |" in table and "| train_step |" in table
+    ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines() if "| train_step |" in line]
+    assert all(float(r) > 0 for r in ratios) and ratios.count("1.000") == 2  # CLIP on each backend

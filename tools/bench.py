@@ -11,6 +11,9 @@ belongs to it alone. Results go to `--out` as JSON and a Markdown table.
 Entries:
   filip_loss   FILIP loss forward + backward at B=256, P=196, T=77, D=256,
                unchunked vs chunked (chunk 16, rematerialised): median time, peak memory.
+  train_step   one `model.train_on_batch` (forward, family loss, backward, AdamW
+               update) of each family in STEP_FAMILIES on the towers of the
+               clip_vit_b16 preset, batch 8, with its time relative to CLIP's.
 """
 
 import argparse
@@ -25,7 +28,9 @@ import time
 
 import numpy as np
 
-ENTRIES = ("filip_loss",)
+ENTRIES = ("filip_loss", "train_step")
+STEP_FAMILIES = ("clip", "sparc")
+STEP_FAMILY_ARGS = {}
 BACKENDS = ("jax", "tensorflow", "torch")
 
 
@@ -69,14 +74,12 @@ def _block(result):
     return [keras.ops.convert_to_numpy(x) for x in keras.tree.flatten(result)]
 
 
-def run_case(case):
-    """Runs one case in this process; returns its measurements."""
+def _filip_loss_step(case):
+    """FILIP loss value and gradients w.r.t. both token sets: `(step, args)`."""
     import keras
 
     from vlzoo.losses import filip_loss
 
-    if case["entry"] != "filip_loss":
-        raise ValueError(f"Unknown entry {case['entry']!r}; expected one of {ENTRIES}.")
     b, p, t, d = case["B"], case["P"], case["T"], case["D"]
     rng = np.random.default_rng(0)
     image = keras.ops.convert_to_tensor(rng.normal(size=(b, p, d)).astype("float32"))
@@ -88,15 +91,71 @@ def run_case(case):
     def loss(image_tokens, text_tokens):
         return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=chunk)
 
-    step = _grad_fn(loss, 2)
+    return _grad_fn(loss, 2), (image, text)
+
+
+def same_towers_config(family, towers):
+    """`family`'s constructor arguments on the tower geometry of the CLIP preset `towers`.
+
+    CLIP itself keeps its preset config; every other family takes the same
+    widths, depths, heads, patch, image size, vocabulary and context, with
+    its own defaults for the rest (pooling, CLS, activation) plus
+    `STEP_FAMILY_ARGS[family]`.
+    """
+    from vlzoo.presets import registry
+
+    config = registry()[towers][2]["config"]
+    if family == "clip":
+        return config
+    geometry = ("image_size", "patch_size", "vocabulary_size", "sequence_length",
+                "hidden_dim", "num_layers", "num_heads", "intermediate_dim")
+    return dict(
+        vision={k: v for k, v in config["vision"].items() if k in geometry},
+        text={k: v for k, v in config["text"].items() if k in geometry},
+        embed_dim=config["embed_dim"], **STEP_FAMILY_ARGS.get(family, {}),
+    )
+
+
+def _train_step(case):
+    """One `train_on_batch` of the family on CLIP-preset towers: `(step, args)`."""
+    import keras
+
+    from vlzoo.presets import registry
+
+    families = {family: cls for family, cls, _ in registry().values()}
+    model = families[case["family"]](**same_towers_config(case["family"], case["towers"]))
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
+    vision, text = model.vision.image_size, model.text.sequence_length
+    rng = np.random.default_rng(0)
+    b = case["batch_size"]
+    lengths = rng.integers(4, text + 1, size=b)
+    ids = rng.integers(1, model.text.vocabulary_size - 1, size=(b, text)).astype("int32")
+    mask = np.arange(text)[None] < lengths[:, None]
+    ids[np.arange(b), lengths - 1] = model.text.vocabulary_size - 1
+    batch = {
+        "images": rng.normal(size=(b, vision, vision, 3)).astype("float32"),
+        "token_ids": np.where(mask, ids, 0).astype("int32"),
+        "padding_mask": mask,
+    }
+    return (lambda x: model.train_on_batch(x)), (batch,)
+
+
+CASE_BUILDERS = {"filip_loss": _filip_loss_step, "train_step": _train_step}
+
+
+def run_case(case):
+    """Runs one case in this process; returns its measurements."""
+    if case["entry"] not in CASE_BUILDERS:
+        raise ValueError(f"Unknown entry {case['entry']!r}; expected one of {ENTRIES}.")
+    step, args = CASE_BUILDERS[case["entry"]](case)
     baseline = _rss_mb()
     start = time.perf_counter()
-    _block(step(image, text))
+    _block(step(*args))
     compile_s = time.perf_counter() - start
     times = []
     for _ in range(case["repeats"]):
         start = time.perf_counter()
-        _block(step(image, text))
+        _block(step(*args))
         times.append(time.perf_counter() - start)
     return {
         "first_call_s": round(compile_s, 3),
@@ -106,12 +165,16 @@ def run_case(case):
 
 
 def cases(entries, quick):
-    size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
     repeats = 2 if quick else 3
     for entry in entries:
         if entry == "filip_loss":
+            size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
             for chunk in (None, 4 if quick else 16):
                 yield dict(entry=entry, chunk_size=chunk, repeats=repeats, **size)
+        elif entry == "train_step":
+            towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
+            for family in STEP_FAMILIES:
+                yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats)
 
 
 def run_in_subprocess(case, backend, timeout):
@@ -126,19 +189,36 @@ def run_in_subprocess(case, backend, timeout):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def describe(row):
+    """Short human label of a case."""
+    if row["entry"] == "filip_loss":
+        return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
+    return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
+
+
+def ratio_to_clip(row, rows):
+    """A train step's median time over CLIP's on the same backend and towers ('' for other entries)."""
+    if row["entry"] != "train_step" or "error" in row["result"]:
+        return ""
+    for other in rows:
+        if other["entry"] == "train_step" and (other["family"], other["backend"], other["towers"]) == (
+            "clip", row["backend"], row["towers"]
+        ) and "error" not in other["result"]:
+            return f"{row['result']['median_s'] / other['result']['median_s']:.3f}"
+    return ""
+
+
 def markdown(rows, machine):
-    out = [f"Machine: {machine}", "", "| entry | backend | size | chunk | first call (s) | median (s) | peak memory (MB) |",
+    out = [f"Machine: {machine}", "",
+           "| entry | backend | case | first call (s) | median (s) | peak memory (MB) | time / CLIP |",
            "|---|---|---|---:|---:|---:|---:|"]
     for row in rows:
         r = row["result"]
-        size = f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}"
+        head = f"| {row['entry']} | {row['backend']} | {describe(row)} |"
         if "error" in r:
-            out.append(f"| {row['entry']} | {row['backend']} | {size} | {row['chunk_size'] or '-'} | error: {r['error']} | | |")
+            out.append(f"{head} error: {r['error']} | | | |")
         else:
-            out.append(
-                f"| {row['entry']} | {row['backend']} | {size} | {row['chunk_size'] or '-'} | "
-                f"{r['first_call_s']} | {r['median_s']} | {r['peak_mb']} |"
-            )
+            out.append(f"{head} {r['first_call_s']} | {r['median_s']} | {r['peak_mb']} | {ratio_to_clip(row, rows)} |")
     return "\n".join(out) + "\n"
 
 
@@ -158,7 +238,7 @@ def main(argv=None):
     rows = []
     todo = [(case, backend) for case in cases(args.entries, args.quick) for backend in args.backends]
     for i, (case, backend) in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {case['entry']} {backend} chunk={case['chunk_size']} ...", flush=True)
+        print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         rows.append(dict(case, backend=backend, result=run_in_subprocess(case, backend, args.timeout)))
         print(f"    {rows[-1]['result']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
