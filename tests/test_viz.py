@@ -41,3 +41,32 @@ def test_bad_weights_are_named(tmp_path):
         viz.alignment_maps(np.zeros((8, 8, 3)), ["a"], np.zeros((2, 4)), tmp_path / "x.png")
     with pytest.raises(ValueError, match="grid_size"):
         viz.alignment_maps(np.zeros((8, 8, 3)), ["a"], np.zeros((1, 5)), tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("preset", ["sparc_tiny", "filip_tiny"])
+def test_caption_alignment_from_a_model(tmp_path, preset):
+    import vlzoo
+
+    model = vlzoo.from_preset(preset)
+    image = np.random.default_rng(0).normal(size=(32, 32, 3)).astype("float32")
+    tokens, weights = viz.caption_alignment(model, image, "a red square")
+    assert tokens == ["<|startoftext|>", "a", "red", "square", "<|endoftext|>"]
+    assert weights.shape == (5, 16) and np.isfinite(weights).all()
+    if preset == "filip_tiny":  # one-hot best-patch rows (a CLS match would give a zero row)
+        assert set(np.unique(weights)) <= {0.0, 1.0} and (weights.sum(1) <= 1).all()
+    else:  # SPARC's rows are normalised sparse weights
+        np.testing.assert_allclose(weights.sum(1), 1.0, rtol=1e-5)
+    path = viz.draw_caption_alignment(model, image, "a red square", tmp_path / "align.png")
+    assert np.asarray(Image.open(path).convert("RGB"), np.float32).std() > 20
+
+
+def test_caption_alignment_needs_a_token_level_model():
+    import vlzoo
+
+    with pytest.raises(TypeError, match="model"):
+        viz.caption_alignment(vlzoo.from_preset("clip_tiny"), np.zeros((32, 32, 3)), "a")
+
+
+def test_filip_prefix_matches_give_zero_rows():
+    weights = viz.filip_match_weights(np.array([0, 3, 1]), 4, offset=1)
+    np.testing.assert_array_equal(weights, [[0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0]])

@@ -6,7 +6,11 @@ token, like the FILIP and SPARC papers' figures. The weights come from the
 family: SPARC's alignment weights (`vlzoo.losses.sparc_alignment_weights`),
 or FILIP's argmax matches turned into one-hot rows (`filip_match_weights`).
 
+`draw_caption_alignment(model, image, caption, path)` does both steps for
+a SPARC or FILIP model.
+
 Example:
+>>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
 >>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]   # (T, P)
 >>> vlzoo.viz.alignment_maps(image, ["red", "circle"], weights[1:3], "align.png")
 """
@@ -17,12 +21,61 @@ import numpy as np
 from keras import ops
 
 
-def filip_match_weights(token_to_patch, num_patches):
-    """One-hot `(T, P)` rows from FILIP's token -> best patch indices `(T,)`."""
-    index = np.asarray(ops.convert_to_numpy(token_to_patch)).reshape(-1)
+def filip_match_weights(token_to_patch, num_patches, offset=0):
+    """One-hot `(T, P)` rows from FILIP's token -> best patch indices `(T,)`.
+
+    `offset` is subtracted first (the number of prefix tokens when the
+    interaction includes the CLS token); a token whose best match is a
+    prefix token gets an all-zero row.
+    """
+    index = np.asarray(ops.convert_to_numpy(token_to_patch)).reshape(-1) - offset
     weights = np.zeros((index.size, num_patches), np.float32)
-    weights[np.arange(index.size), index] = 1.0
+    rows = np.flatnonzero(index >= 0)
+    weights[rows, index[rows]] = 1.0
     return weights
+
+
+def caption_alignment(model, image, caption):
+    """Each real token of `caption` and its weights over `image`'s patch grid.
+
+    Args:
+        model: a SPARC model (its sparse alignment weights) or a FILIP model
+            (its token -> best patch matches, one-hot).
+        image: `(H, W, 3)` preprocessed pixels.
+        caption: a string, tokenized by `model.tokenizer`.
+
+    Returns:
+        `(tokens, weights)`: the `T` real token strings (start and end tokens
+        included) and float32 `(T, P)` weights.
+    """
+    inputs = model.tokenizer([caption])
+    images = ops.convert_to_tensor(np.asarray(image, np.float32)[None])
+    num_patches = (model.vision.image_size // model.vision.patch_size) ** 2
+    if hasattr(model, "alignment_weights"):
+        weights = np.asarray(ops.convert_to_numpy(model.alignment_weights(images, inputs)))[0]
+    elif hasattr(model, "token_alignment"):
+        _, token_to_patch = model.token_alignment(images, inputs)
+        offset = model.vision.num_prefix_tokens if model.interaction_include_cls else 0
+        weights = filip_match_weights(ops.convert_to_numpy(token_to_patch)[0, 0], num_patches, offset)
+    else:
+        raise TypeError(
+            f"`model` must be a token-level family with alignment weights (SPARC, FILIP); "
+            f"received {type(model).__name__}."
+        )
+    ids = np.asarray(ops.convert_to_numpy(inputs["token_ids"]))[0]
+    length = int(np.asarray(ops.convert_to_numpy(inputs["padding_mask"]))[0].sum())
+    tokenizer = model.tokenizer
+    tokens = [tokenizer.id_to_token(int(i)).replace("</w>", "") for i in ids[:length]]
+    return tokens, weights[:length]
+
+
+def draw_caption_alignment(model, image, caption, path, **kwargs):
+    """`caption_alignment` drawn by `alignment_maps` (the caption as title); returns `path`.
+
+    >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
+    """
+    tokens, weights = caption_alignment(model, image, caption)
+    return alignment_maps(image, tokens, weights, path, title=kwargs.pop("title", caption), **kwargs)
 
 
 def _display_image(image):
