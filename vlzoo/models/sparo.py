@@ -1,0 +1,431 @@
+"""SPARO (Vani et al., 2024): CLIP whose towers end in SPARO slot read-outs instead of pooling."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from vlzoo.layers.sparo import SPAROReadout, end_token_index
+from vlzoo.losses import clip_loss, l2_normalize
+from vlzoo.losses._utils import check_embeds, to_float32
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP, clip_config
+from vlzoo.models.validation import concrete_numpy
+from vlzoo.tokenizers import CLIP_BPE
+
+
+def normalize_slots(embeds, slot_dim):
+    """SPARO's normalisation: every slot L2-normalised, then divided by `sqrt(S)`.
+
+    `y_l / max(||y_l||, 1e-12) / sqrt(S)` for the `S = D_total / slot_dim`
+    slots of each row, so the result has unit norm and the dot product of
+    two results is the mean of the per-slot cosines.
+
+    Args:
+        embeds: `(B, S * slot_dim)` slot concatenations (slot-major).
+        slot_dim: width `V` of a slot.
+
+    Returns:
+        float32 `(B, S * slot_dim)`; a zero slot stays zero.
+
+    Example:
+    >>> normalize_slots(np.array([[3.0, 4.0, 0.0, 2.0]]), slot_dim=2)  # doctest: +SKIP
+    [[0.4243, 0.5657, 0.0, 0.7071]]
+    """
+    embeds = check_embeds(embeds, "embeds")
+    total = embeds.shape[-1]
+    if total is not None and total % slot_dim:
+        raise ValueError(
+            f"`embeds` must have shape (B, S * {slot_dim}) (slots of width {slot_dim}); "
+            f"received shape {tuple(embeds.shape)}."
+        )
+    slots = ops.reshape(embeds, (-1, total // slot_dim, slot_dim))
+    return ops.reshape(l2_normalize(slots) * (1.0 / math.sqrt(total // slot_dim)), (-1, total))
+
+
+def _slot_indices(slots, num_slots):
+    """Sorted, unique int indices from a bool mask `(L,)` or a sequence of slot indices."""
+    values = concrete_numpy(slots)
+    if values is None:
+        raise TypeError("`slots` must be concrete (a list, numpy array or eager tensor), not a traced tensor.")
+    if values.dtype == bool:
+        if values.shape != (num_slots,):
+            raise ValueError(f"A bool `slots` mask must have shape ({num_slots},); received shape {values.shape}.")
+        values = np.flatnonzero(values)
+    elif values.ndim != 1 or (values.size and not np.issubdtype(values.dtype, np.integer)):
+        raise TypeError(
+            f"`slots` must be a bool mask of shape ({num_slots},) or a 1-D sequence of int slot "
+            f"indices; received dtype {values.dtype}, shape {values.shape}."
+        )
+    if values.size == 0:
+        raise ValueError("`slots` selects no slot; select at least one.")
+    if values.min() < 0 or values.max() >= num_slots:
+        raise ValueError(f"`slots` indices must lie in [0, {num_slots}); received {values.tolist()}.")
+    if len(np.unique(values)) != values.size:
+        raise ValueError(f"`slots` indices must be unique; received {values.tolist()}.")
+    return np.sort(values).astype("int32")
+
+
+def per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim):
+    """Zero-shot accuracy of every slot on its own (the paper's post-hoc concept selection, Sec. 5.1).
+
+    Slot `l`'s classifier: `w_{c,l} = normalise(mean_k normalise(y^t_{c,k,l}))`
+    over the K prompt templates of class c; an image's prediction is
+    `argmax_c cos(y^i_l, w_{c,l})`. (The paper gives the per-slot accuracy,
+    not the classifier; this one is CLIP's prompt ensembling applied to one
+    slot.) Accuracies are means over the images given: to accumulate over
+    batches, weight each batch's result by its size.
+
+    Args:
+        image_embeds: `(N, L * V)` image encodings (raw or normalised).
+        class_embeds: `(C, K, L * V)` text encodings of K templates per
+            class, or `(C, L * V)` for one template.
+        labels: int `(N,)` class of every image, in `[0, C)`.
+        slot_dim: slot width `V`.
+
+    Returns:
+        float32 `(L,)`.
+
+    Example:
+    >>> acc = per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim=64)  # doctest: +SKIP
+    >>> rank_slots(acc, top_k=32)  # doctest: +SKIP
+    """
+    image_embeds = check_embeds(image_embeds, "image_embeds")
+    class_embeds = to_float32(class_embeds)
+    if len(class_embeds.shape) == 2:
+        class_embeds = class_embeds[:, None]
+    total = image_embeds.shape[-1]
+    if len(class_embeds.shape) != 3 or class_embeds.shape[-1] != total or total % slot_dim:
+        raise ValueError(
+            f"`class_embeds` must have shape (C, K, {total}) or (C, {total}) matching `image_embeds` "
+            f"{tuple(image_embeds.shape)} (slots of width {slot_dim}); received shape {tuple(class_embeds.shape)}."
+        )
+    labels = ops.convert_to_tensor(labels)
+    if tuple(labels.shape) != tuple(image_embeds.shape[:1]):
+        raise ValueError(
+            f"`labels` must have shape (N,) = {tuple(image_embeds.shape[:1])}; received {tuple(labels.shape)}."
+        )
+    num_classes, templates, num_slots = class_embeds.shape[0], class_embeds.shape[1], total // slot_dim
+    images = l2_normalize(ops.reshape(image_embeds, (-1, num_slots, slot_dim)))
+    texts = l2_normalize(ops.reshape(class_embeds, (num_classes, templates, num_slots, slot_dim)))
+    weights = l2_normalize(ops.mean(texts, axis=1))  # (C, L, V)
+    predictions = ops.argmax(ops.einsum("nlv,clv->nlc", images, weights), axis=-1)
+    correct = ops.equal(predictions, ops.cast(labels, predictions.dtype)[:, None])
+    return ops.mean(ops.cast(correct, "float32"), axis=0)
+
+
+def rank_slots(slot_scores, top_k=None):
+    """Slot indices by decreasing score (ties: lower index first).
+
+    Args:
+        slot_scores: `(L,)`, e.g. `per_slot_zero_shot_accuracy`.
+        top_k: keep the `top_k` best (the paper keeps 32); None keeps all.
+
+    Returns:
+        numpy int32 `(top_k or L,)`, best first; pass it as `slots=` to
+        `SPARO.similarity`.
+    """
+    scores = np.asarray(ops.convert_to_numpy(slot_scores), dtype="float64")
+    if scores.ndim != 1:
+        raise ValueError(f"`slot_scores` must have shape (L,); received shape {scores.shape}.")
+    if top_k is not None and not 1 <= top_k <= scores.size:
+        raise ValueError(f"`top_k` must lie in [1, {scores.size}]; received {top_k!r}.")
+    return np.argsort(-scores, kind="stable")[:top_k].astype("int32")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class SPARO(ContrastiveModel):
+    """CLIP + SPARO: both towers lose their last block, pooling and projection to a SPARO read-out.
+
+    Each tower (open_clip ViT and causal text transformer) is built with
+    `num_layers - reduce_depth` blocks; its final LayerNorm output on every
+    token (CLS included on the image side; up to the end token on the text
+    side) feeds its own `SPAROReadout` (own queries, key and output maps, the
+    same L and V in both towers). The encoding is the slot-major
+    concatenation `y` of the `L` slots, `(B, L * V)`: `encode_image` /
+    `encode_text` return it raw, and with `normalize=True` SPARO's
+    `normalize_slots` (every slot L2-normalised, then divided by `sqrt(L)`).
+
+    Score: `exp(logit_scale) * mean_l cos(y^i_l, y^t_l)` (the dot product of
+    the normalised encodings); loss: symmetric InfoNCE on the normalised
+    encodings (`clip_loss`). At inference `slots=` restricts encodings and
+    scores to chosen slots (`rank_slots` ranks them by per-slot zero-shot
+    accuracy, the paper's post-hoc concept selection).
+
+    Args:
+        vision, text: tower arguments of the **full-depth** towers
+            (`num_layers` 12 for ViT-B); open_clip defaults (exact GELU,
+            LayerNorm epsilon 1e-5, `ln_pre`, no patch bias), no projection.
+        num_slots: `L` (64; 128 for the paper's LAION-400M run).
+        slot_dim: `V` (64).
+        key_dim: `D`; None (default) uses each tower's head width
+            (`hidden_dim / num_heads`, 64 for ViT-B and the CLIP text tower),
+            as the authors' `attn_dim=None`.
+        group_size: slots sharing a key projection (1, the paper's SPARO).
+        share_key_value: keys are values (True, the paper's SPARO).
+        reduce_depth: blocks removed from the end of each tower (1: SPARO
+            replaces the last block). Both towers are built with
+            `num_layers - reduce_depth` blocks, and open_clip's depth-scaled
+            initialisation uses that reduced depth.
+        end_token_id: the text read-out attends positions up to the first
+            occurrence of this id. None (default): the row's largest id,
+            CLIP's end token (open_clip's `argmax`, first of ties).
+        embed_dim: derived, `num_slots * slot_dim`; passing another value
+            raises (the authors' `embed_dim` does not size the encoding).
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)`.
+
+    Example:
+    >>> model = SPARO(vision=dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=3,
+    ...               num_heads=4, intermediate_dim=64),
+    ...               text=dict(vocabulary_size=64, sequence_length=12, hidden_dim=32,
+    ...               num_layers=3, num_heads=4, intermediate_dim=64), num_slots=4, slot_dim=8)
+    >>> model.encode_image(keras.ops.ones((2, 32, 32, 3))).shape
+    (2, 32)
+    """
+
+    family = "sparo"
+    vision_defaults = {**CLIP.vision_defaults, "output_dim": None, "activation": "gelu"}
+    text_defaults = {**CLIP.text_defaults, "output_dim": None, "activation": "gelu"}
+
+    def __init__(
+        self, vision, text, num_slots=64, slot_dim=64, key_dim=None, group_size=1, share_key_value=True,
+        reduce_depth=1, end_token_id=None, embed_dim=None, init_logit_scale=math.log(1 / 0.07), **kwargs,
+    ):
+        if embed_dim is not None and embed_dim != num_slots * slot_dim:
+            raise ValueError(
+                f"SPARO's embedding width is `num_slots * slot_dim` = {num_slots * slot_dim}; "
+                f"received `embed_dim={embed_dim}`. Set `num_slots` / `slot_dim` instead."
+            )
+        if not isinstance(reduce_depth, int) or reduce_depth < 0:
+            raise ValueError(f"`reduce_depth` must be an int >= 0; received {reduce_depth!r}.")
+        towers = {}
+        for name, tower in (("vision", vision), ("text", text)):
+            layers = tower.get("num_layers")
+            if not isinstance(layers, int) or layers - reduce_depth < 1:
+                raise ValueError(
+                    f"`{name}['num_layers']` must be an int > `reduce_depth` ({reduce_depth}): the "
+                    f"SPARO tower keeps `num_layers - reduce_depth` blocks; received {layers!r}."
+                )
+            towers[name] = {**tower, "num_layers": layers - reduce_depth}
+        super().__init__(
+            towers["vision"], towers["text"], num_slots * slot_dim, init_logit_scale=init_logit_scale, **kwargs
+        )
+        self.num_slots = num_slots
+        self.slot_dim = slot_dim
+        self.key_dim = key_dim
+        self.group_size = group_size
+        self.share_key_value = share_key_value
+        self.reduce_depth = reduce_depth
+        self.end_token_id = end_token_id
+        self.vision_readout = self._readout(self.vision, "vision_readout")
+        self.text_readout = self._readout(self.text, "text_readout")
+
+    def _readout(self, tower, name):
+        layer = SPAROReadout(
+            self.num_slots, self.slot_dim,
+            self.key_dim if self.key_dim is not None else tower.hidden_dim // tower.num_heads,
+            group_size=self.group_size, share_key_value=self.share_key_value, dtype=self.dtype_policy, name=name,
+        )
+        layer.build((None, None, tower.hidden_dim))
+        return layer
+
+    # ------------------------------------------------------------- features
+
+    def _image_readout(self, images):
+        return self.vision_readout(self.vision(images)["tokens"])
+
+    def _text_readout(self, inputs):
+        ids = inputs["token_ids"]
+        tokens = self.text(ids, self._padding_mask(inputs))["tokens"]
+        return self.text_readout(tokens, end_index=end_token_index(ids, self.end_token_id))
+
+    def _flatten(self, slots):
+        return ops.reshape(slots, (-1, self.embed_dim))
+
+    def _image_features(self, images):
+        return self._flatten(self._image_readout(images)["slots"])
+
+    def _text_features(self, inputs):
+        return self._flatten(self._text_readout(inputs)["slots"])
+
+    def _normalize_embeds(self, embeds):
+        return normalize_slots(embeds, self.slot_dim)
+
+    def _check_encoding(self, embeds, name):
+        embeds = check_embeds(embeds, name)
+        if embeds.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"`{name}` must have shape (B, {self.embed_dim}) (L={self.num_slots} slots of "
+                f"V={self.slot_dim}); received shape {tuple(embeds.shape)}."
+            )
+        return embeds
+
+    def select_slots(self, embeds, slots):
+        """The chosen slots of `(B, L * V)` encodings: `(B, |S| * V)`, in increasing slot order.
+
+        Args:
+            embeds: `(B, L * V)` encodings.
+            slots: bool mask `(L,)` or a sequence of distinct slot indices
+                (an integer array is always read as indices, never as a 0/1
+                mask).
+        """
+        embeds = self._check_encoding(embeds, "embeds")
+        indices = _slot_indices(slots, self.num_slots)
+        chosen = ops.take(ops.reshape(embeds, (-1, self.num_slots, self.slot_dim)), indices, axis=1)
+        return ops.reshape(chosen, (-1, len(indices) * self.slot_dim))
+
+    def _finish(self, embeds, normalize, slots):
+        if slots is not None:
+            embeds = self.select_slots(embeds, slots)
+        return self._normalize_embeds(embeds) if normalize else embeds
+
+    def encode_image(self, images, normalize=False, slots=None):
+        """Image encodings `(B, L * V)` (`(B, |S| * V)` with `slots`).
+
+        Args:
+            images: float `(B, H, W, 3)` preprocessed pixels.
+            normalize: apply `normalize_slots` (over the selected slots).
+            slots: None (all), a bool mask `(L,)` or distinct slot indices.
+        """
+        return self._finish(super().encode_image(images), normalize, slots)
+
+    def encode_text(self, texts, normalize=False, slots=None):
+        """Text encodings `(B, L * V)`; arguments as `encode_image` (texts: tokenizer dict or strings)."""
+        return self._finish(super().encode_text(texts), normalize, slots)
+
+    def image_attention(self, images):
+        """Attention of every slot over the image tokens, float32 `(B, L, 1 + P)`.
+
+        Position 0 is the CLS token, then the patches in row-major order.
+        """
+        self._check_image_inputs(images)
+        return self._image_readout(images)["attention"]
+
+    def text_attention(self, texts):
+        """Attention of every slot over the text positions, float32 `(B, L, T)`; 0 after the end token."""
+        inputs = self._tokenize(texts)
+        self._check_text_inputs(inputs)
+        return self._text_readout(inputs)["attention"]
+
+    # --------------------------------------------------------------- scores
+
+    def score(self, image_embeds, text_embeds, slots=None):
+        """`exp(logit_scale) * mean_{l in S} cos(y^i_l, y^t_l)`, float32 `(N_images, N_texts)`.
+
+        Args:
+            image_embeds, text_embeds: `(N, L * V)` encodings (raw or
+                normalised), from `encode_image` / `encode_text`.
+            slots: None (all slots), a bool mask `(L,)` or distinct slot
+                indices S (the order does not matter).
+        """
+        image = self._finish(self._check_encoding(image_embeds, "image_embeds"), True, slots)
+        text = self._finish(self._check_encoding(text_embeds, "text_embeds"), True, slots)
+        return self.logit_scale_value() * ops.matmul(image, ops.transpose(text))
+
+    def similarity(self, images, texts, slots=None):
+        """Scores of every image against every text `(N_images, N_texts)`; see `score`."""
+        return self.score(self.encode_image(images), self.encode_text(texts), slots=slots)
+
+    def contrastive_loss(self, outputs, training=False):
+        # clip_loss re-normalises globally: a no-op on these unit-norm encodings.
+        return clip_loss(
+            self._normalize_embeds(outputs["image_embeds"]), self._normalize_embeds(outputs["text_embeds"]),
+            outputs["logit_scale"],
+        )
+
+    # ------------------------------------------------------ slot selection
+
+    def slot_zero_shot_accuracy(self, images, labels, class_texts):
+        """Zero-shot accuracy of every slot alone on labelled images, float32 `(L,)`.
+
+        Args:
+            images: float `(N, H, W, 3)`.
+            labels: int `(N,)`.
+            class_texts: tokenizer dict whose `token_ids` / `padding_mask`
+                have shape `(C, K, T)` (K prompt templates per class) or
+                `(C, T)`.
+
+        See `per_slot_zero_shot_accuracy` for the classifier.
+        """
+        ids = ops.convert_to_tensor(class_texts["token_ids"])
+        flat = {"token_ids": ops.reshape(ids, (-1, ids.shape[-1])),
+                "padding_mask": ops.reshape(self._padding_mask(class_texts), (-1, ids.shape[-1]))}
+        text = ops.reshape(self.encode_text(flat), tuple(ids.shape[:-1]) + (self.embed_dim,))
+        return per_slot_zero_shot_accuracy(self.encode_image(images), text, labels, self.slot_dim)
+
+    def rank_slots(self, images, labels, class_texts, top_k=None):
+        """Slot indices by decreasing per-slot zero-shot accuracy (`slot_zero_shot_accuracy`).
+
+        The paper keeps the top 32 (ImageNet validation set) and evaluates
+        with `similarity(..., slots=model.rank_slots(...))`.
+        """
+        return rank_slots(self.slot_zero_shot_accuracy(images, labels, class_texts), top_k)
+
+    def get_config(self):
+        config = super().get_config()
+        for tower in ("vision", "text"):
+            config[tower]["num_layers"] += self.reduce_depth
+        config.update(
+            num_slots=self.num_slots, slot_dim=self.slot_dim, key_dim=self.key_dim, group_size=self.group_size,
+            share_key_value=self.share_key_value, reduce_depth=self.reduce_depth, end_token_id=self.end_token_id,
+        )
+        return config
+
+
+def sparo_clip_config(patch, num_slots=64, slot_dim=64, image_size=224):
+    """Authors' ViT-B-`patch`-SPARO: open_clip ViT-B + 12/512/8 text (exact GELU, LN eps 1e-5, context 77).
+
+    Depths are the full 12 with `reduce_depth=1`, so each tower keeps 11 blocks.
+    """
+    config = clip_config(patch, 768, 12, 12, 512, 8, embed_dim=None, image_size=image_size)
+    del config["embed_dim"]
+    for tower in ("vision", "text"):
+        config[tower].update(activation="gelu", layer_norm_epsilon=1e-5)
+    return dict(config, num_slots=num_slots, slot_dim=slot_dim, reduce_depth=1)
+
+
+_PAPER = ("Vani et al. 2024, SPARO: Selective Attention for Robust and Compositional Transformer "
+          "Encodings for Vision")
+_WEIGHTS = ("SPARO released no checkpoints; the model is randomly initialised (architecture config). "
+            "Convert a local checkpoint of the authors' open_clip fork if you have one.")
+_COMMON = dict(tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS)
+
+PRESETS = {
+    "sparo_clip_vit_b16": dict(
+        config=sparo_clip_config(16),
+        description="CLIP ViT-B/16 + SPARO (authors' ViT-B-16-SPARO, the paper's CC3M/12M/15M model): "
+        "11-block ViT-B/16 and 11-block 512-wide text tower, SPARO L=64, V=D=64 in both -> 4096-d "
+        "encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
+        **_COMMON,
+    ),
+    "sparo_clip_vit_b32": dict(
+        config=sparo_clip_config(32),
+        description="CLIP ViT-B/32 + SPARO (authors' ViT-B-32-SPARO): 11-block ViT-B/32 and text "
+        "towers, SPARO L=64, V=D=64 -> 4096-d encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
+        **_COMMON,
+    ),
+    "sparo_clip_vit_b32_l128": dict(
+        config=sparo_clip_config(32, num_slots=128),
+        description="CLIP ViT-B/32 + SPARO with L=128 slots (the paper's LAION-400M model): V=D=64 "
+        "-> 8192-d encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
+        **_COMMON,
+    ),
+    "sparo_tiny": dict(
+        config=dict(
+            vision=dict(
+                image_size=32, patch_size=8, hidden_dim=32, num_layers=3, num_heads=4,
+                intermediate_dim=64, activation="gelu",
+            ),
+            text=dict(
+                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=3,
+                num_heads=4, intermediate_dim=64, activation="gelu",
+            ),
+            num_slots=4, slot_dim=8, reduce_depth=1,
+        ),
+        description="Tiny SPARO for tests and examples (32 px, patch 8, width 32, 3 - 1 = 2 blocks "
+        "per tower, L=4 slots of V=D=8 -> 32-d encoding; CLIP BPE, context 16).",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
+        weights_note="Random initialisation; for tests.",
+    ),
+}
