@@ -5,29 +5,27 @@ Run once per backend (the backend is read from `KERAS_BACKEND`):
     KERAS_BACKEND=jax python tests/conformance_worker.py --out jax.npz --save-preset /tmp/p_jax
     KERAS_BACKEND=torch python tests/conformance_worker.py --out torch.npz --load-preset /tmp/p_jax
 
-For each family model (`clip_tiny`, `siglip_tiny`, `filip_tiny`, `sparc_tiny`, built with
+For each family model (`clip_tiny`, `siglip_tiny`, `filip_tiny`, `sparc_tiny`, `sparo_tiny`, `llip_tiny`, built with
 `load_weights=False`) every weight is overwritten with values drawn from a
 numpy RNG seeded by the weight's index, so every backend starts from
 bit-identical weights; the inputs (4 images from a seeded RNG, 4 fixed
 captions through the model's tokenizer) are identical too. Recorded, under
-the key prefix `<preset>/` (e.g. `clip_tiny/image_embeds`):
+the key prefix `<preset>/` (e.g. `clip_tiny/encode/image`):
 
     weight_names            str (W,): paths of `model.weights` (deterministic order)
     trainable_index         int (T,): index in `model.weights` of each trainable weight
     init/{i:03d}            weight i as assigned (float32)
     images, token_ids, padding_mask
-    image_embeds            `encode_image(images)`                  (4, D)
-                            (FILIP / SPARC: its "global" entry)
-    text_embeds             `encode_text(texts)`                    (4, D)
-    image_tokens, text_tokens  (FILIP / SPARC) the "tokens" entries of
-                            `encode_image` / `encode_text`
-    call_image_tokens, call_text_tokens  (FILIP / SPARC) from `model(inputs)`
-    loss_eval               (FILIP / SPARC) `compute_loss(..., training=False)`
-                            (`loss` is Keras' default `training=True`: FILIP's
-                            token dropping applies, as in `grad_loss`)
+    encode/image, encode/text   `encode_image(images)` / `encode_text(texts)`;
+                            a dict output (FILIP, SPARC, Llip) as
+                            `encode/image/<key>` per entry
+    call/<key>              every output of `model(inputs)` (embeddings or
+                            token embeddings, logit scale / bias, ...)
     similarity              `similarity(images, texts)`             (4, 4)
-    call_image_embeds, call_text_embeds, logit_scale[, logit_bias]  from `model(inputs)`
-    loss                    `compute_loss(y_pred=model(inputs))`, scalar
+    loss                    `compute_loss(y_pred=model(inputs))`, scalar (Keras'
+                            default `training=True`: FILIP's token dropping applies,
+                            as in `grad_loss`)
+    loss_eval               `compute_loss(..., training=False)`
     loss_chunked            (siglip) `siglip_loss_chunked(..., num_chunks=2)`
     grad_loss               the loss as computed inside the backend's autodiff
     grad/{j:03d}            d loss / d trainable weight j, dense float32 (j indexes
@@ -48,8 +46,8 @@ before the optimizer step) with `save_to_preset`, atomically (to
 `--load-preset DIR` (repeatable) is loaded with `vlzoo.from_preset(DIR)` after
 the families ran (waiting up to `--wait-presets` seconds for it to appear)
 and recorded under `preset{k}/`: `dir`, `weight_names`, `weights/{i:03d}`,
-`token_ids`, `padding_mask` (its own tokenizer), `image_embeds`,
-`text_embeds`, `similarity`. `--families none` skips the family models.
+`token_ids`, `padding_mask` (its own tokenizer), `encode/image`,
+`encode/text`, `similarity`. `--families none` skips the family models.
 
 `meta/*` keys: backend, versions, `TF_ENABLE_ONEDNN_OPTS`, seconds.
 Set `VLZOO_CONFORMANCE_VERBOSE=1` to print the phases with timestamps.
@@ -64,7 +62,7 @@ import time
 
 import numpy as np
 
-FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny")
+FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny")
 CAPTIONS = (
     "a photo of a cat",
     "a red circle on a white background",
@@ -249,13 +247,12 @@ def save_preset_atomically(model, directory):
     os.rename(partial, directory)
 
 
-def _embeds(side, embeds):
-    """`encode_*` output -> recorded arrays: a tensor as `<side>_embeds`; the
-    dict of the token-level families as `<side>_embeds` (its "global") and
-    `<side>_tokens`."""
-    if isinstance(embeds, dict):
-        return {f"{side}_embeds": embeds["global"], f"{side}_tokens": embeds["tokens"]}
-    return {f"{side}_embeds": embeds}
+def _flat(prefix, value):
+    """A tensor or a dict of tensors (the family's encodings / outputs) as
+    `{prefix: tensor}` or `{prefix/key: tensor}`."""
+    if isinstance(value, dict):
+        return {f"{prefix}/{key}": v for key, v in value.items()}
+    return {prefix: value}
 
 
 def run_family(name, record, save_preset=None):
@@ -288,20 +285,14 @@ def run_family(name, record, save_preset=None):
     def forward():
         outputs = model(inputs, training=False)
         result = {
-            **_embeds("image", model.encode_image(images)),
-            **_embeds("text", model.encode_text(texts)),
+            **_flat("encode/image", model.encode_image(images)),
+            **_flat("encode/text", model.encode_text(texts)),
+            **_flat("call", outputs),
             "similarity": model.similarity(images, texts),
-            "call_image_embeds": outputs["image_embeds"],
-            "call_text_embeds": outputs["text_embeds"],
-            "logit_scale": outputs["logit_scale"],
             "loss": model.compute_loss(y_pred=outputs),
+            "loss_eval": model.compute_loss(y_pred=outputs, training=False),
         }
-        if "image_tokens" in outputs:  # token-level families (FILIP, SPARC)
-            result["call_image_tokens"] = outputs["image_tokens"]
-            result["call_text_tokens"] = outputs["text_tokens"]
-            result["loss_eval"] = model.compute_loss(y_pred=outputs, training=False)
-        if "logit_bias" in outputs:
-            result["logit_bias"] = outputs["logit_bias"]
+        if model.family == "siglip":
             result["loss_chunked"] = siglip_loss_chunked(
                 outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"],
                 outputs["logit_bias"], num_chunks=2,
@@ -347,8 +338,8 @@ def run_preset(directory, record, wait=0.0):
              "padding_mask": np.asarray(to_numpy(tokens["padding_mask"]))}
     record["token_ids"], record["padding_mask"] = texts["token_ids"], texts["padding_mask"]
     record.update(run_forward(model, lambda: {
-        "image_embeds": model.encode_image(images),
-        "text_embeds": model.encode_text(texts),
+        **_flat("encode/image", model.encode_image(images)),
+        **_flat("encode/text", model.encode_text(texts)),
         "similarity": model.similarity(images, texts),
     }))
     _phase(f"preset {directory}: forward")

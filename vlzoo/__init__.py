@@ -6,6 +6,6 @@
 """
 
 from vlzoo import convert, layers, losses, models
-from vlzoo.models import CLIP, FILIP, SPARC, ContrastiveModel, SigLIP
+from vlzoo.models import CLIP, FILIP, SPARC, SPARO, ContrastiveModel, Llip, SigLIP
 from vlzoo.presets import from_preset, list_presets, preset_info, save_to_preset
 from vlzoo.version import __version__

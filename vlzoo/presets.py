@@ -36,11 +36,12 @@ _warned_random = set()
 
 
 def _family_modules():
-    from vlzoo.models import clip, filip, siglip, sparc
+    from vlzoo.models import clip, filip, llip, siglip, sparc, sparo
 
     return {
         "clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS),
         "filip": (filip.FILIP, filip.PRESETS), "sparc": (sparc.SPARC, sparc.PRESETS),
+        "sparo": (sparo.SPARO, sparo.PRESETS), "llip": (llip.Llip, llip.PRESETS),
     }
 
 

@@ -1,4 +1,4 @@
-"""Image-text losses (CLIP, SigLIP, FILIP, SPARC) and their logit helpers."""
+"""Image-text losses (CLIP, SigLIP, FILIP, SPARC, Llip) and their logit helpers."""
 
 from vlzoo.losses.contrastive import clip_logits
 from vlzoo.losses.contrastive import clip_loss
@@ -11,6 +11,11 @@ from vlzoo.losses.filip import filip_loss
 from vlzoo.losses.filip import filip_select_tokens
 from vlzoo.losses.filip import filip_similarity
 from vlzoo.losses.filip import filip_token_alignment
+from vlzoo.losses.llip import llip_attention_weights
+from vlzoo.losses.llip import llip_contextualize
+from vlzoo.losses.llip import llip_logits
+from vlzoo.losses.llip import llip_loss
+from vlzoo.losses.llip import llip_template_average
 from vlzoo.losses.sparc import sparc_alignment_weights
 from vlzoo.losses.sparc import sparc_fine_grained_loss
 from vlzoo.losses.sparc import sparc_loss
@@ -21,6 +26,11 @@ __all__ = [
     "filip_select_tokens",
     "filip_similarity",
     "filip_token_alignment",
+    "llip_attention_weights",
+    "llip_contextualize",
+    "llip_logits",
+    "llip_loss",
+    "llip_template_average",
     "sparc_alignment_weights",
     "sparc_fine_grained_loss",
     "sparc_loss",

@@ -3,5 +3,7 @@
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.filip import FILIP
+from vlzoo.models.llip import Llip
 from vlzoo.models.siglip import SigLIP
 from vlzoo.models.sparc import SPARC
+from vlzoo.models.sparo import SPARO

@@ -1,0 +1,227 @@
+"""Shared machinery of the chunked pairwise losses (SigLIP, FILIP, Llip).
+
+A chunked loss never materialises its `(B, B, ...)` pairwise tensor: the
+partner batch (usually the texts) is zero-padded to `count * size` rows
+and a loop with a static trip count reduces one block of `size` rows at a
+time, each block wrapped in `keras.remat` so that the backward pass
+recomputes it instead of storing it.
+
+* `check_positive_int`, `check_chunks`: argument validation.
+* `chunking`: how many blocks of how many rows (`Chunks`), or None.
+* `pad_rows`, `slice_chunk`: padding of the batch and the block `k`.
+* `static_loop`: the loop itself (a real loop: XLA would fuse unrolled
+  blocks back together).
+* `put`, `unstack_columns`: writing block `k` into a stack and reading
+  the stack back as the columns of a `(R, n)` matrix.
+* `siglip_labels`, `block_labels`: the +1 / -1 pair labels and the 0/1
+  validity of a block of columns (padding excluded).
+* `cached_remat`: one `keras.remat`-wrapped function per configuration.
+
+`keras.ops` only; runs on JAX, TensorFlow and PyTorch.
+"""
+
+import collections
+
+import keras
+from keras import ops
+
+# ------------------------------------------------------------ validation
+
+
+def check_positive_int(value, name, allow_none=True):
+    """Raises a `ValueError` unless `value` is a python int >= 1 (bools
+    excluded), or None when `allow_none`."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a python int >= 1"
+            + (" or None" if allow_none else "") + f"; received {value!r}."
+        )
+
+
+def check_chunks(chunk_size, num_chunks):
+    """Validates the optional pair `chunk_size` / `num_chunks`: each None
+    or a python int >= 1, at most one of them given."""
+    check_positive_int(chunk_size, "chunk_size")
+    check_positive_int(num_chunks, "num_chunks")
+    if chunk_size is not None and num_chunks is not None:
+        raise ValueError(
+            "Pass at most one of `chunk_size` or `num_chunks`; received "
+            f"chunk_size={chunk_size}, num_chunks={num_chunks}."
+        )
+
+
+# -------------------------------------------------------------- chunking
+
+
+class Chunks(collections.namedtuple("Chunks", ["count", "size", "n"])):
+    """`count` blocks of `size` rows over a batch of `n` rows.
+
+    `count` is a python int (the static trip count of the loop); `size` and
+    `n` are tensors when the batch size is unknown at trace time. Unpacks
+    as `count, size, n`.
+    """
+
+    __slots__ = ()
+
+    @property
+    def pad(self):
+        """Rows of zero padding that make the batch `count * size` rows."""
+        return self.count * self.size - self.n
+
+
+def chunking(x, chunks, name):
+    """The chunks over the batch (first axis) of `x`.
+
+    Args:
+        x: tensor whose first axis is chunked.
+        chunks: `(chunk_size, num_chunks)`, already validated (at most one
+            not None).
+        name: argument name of `x`, for the error message.
+
+    Returns:
+        None when there is nothing to chunk (both None, or a single block);
+        otherwise `Chunks(count, size, n)`: with `chunk_size`,
+        `size = min(chunk_size, n)`; with `num_chunks`, blocks of
+        `ceil(n / min(num_chunks, n))` rows. With a batch size unknown at
+        trace time only `num_chunks` works: then `count = num_chunks` and
+        `size`, `n` are tensors.
+    """
+    chunk_size, num_chunks = chunks
+    if chunk_size is None and num_chunks is None:
+        return None
+    n = x.shape[0]
+    if n is None:
+        if num_chunks is None:
+            raise ValueError(
+                f"`chunk_size` needs a static batch size; the batch size of "
+                f"`{name}` is unknown at trace time. Pass `num_chunks`."
+            )
+        n = ops.shape(x)[0]
+        return Chunks(num_chunks, (n + num_chunks - 1) // num_chunks, n)
+    if chunk_size is not None:
+        size = min(chunk_size, n)
+    else:
+        size = -(-n // min(num_chunks, n))
+    count = -(-n // size)
+    return None if count == 1 else Chunks(count, size, n)
+
+
+def pad_rows(x, pad):
+    """`x` with `pad` rows of zeros appended on its first axis (`pad` a
+    python int or a scalar tensor; `x` itself when it is the int 0)."""
+    if isinstance(pad, int) and pad == 0:
+        return x
+    return ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+
+
+def slice_chunk(k, size, *tensors):
+    """`(start, block_0, block_1, ...)`: rows `start .. start + size - 1`
+    of each tensor, `start = k * size` (int32), for a loop index `k`
+    (`ops.slice`, a dynamic slice)."""
+    start = ops.cast(k * size, "int32")
+    blocks = tuple(
+        ops.slice(x, (start,) + (0,) * (len(x.shape) - 1),
+                  (size,) + tuple(ops.shape(x)[1:]))
+        for x in tensors
+    )
+    return (start,) + blocks
+
+
+def static_loop(count, body, init):
+    """`carry = body(k, carry)` for `k = 0 .. count - 1`; returns `carry`.
+
+    A real loop with the static trip count `count` (a python int), not
+    unrolled blocks, which XLA would fuse back together: `ops.fori_loop`
+    (a scan on JAX, reverse-differentiable; a python loop on PyTorch), and
+    `ops.while_loop` with `maximum_iterations` on TensorFlow, whose
+    gradient needs it to compile with XLA (`fori_loop` does not pass it).
+
+    Args:
+        count: python int >= 1.
+        body: `body(k, carry) -> carry`, `carry` a tuple of tensors of
+            fixed shapes and dtypes, `k` a scalar loop index.
+        init: the initial carry (any sequence of tensors).
+
+    Returns:
+        The final carry, a tuple.
+    """
+    init = tuple(init)
+    if keras.backend.backend() == "tensorflow":
+        out = ops.while_loop(
+            lambda k, *carry: k < count,
+            lambda k, *carry: (k + 1,) + tuple(body(k, carry)),
+            (ops.convert_to_tensor(0, "int32"),) + init,
+            maximum_iterations=count,
+        )
+        return tuple(out[1:])
+    return tuple(ops.fori_loop(0, count, lambda k, c: tuple(body(k, c)),
+                               init))
+
+
+def put(stack, k, value):
+    """`stack[k] = value` for a loop index `k` (a `where`, since the
+    backends' dynamic update ops are not all differentiable)."""
+    count = stack.shape[0]
+    hit = ops.equal(ops.arange(count, dtype="int32"), ops.cast(k, "int32"))
+    hit = ops.reshape(hit, (count,) + (1,) * (len(stack.shape) - 1))
+    return ops.where(hit, ops.expand_dims(value, 0), stack)
+
+
+def unstack_columns(stack, count, size, n):
+    """`(count, R, size)` stacked blocks of columns -> the `(R, n)` matrix
+    (the padding columns dropped)."""
+    out = ops.reshape(ops.transpose(stack, (1, 0, 2)), (-1, count * size))
+    return out[:, :n]
+
+
+# ---------------------------------------------------------------- labels
+
+
+def siglip_labels(rows, cols):
+    """`+1` where `rows[i] == cols[j]`, `-1` elsewhere: `(R, C)` float32
+    pair labels of the sigmoid losses."""
+    eq = ops.cast(
+        ops.equal(ops.expand_dims(rows, 1), ops.expand_dims(cols, 0)),
+        "float32",
+    )
+    return 2.0 * eq - 1.0
+
+
+def block_labels(num_rows, start, size, n):
+    """`(labels, valid)` of the columns `start .. start + size - 1` against
+    rows `0 .. num_rows - 1`: `labels` `(num_rows, size)` from
+    `siglip_labels` (+1 for row `i` with column `i`), `valid` `(1, size)`
+    float 0/1, 0 for the padding columns `>= n`."""
+    rows = ops.arange(num_rows, dtype="int32")
+    cols = start + ops.arange(size, dtype="int32")
+    valid = ops.cast(ops.less(cols, n), "float32")
+    return siglip_labels(rows, cols), ops.expand_dims(valid, 0)
+
+
+# ----------------------------------------------------------------- remat
+
+_REMAT_CACHE = {}
+
+
+def cached_remat(key, build):
+    """`keras.remat(build())`, built once per `(backend, *key)`.
+
+    A stable function object lets JAX reuse its traces of the
+    rematerialised block across calls.
+
+    Args:
+        key: tuple of hashables naming the block and its static
+            configuration; prefix it with the caller's module name to keep
+            the modules' entries apart.
+        build: zero-argument callable returning the block function; called
+            only the first time the key is seen.
+
+    Returns:
+        The cached `keras.remat`-wrapped function.
+    """
+    key = (keras.backend.backend(),) + tuple(key)
+    if key not in _REMAT_CACHE:
+        _REMAT_CACHE[key] = keras.remat(build())
+    return _REMAT_CACHE[key]

@@ -1,0 +1,344 @@
+"""Llip (Lavoie et al., ICML 2024): one image embedding per caption, mixed from K visual tokens."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.layers.llip import LlipCrossAttention
+from vlzoo.losses import l2_normalize
+from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP
+from vlzoo.models.token_level import token_projection
+from vlzoo.tokenizers import CLIP_BPE
+
+_IMAGE_KEYS = ("keys", "values")
+_TEXT_KEYS = ("queries", "embeds")
+
+
+def _check_embeds(embeds, keys, name, method):
+    if not isinstance(embeds, dict) or not set(keys) <= set(embeds):
+        raise TypeError(
+            f"`{name}` must be the dict returned by `{method}` (keys {list(keys)}); "
+            f"received {type(embeds).__name__}"
+            + (f" with keys {sorted(embeds)}" if isinstance(embeds, dict) else "") + "."
+        )
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class Llip(ContrastiveModel):
+    """Llip: a ViT with K mixture tokens, a causal text tower, a text-conditioned cross-attention.
+
+    Image side: a CLIP ViT whose K learned prefix tokens (with their own
+    position embeddings, tokens first) replace the CLS token
+    (`vision["num_prefix_tokens"]` is K; K = 1 is CLIP's layout). Only their
+    K outputs, after the final LayerNorm, are used; there is no visual
+    projection. Text side: CLIP's causal transformer pooled at the end
+    token after `ln_final`, giving `g`, which feeds both the queries
+    (`q_proj`) and the text embedding `t = g @ text_projection`.
+    `LlipCrossAttention` (M heads, temperature tau) mixes the K tokens into
+    one image embedding per caption, `z_ij`.
+
+    Score: `exp(logit_scale) * cos(z_ij, t_j) + logit_bias` for every pair
+    (`similarity`); loss: the sigmoid loss over those pairs
+    (`vlzoo.losses.llip_loss`), chunked over the texts when `chunk_size`
+    or `num_chunks` is set. Towers as the authors' open_clip fork:
+    QuickGELU, LayerNorm epsilon 1e-5, patch convolution without bias.
+
+    Args:
+        vision: `VisionTransformer` arguments; `num_prefix_tokens` is the
+            number K of mixture tokens (no `output_dim`).
+        text: `TextTransformer` arguments (no `output_dim`).
+        embed_dim: joint width D.
+        num_heads: cross-attention heads M (8 in the paper).
+        temperature: cross-attention temperature tau, the default of every
+            call (5; 1 for the L/14 preset); not a weight.
+        use_qkv_norm: LayerNorms on Q, K, V (the H/14 and G/14 presets).
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)`; clamped to
+            `[0, ln 100]` after every training step.
+        init_logit_bias: initial bias, -10.
+        chunk_size: texts per block of the scores and the loss (memory
+            `N_I * chunk_size * (M * K + D)`; needs a static batch size).
+            None: all texts at once.
+        num_chunks: alternative to `chunk_size`, a static number of blocks
+            (works when the batch size is unknown while tracing).
+
+    `encode_image` returns `{"tokens": (B, K, W_v), "keys": (B, K, M, d_h),
+    "values": (B, K, M, D)}` (values folded through `W_O`, see
+    `LlipCrossAttention`); `encode_text` returns `{"queries": (B, M, d_h),
+    "embeds": (B, D)}` (`normalize=True` normalises `embeds`). Images
+    cannot be reduced to one vector: cache these dicts for retrieval.
+
+    Weight decay (`compile`): every parameter of rank >= 2 is decayed,
+    mixture tokens, position and token embeddings included (the authors'
+    rule); LayerNorm parameters, biases and the logit scale/bias are not.
+
+    Example:
+    >>> model = vlzoo.from_preset("llip_tiny")
+    >>> model.similarity(images, model.tokenizer(["a red circle", "a blue square"])).shape
+    (B, 2)
+    """
+
+    family = "llip"
+    vision_defaults = {**CLIP.vision_defaults, "output_dim": None, "activation": "quick_gelu"}
+    text_defaults = {**CLIP.text_defaults, "output_dim": None, "activation": "quick_gelu"}
+
+    def __init__(
+        self, vision, text, embed_dim=512, num_heads=8, temperature=5.0, use_qkv_norm=False,
+        init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0, chunk_size=None, num_chunks=None,
+        **kwargs,
+    ):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        for name, tower in (("vision", self.vision), ("text", self.text)):
+            if tower.output_dim is not None:
+                raise ValueError(
+                    f"Llip's {name} tower has no projection of its own (the cross-attention and "
+                    f"`text_projection` read the tower features); received `{name}` with "
+                    f"`output_dim={tower.output_dim}`. Remove it."
+                )
+        if chunk_size is not None and num_chunks is not None:
+            raise ValueError(
+                f"Pass at most one of `chunk_size` and `num_chunks`; received {chunk_size} and {num_chunks}."
+            )
+        self.init_logit_bias = init_logit_bias
+        self.chunk_size = chunk_size
+        self.num_chunks = num_chunks
+        self.cross_attention = LlipCrossAttention(
+            self.vision.num_prefix_tokens, self.vision.hidden_dim, self.text.hidden_dim, embed_dim,
+            num_heads=num_heads, temperature=temperature, use_qkv_norm=use_qkv_norm,
+            dtype=self.dtype_policy, name="cross_attention",
+        )
+        self.cross_attention.build()
+        self.text_projection = token_projection(
+            embed_dim, self.text.hidden_dim, False, self.dtype_policy, "text_projection")
+        self.logit_bias = self.add_weight(
+            name="logit_bias", shape=(), dtype="float32",
+            initializer=keras.initializers.Constant(init_logit_bias),
+        )
+
+    @property
+    def num_mixture_tokens(self):
+        """K, the number of visual mixture tokens."""
+        return self.vision.num_prefix_tokens
+
+    @property
+    def temperature(self):
+        """The default cross-attention temperature tau."""
+        return self.cross_attention.temperature
+
+    # ------------------------------------------------------------- features
+
+    def _image_features(self, images):
+        tokens = self.vision(images)["tokens"][:, : self.num_mixture_tokens]
+        keys, values = self.cross_attention.image_keys_values(tokens)
+        return {"tokens": tokens, "keys": keys, "values": values}
+
+    def _text_features(self, inputs):
+        pooled = super()._text_features(inputs)  # g: end-token feature after ln_final
+        return {"queries": self.cross_attention.text_queries(pooled), "embeds": self.text_projection(pooled)}
+
+    def _normalize_embeds(self, embeds):
+        return {key: l2_normalize(value) if key == "embeds" else value for key, value in embeds.items()}
+
+    def call(self, inputs, training=False):
+        self._check_training_inputs(inputs)
+        image = self._image_features(inputs["images"])
+        text = self._text_features(inputs)
+        return {
+            "image_keys": image["keys"], "image_values": image["values"],
+            "text_queries": text["queries"], "text_embeds": text["embeds"],
+            "logit_scale": self.logit_scale_value(), "logit_bias": ops.convert_to_tensor(self.logit_bias),
+        }
+
+    # --------------------------------------------------------------- scores
+
+    def _tau(self, temperature):
+        return self.temperature if temperature is None else temperature
+
+    def score(self, image_embeds, text_embeds, temperature=None):
+        """`exp(logit_scale) * cos(z_ij, t_j) + logit_bias`, `(N_images, N_texts)` float32.
+
+        Args:
+            image_embeds: `encode_image`'s dict.
+            text_embeds: `encode_text`'s (or `encode_class_texts`') dict.
+            temperature: tau of the cross-attention; None: the model's.
+        """
+        _check_embeds(image_embeds, _IMAGE_KEYS, "image_embeds", "encode_image")
+        _check_embeds(text_embeds, _TEXT_KEYS, "text_embeds", "encode_text")
+        return llip_logits(
+            text_embeds["queries"], image_embeds["keys"], image_embeds["values"], text_embeds["embeds"],
+            self.logit_scale_value(), self.logit_bias, self._tau(temperature),
+            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+        )
+
+    def similarity(self, images, texts, temperature=None):
+        """Scores `(N_images, N_texts)`, each pair with its own contextualised image embedding."""
+        return self.score(self.encode_image(images), self.encode_text(texts), temperature=temperature)
+
+    def contextualize(self, images, texts, temperature=None, normalize=False):
+        """Image embeddings conditioned on each text, `(N_images, N_texts, D)` float32.
+
+        Not chunked (the result itself is `N_images * N_texts * D`).
+        """
+        image, text = self.encode_image(images), self.encode_text(texts)
+        z = llip_contextualize(text["queries"], image["keys"], image["values"], self._tau(temperature))
+        return l2_normalize(z) if normalize else z
+
+    # ------------------------------------------------------------ zero-shot
+
+    def encode_class_texts(self, class_texts):
+        """Template-averaged text side of zero-shot classification.
+
+        Per class: the mean of the per-prompt queries (after `qkv_norm`;
+        not renormalised) and the renormalised mean of the per-prompt
+        normalised text embeddings (`vlzoo.losses.llip_template_average`).
+
+        Args:
+            class_texts: a list of C lists of P prompts each (strings), or
+                a tokenizer dict whose `token_ids` / `padding_mask` have
+                shape `(C, P, T)`.
+
+        Returns:
+            `{"queries": (C, M, d_h), "embeds": (C, D)}`, for `score`.
+        """
+        if isinstance(class_texts, (list, tuple)):
+            counts = {len(prompts) for prompts in class_texts}
+            if len(counts) != 1 or not all(isinstance(p, str) for prompts in class_texts for p in prompts):
+                raise ValueError(
+                    "`class_texts` must be C lists of the same number P of prompt strings; "
+                    f"received lists of lengths {sorted(counts)}."
+                )
+            flat = self.tokenizer([p for prompts in class_texts for p in prompts])
+            c, p = len(class_texts), counts.pop()
+            class_texts = {key: ops.reshape(value, (c, p, -1)) for key, value in flat.items()}
+        if not isinstance(class_texts, dict) or len(tuple(class_texts["token_ids"].shape)) != 3:
+            raise ValueError(
+                "`class_texts` must be C lists of P prompts or a tokenizer dict with `token_ids` of "
+                f"shape (C, P, T); received {type(class_texts).__name__}"
+                + (f" with `token_ids` of shape {tuple(class_texts['token_ids'].shape)}"
+                   if isinstance(class_texts, dict) else "") + "."
+            )
+        c, p, t = class_texts["token_ids"].shape
+        mask = self._padding_mask(class_texts)
+        text = self.encode_text({"token_ids": ops.reshape(class_texts["token_ids"], (c * p, t)),
+                                 "padding_mask": ops.reshape(mask, (c * p, t))})
+        queries = ops.reshape(text["queries"], (c, p) + tuple(text["queries"].shape[1:]))
+        queries, embeds = llip_template_average(queries, ops.reshape(text["embeds"], (c, p, self.embed_dim)))
+        return {"queries": queries, "embeds": embeds}
+
+    def ensemble_scores(self, images, class_texts, temperature=None):
+        """Zero-shot class scores `(B, C)` with template-averaged queries and targets.
+
+        `argmax` over classes is the prediction; see `encode_class_texts`.
+        """
+        return self.score(self.encode_image(images), self.encode_class_texts(class_texts), temperature=temperature)
+
+    # ------------------------------------------------------------- training
+
+    def contrastive_loss(self, outputs, training=False):
+        return llip_loss(
+            outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
+            outputs["logit_scale"], outputs["logit_bias"], self.temperature,
+            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+        )
+
+    def no_weight_decay_variables(self):
+        """LayerNorm parameters, biases and the logit scale/bias: the variables of rank < 2."""
+        return [v for v in self.trainable_variables if len(v.shape) < 2]
+
+    def get_config(self):
+        config = super().get_config()
+        head = self.cross_attention
+        config.update(
+            num_heads=head.num_heads, temperature=head.temperature, use_qkv_norm=head.use_qkv_norm,
+            init_logit_bias=self.init_logit_bias, chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+        )
+        return config
+
+
+def llip_config(
+    patch, vision_width, vision_layers, vision_mlp, text_width, text_layers, text_heads, embed_dim,
+    num_tokens, temperature=5.0, use_qkv_norm=False, vision_head_width=64, text_length=77, image_size=224,
+):
+    """Constructor arguments of an authors' Llip model (open_clip `ViT-*-quickgelu` towers, M = 8)."""
+    return dict(
+        vision=dict(
+            image_size=image_size, patch_size=patch, hidden_dim=vision_width, num_layers=vision_layers,
+            num_heads=vision_width // vision_head_width, intermediate_dim=vision_mlp,
+            num_prefix_tokens=num_tokens,
+        ),
+        text=dict(
+            vocabulary_size=49408, sequence_length=text_length, hidden_dim=text_width,
+            num_layers=text_layers, num_heads=text_heads, intermediate_dim=4 * text_width,
+        ),
+        embed_dim=embed_dim, num_heads=8, temperature=temperature, use_qkv_norm=use_qkv_norm,
+    )
+
+
+_PAPER = ("Lavoie et al. 2024, Modeling Caption Diversity in Contrastive Vision-Language Pretraining "
+          "(Llip, ICML)")
+_RELEASED = ("The authors released weights for this geometry (facebookresearch/Llip); they are not bundled "
+             "(no downloads at run time): convert a local checkpoint with `vlzoo.convert`. "
+             "Without it the model is randomly initialised.")
+_UNRELEASED = "No released weights for this geometry; the model is randomly initialised (architecture config)."
+_TOWERS = ("QuickGELU, LayerNorm eps 1e-5, CLIP BPE (vocabulary 49408)")
+
+PRESETS = {
+    "llip_vit_b32": dict(
+        config=llip_config(32, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
+        description="Llip64 ViT-B/32 (paper Table 1): 224 px, P=49 patches + K=64 mixture tokens, "
+        "12/512/8 causal text (context 77), D=512, M=8 heads, tau=5, no qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
+    ),
+    "llip_vit_b16": dict(
+        config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=32),
+        description="Llip32 ViT-B/16 (the authors' released B/16 geometry): 224 px, P=196 + K=32 mixture "
+        "tokens, 12/512/8 causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_RELEASED,
+    ),
+    "llip_vit_b16_k64": dict(
+        config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
+        description="Llip64 ViT-B/16 (paper Tables 1-2): 224 px, P=196 + K=64 mixture tokens, 12/512/8 "
+        "causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
+    ),
+    "llip_vit_l14": dict(
+        config=llip_config(14, 1024, 24, 4096, 768, 12, 12, 768, num_tokens=32, temperature=1.0, text_length=64),
+        description="Llip32 ViT-L/14 (paper Table 1): 224 px, P=256 + K=32 mixture tokens, 12/768/12 causal "
+        "text with context 64 (the authors' config), D=768, M=8, tau=1, no qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
+    ),
+    "llip_vit_h14": dict(
+        config=llip_config(14, 1280, 32, 5120, 1024, 24, 16, 1024, num_tokens=64, use_qkv_norm=True,
+                           vision_head_width=80),
+        description="Llip64 ViT-H/14 (paper Table 1): 224 px, P=256 + K=64 mixture tokens (16 heads of "
+        "width 80), 24/1024/16 causal text (context 77), D=1024, M=8, tau=5, qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
+    ),
+    "llip_vit_g14": dict(
+        config=llip_config(14, 1664, 48, 8192, 1280, 32, 20, 1280, num_tokens=64, use_qkv_norm=True,
+                           vision_head_width=104),
+        description="Llip64 ViT-bigG/14 (the authors' released G/14 geometry): 224 px, P=256 + K=64 mixture "
+        "tokens (16 heads of width 104, MLP 8192), 32/1280/20 causal text (context 77), D=1280, M=8, "
+        "tau=5, qkv norm; " + _TOWERS + ".",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_RELEASED,
+    ),
+    "llip_tiny": dict(
+        config=dict(
+            vision=dict(
+                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
+                intermediate_dim=64, num_prefix_tokens=4,
+            ),
+            text=dict(
+                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
+                num_heads=4, intermediate_dim=64,
+            ),
+            embed_dim=16, num_heads=2,
+        ),
+        description="Tiny Llip for tests and examples (32 px, patch 8: P=16 + K=4 mixture tokens, 2+2 "
+        "layers, width 32, D=16, M=2 heads, tau=5; CLIP BPE, context 16).",
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
+        weights_note="Random initialisation; for tests.",
+    ),
+}
