@@ -6,7 +6,6 @@ checked.
 """
 
 import keras
-import keras
 from keras import ops
 
 
@@ -25,7 +24,8 @@ def static_shape(x):
     return tuple(None if d is None else int(d) for d in x.shape)
 
 
-def _fmt(shape):
+def format_shape(shape):
+    """`(2, None, 3)` -> "(2, None, 3)", `(4,)` -> "(4,)": shapes as error messages print them."""
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + (
         ",)" if len(shape) == 1 else ")")
 
@@ -42,7 +42,7 @@ def check_float_tensor(x, name, layout):
     if len(shape) != rank:
         raise ValueError(
             f"`{name}` must have rank {rank}, shape {layout}; received shape "
-            f"{_fmt(shape)} (rank {len(shape)})."
+            f"{format_shape(shape)} (rank {len(shape)})."
         )
     return x
 
@@ -71,9 +71,9 @@ def check_pair(image_embeds, text_embeds, paired=True):
         expected = "(B, D)" if paired else "(B_txt, D)"
         raise ValueError(
             f"`text_embeds` must have shape {expected} matching "
-            f"`image_embeds` {_fmt((bi, di))}"
+            f"`image_embeds` {format_shape((bi, di))}"
             + ("" if paired else " in D")
-            + f"; received {_fmt((bt, dt))}."
+            + f"; received {format_shape((bt, dt))}."
         )
     return image_embeds, text_embeds
 
@@ -88,7 +88,7 @@ def check_scalar(x, name):
     shape = static_shape(x)
     if any(d != 1 for d in shape):
         raise ValueError(
-            f"`{name}` must be a scalar; received shape {_fmt(shape)}."
+            f"`{name}` must be a scalar; received shape {format_shape(shape)}."
         )
     if shape:
         x = ops.reshape(x, ())
@@ -115,8 +115,8 @@ def check_token_pair(image_tokens, text_tokens, image_name, text_name,
         matching = "B and D" if paired else "D"
         raise ValueError(
             f"`{text_name}` must have shape {expected} with {matching} "
-            f"matching `{image_name}` {_fmt(static_shape(image_tokens))}; "
-            f"received {_fmt(static_shape(text_tokens))}."
+            f"matching `{image_name}` {format_shape(static_shape(image_tokens))}; "
+            f"received {format_shape(static_shape(text_tokens))}."
         )
     return image_tokens, text_tokens
 
@@ -144,7 +144,7 @@ def check_mask(mask, name, tokens, tokens_name):
         for a, b in zip(shape, expected)
     ):
         raise ValueError(
-            f"`{name}` must have shape (B, N) = {_fmt(expected)} matching "
-            f"`{tokens_name}` {_fmt(tshape)}; received {_fmt(shape)}."
+            f"`{name}` must have shape (B, N) = {format_shape(expected)} matching "
+            f"`{tokens_name}` {format_shape(tshape)}; received {format_shape(shape)}."
         )
     return mask

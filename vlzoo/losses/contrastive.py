@@ -22,6 +22,14 @@ the positive pair):
 import keras
 from keras import ops
 
+from vlzoo.losses._chunking import block_labels
+from vlzoo.losses._chunking import cached_remat
+from vlzoo.losses._chunking import check_positive_int
+from vlzoo.losses._chunking import chunking
+from vlzoo.losses._chunking import pad_rows
+from vlzoo.losses._chunking import siglip_labels
+from vlzoo.losses._chunking import slice_chunk
+from vlzoo.losses._chunking import static_loop
 from vlzoo.losses._utils import check_pair
 from vlzoo.losses._utils import check_scalar
 
@@ -150,15 +158,6 @@ def clip_loss(image_embeds, text_embeds, logit_scale):
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
 
 
-def _siglip_labels(rows, cols):
-    """`+1` where `rows[i] == cols[j]`, `-1` elsewhere, float32."""
-    eq = ops.cast(
-        ops.equal(ops.expand_dims(rows, 1), ops.expand_dims(cols, 0)),
-        "float32",
-    )
-    return 2.0 * eq - 1.0
-
-
 def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias):
     """Pairwise sigmoid loss of SigLIP.
 
@@ -185,7 +184,7 @@ def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias):
     logits = siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias)
     n = _batch_size(logits)
     idx = ops.arange(n)
-    labels = _siglip_labels(idx, idx)
+    labels = siglip_labels(idx, idx)
     total = ops.sum(ops.log_sigmoid(labels * logits))
     return -total / ops.cast(n, "float32")
 
@@ -243,70 +242,39 @@ def siglip_loss_chunked(
             f"num_chunks={num_chunks}, chunk_size={chunk_size}."
         )
     for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise ValueError(
-                f"`{name}` must be a python int >= 1; received {value!r}."
-            )
+        if value is not None:
+            check_positive_int(value, name, allow_none=False)
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
 
-    static_b = image_embeds.shape[0]
-    if static_b is None:
-        static_b = text_embeds.shape[0]
-    if static_b is not None:
-        n = int(static_b)
-        if chunk_size is not None:
-            size = min(chunk_size, n)
-            count = -(-n // size)
-        else:
-            count = min(num_chunks, n)
-            size = -(-n // count)
+    # The batch size of the pair: static when either side knows it.
+    ref = image_embeds
+    if image_embeds.shape[0] is None and text_embeds.shape[0] is not None:
+        ref = text_embeds
+    plan = chunking(ref, (chunk_size, num_chunks), "image_embeds")
+    if plan is None:  # a single block, still through the loop
+        n = int(ref.shape[0])
+        count, size, pad = 1, n, 0
     else:
-        if num_chunks is None:
-            raise ValueError(
-                "`chunk_size` needs a static batch size; the batch size of "
-                "`image_embeds` is unknown at trace time. Pass `num_chunks`."
-            )
-        n = _batch_size(image_embeds)  # scalar tensor
-        count = num_chunks
-        size = (n + count - 1) // count
+        (count, size, n), pad = plan, plan.pad
 
     img = l2_normalize(image_embeds)
-    txt = l2_normalize(text_embeds)
-    pad = count * size - n
-    if not (isinstance(pad, int) and pad == 0):
-        txt = ops.pad(txt, [[0, pad], [0, 0]])  # zero rows: finite logits = b
-    dim = ops.shape(txt)[1]
-    chunk_fn = _remat_chunk_sum() if remat else _siglip_chunk_sum
+    txt = pad_rows(l2_normalize(text_embeds), pad)  # zero rows: logits = b
+    chunk_fn = (
+        cached_remat((__name__, "siglip_chunk_sum"), lambda: _siglip_chunk_sum)
+        if remat else _siglip_chunk_sum
+    )
     n_tensor = ops.convert_to_tensor(n, "int32")
 
-    def body(k, total):
-        # A loop rather than unrolled chunks: XLA would fuse unrolled
-        # blocks back into one `(B, B)` matmul. `ops.slice` is a dynamic
-        # slice.
-        start = ops.cast(k * size, "int32")
-        txt_chunk = ops.slice(txt, (start, 0), (size, dim))
-        return total + chunk_fn(
+    def body(k, carry):
+        (total,) = carry
+        start, txt_chunk = slice_chunk(k, size, txt)
+        return (total + chunk_fn(
             img, txt_chunk, logit_scale, logit_bias, start, n_tensor
-        )
+        ),)
 
-    zero = ops.zeros((), "float32")
-    if keras.backend.backend() == "tensorflow":
-        # `tf.while_loop` needs `maximum_iterations` for its gradient to
-        # compile with XLA (`fori_loop` does not pass it).
-        _, total = ops.while_loop(
-            lambda k, total: k < count,
-            lambda k, total: (k + 1, body(k, total)),
-            (ops.convert_to_tensor(0, "int32"), zero),
-            maximum_iterations=count,
-        )
-    else:
-        # JAX: a scan (static trip count), reverse-differentiable;
-        # PyTorch: a python loop.
-        total = ops.fori_loop(0, count, body, zero)
+    (total,) = static_loop(count, body, (ops.zeros((), "float32"),))
     return -total / ops.cast(n, "float32")
 
 
@@ -316,20 +284,6 @@ def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n):
     `>= n` are padding (mask 0). Inputs are already normalised."""
     logits = logit_scale * ops.matmul(img, ops.transpose(txt_chunk))
     logits = logits + logit_bias
-    rows = ops.arange(ops.shape(img)[0], dtype="int32")
-    cols = start + ops.arange(ops.shape(txt_chunk)[0], dtype="int32")
-    labels = _siglip_labels(rows, cols)
-    mask = ops.expand_dims(ops.cast(ops.less(cols, n), "float32"), 0)
+    labels, mask = block_labels(ops.shape(img)[0], start,
+                                ops.shape(txt_chunk)[0], n)
     return ops.sum(ops.log_sigmoid(labels * logits) * mask)
-
-
-_REMAT_CACHE = {}
-
-
-def _remat_chunk_sum():
-    """`keras.remat(_siglip_chunk_sum)`, built once per backend (a stable
-    function object lets JAX reuse its traces)."""
-    backend = keras.backend.backend()
-    if backend not in _REMAT_CACHE:
-        _REMAT_CACHE[backend] = keras.remat(_siglip_chunk_sum)
-    return _REMAT_CACHE[backend]

@@ -27,15 +27,25 @@ At scale the `(B, B, P, T)` interaction is never materialised: with
 JAX; `ops.while_loop` with `maximum_iterations` on TensorFlow; a python
 loop on PyTorch) reduces one `(B_img, C, P, T)` block at a time to
 `(B_img, C)` similarities, each block wrapped in `keras.remat`, so memory
-grows with the chunk `C`, not with `B^2`, in training too.
+grows with the chunk `C`, not with `B^2`, in training too. The loop, the
+padding of the chunked batch and the remat cache are shared with the other
+chunked losses (`_chunking.py`).
 """
 
 import math
 
-import keras
 from keras import ops
 
-from vlzoo.losses._utils import _fmt
+from vlzoo.losses._chunking import cached_remat
+from vlzoo.losses._chunking import check_chunks
+from vlzoo.losses._chunking import check_positive_int
+from vlzoo.losses._chunking import chunking
+from vlzoo.losses._chunking import pad_rows
+from vlzoo.losses._chunking import put
+from vlzoo.losses._chunking import slice_chunk
+from vlzoo.losses._chunking import static_loop
+from vlzoo.losses._chunking import unstack_columns
+from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_mask
 from vlzoo.losses._utils import check_scalar
 from vlzoo.losses._utils import check_token_pair
@@ -51,16 +61,6 @@ _SIMILARITY_DTYPES = (None, "float32", "float16", "bfloat16")
 
 
 # ------------------------------------------------------------ validation
-
-
-def _check_positive_int(value, name, allow_none=True):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(
-            f"`{name}` must be a python int >= 1"
-            + (" or None" if allow_none else "") + f"; received {value!r}."
-        )
 
 
 def _check_choice(value, name, choices):
@@ -116,123 +116,40 @@ def _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x):
     return s_xy, s_yx
 
 
-_REMAT_CACHE = {}
-
-
 def _block_fn(sim_dtype, mask_x, remat):
     """The block function for the static flags, `keras.remat`-wrapped when
-    `remat`; one stable function object per configuration (JAX reuses its
-    traces)."""
-    key = (keras.backend.backend(), sim_dtype, mask_x, remat)
-    if key not in _REMAT_CACHE:
-        def block(x, x_valid, y, y_valid):
-            return _late_interaction(x, x_valid, y, y_valid, sim_dtype,
-                                     mask_x)
+    `remat` (then one stable function object per configuration: JAX reuses
+    its traces)."""
+    def block(x, x_valid, y, y_valid):
+        return _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x)
 
-        _REMAT_CACHE[key] = keras.remat(block) if remat else block
-    return _REMAT_CACHE[key]
-
-
-def _static_loop(count, body, init):
-    """`carry = body(k, carry)` for `k = 0 .. count - 1`, a real loop with a
-    static trip count: XLA would fuse unrolled blocks back together."""
-    init = tuple(init)
-    if keras.backend.backend() == "tensorflow":
-        # `tf.while_loop` needs `maximum_iterations` for its gradient to
-        # compile with XLA (`fori_loop` does not pass it).
-        out = ops.while_loop(
-            lambda k, *carry: k < count,
-            lambda k, *carry: (k + 1,) + tuple(body(k, carry)),
-            (ops.convert_to_tensor(0, "int32"),) + init,
-            maximum_iterations=count,
-        )
-        return tuple(out[1:])
-    # JAX: a scan (static trip count); PyTorch: a python loop.
-    return tuple(ops.fori_loop(0, count, lambda k, c: tuple(body(k, c)),
-                               init))
-
-
-def _check_chunks(chunk_size, num_chunks):
-    _check_positive_int(chunk_size, "chunk_size")
-    _check_positive_int(num_chunks, "num_chunks")
-    if chunk_size is not None and num_chunks is not None:
-        raise ValueError(
-            "Pass at most one of `chunk_size` or `num_chunks`; received "
-            f"chunk_size={chunk_size}, num_chunks={num_chunks}."
-        )
-
-
-def _chunking(y, chunks, name):
-    """`(count, size, n)` of the chunks over the batch of `y`, or None for
-    a single block. `count` is a python int; `size` and `n` are tensors when
-    the batch size is unknown at trace time (then only `num_chunks` works).
-    """
-    chunk_size, num_chunks = chunks
-    if chunk_size is None and num_chunks is None:
-        return None
-    n = y.shape[0]
-    if n is None:
-        if num_chunks is None:
-            raise ValueError(
-                f"`chunk_size` needs a static batch size; the batch size of "
-                f"`{name}` is unknown at trace time. Pass `num_chunks`."
-            )
-        n = ops.shape(y)[0]
-        return num_chunks, (n + num_chunks - 1) // num_chunks, n
-    if chunk_size is not None:
-        size = min(chunk_size, n)
-    else:
-        size = -(-n // min(num_chunks, n))
-    count = -(-n // size)
-    return None if count == 1 else (count, size, n)
-
-
-def _put(stack, k, value):
-    """`stack[k] = value` for a loop index `k` (a `where`, since the
-    backends' dynamic update ops are not all differentiable)."""
-    count = stack.shape[0]
-    hit = ops.equal(ops.arange(count, dtype="int32"), ops.cast(k, "int32"))
-    hit = ops.reshape(hit, (count,) + (1,) * (len(stack.shape) - 1))
-    return ops.where(hit, ops.expand_dims(value, 0), stack)
-
-
-def _unstack_columns(stack, count, size, n):
-    """`(K, R, C)` stacked blocks -> `(R, n)` columns (drops padding)."""
-    out = ops.reshape(ops.transpose(stack, (1, 0, 2)), (-1, count * size))
-    return out[:, :n]
-
-
-def _pad_rows(x, pad):
-    if isinstance(pad, int) and pad == 0:
-        return x
-    return ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+    if not remat:
+        return block
+    return cached_remat((__name__, "block", sim_dtype, mask_x),
+                        lambda: block)
 
 
 def _similarity_chunked(x, x_valid, y, y_valid, chunks, sim_dtype, mask_x,
                         remat, y_name):
     """`_late_interaction` over chunks of the `y` batch; `(Bx, By)` each."""
-    chunking = _chunking(y, chunks, y_name)
-    if chunking is None:
+    plan = chunking(y, chunks, y_name)
+    if plan is None:
         return _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x)
-    count, size, n = chunking
-    pad = count * size - n
+    count, size, n = plan
     # Padded rows have no real token: similarity 0, zero gradient.
-    y, y_valid = _pad_rows(y, pad), _pad_rows(y_valid, pad)
-    t, d = y.shape[1:]
+    y, y_valid = pad_rows(y, plan.pad), pad_rows(y_valid, plan.pad)
     block = _block_fn(sim_dtype, mask_x, remat)
 
     def body(k, carry):
         s_xy, s_yx = carry
-        start = ops.cast(k * size, "int32")
-        yc = ops.slice(y, (start, 0, 0), (size, t, d))
-        vc = ops.slice(y_valid, (start, 0), (size, t))
+        _, yc, vc = slice_chunk(k, size, y, y_valid)
         a, b = block(x, x_valid, yc, vc)
-        return _put(s_xy, k, a), _put(s_yx, k, b)
+        return put(s_xy, k, a), put(s_yx, k, b)
 
     zeros = ops.zeros((count, ops.shape(x)[0], size), "float32")
-    s_xy, s_yx = _static_loop(count, body, (zeros, zeros))
-    return (_unstack_columns(s_xy, count, size, n),
-            _unstack_columns(s_yx, count, size, n))
+    s_xy, s_yx = static_loop(count, body, (zeros, zeros))
+    return (unstack_columns(s_xy, count, size, n),
+            unstack_columns(s_yx, count, size, n))
 
 
 def _similarity(img, img_valid, txt, txt_valid, chunks=(None, None),
@@ -254,7 +171,7 @@ def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
              chunks, chunk_axis, similarity_dtype):
     """Validates the inputs; returns normalised tokens, float masks and
     whether an image mask is in use."""
-    _check_chunks(*chunks)
+    check_chunks(*chunks)
     _check_choice(chunk_axis, "chunk_axis", ("text", "image"))
     _check_choice(similarity_dtype, "similarity_dtype", _SIMILARITY_DTYPES)
     image_tokens, text_tokens = check_token_pair(
@@ -443,8 +360,8 @@ def _soft_targets(image_ids, batch_size):
     if len(shape) != 1 or (None not in (shape[0], batch_size)
                            and shape[0] != batch_size):
         raise ValueError(
-            f"`image_ids` must have shape (B,) = {_fmt(expected)}; received "
-            f"{_fmt(shape)}."
+            f"`image_ids` must have shape (B,) = {format_shape(expected)}; received "
+            f"{format_shape(shape)}."
         )
     pos = ops.cast(ops.equal(image_ids[:, None], image_ids[None, :]),
                    "float32")
@@ -466,7 +383,7 @@ def _check_keep(keep_ratio, selection_group_size, keep_mode):
             f"`keep_ratio` must be a python number in (0, 1]; received "
             f"{keep_ratio!r}."
         )
-    _check_positive_int(selection_group_size, "selection_group_size")
+    check_positive_int(selection_group_size, "selection_group_size")
     _check_choice(keep_mode, "keep_mode", ("static", "per_row"))
 
 
@@ -493,28 +410,24 @@ def _selection_scores(img, img_valid, txt, txt_valid, group_size, chunks,
     ids = ops.arange(ops.shape(img)[0], dtype="int32")
     # Contiguous blocks of `group_size` samples; None: one group.
     group = ops.zeros_like(ids) if group_size is None else ids // group_size
-    chunking = _chunking(txt, chunks, "text_tokens")
-    if chunking is None:
+    plan = chunking(txt, chunks, "text_tokens")
+    if plan is None:
         return _score_block(img, img_valid, txt, txt_valid, group, group,
                             sim_dtype)
-    count, size, n = chunking
-    pad = count * size - n
-    txt, txt_valid = _pad_rows(txt, pad), _pad_rows(txt_valid, pad)
-    txt_group = _pad_rows(group, pad)
-    t, d = txt.shape[1:]
+    count, size, n = plan
+    txt, txt_valid, txt_group = (pad_rows(v, plan.pad)
+                                 for v in (txt, txt_valid, group))
+    t = txt.shape[1]
 
     def body(k, carry):
         best_img, best_txt = carry
-        start = ops.cast(k * size, "int32")
-        a, b = _score_block(
-            img, img_valid, ops.slice(txt, (start, 0, 0), (size, t, d)),
-            ops.slice(txt_valid, (start, 0), (size, t)), group,
-            ops.slice(txt_group, (start,), (size,)), sim_dtype)
-        return ops.maximum(best_img, a), _put(best_txt, k, b)
+        _, tc, vc, gc = slice_chunk(k, size, txt, txt_valid, txt_group)
+        a, b = _score_block(img, img_valid, tc, vc, group, gc, sim_dtype)
+        return ops.maximum(best_img, a), put(best_txt, k, b)
 
     init = (ops.full(ops.shape(img_valid), _NEG, "float32"),
             ops.zeros((count, size, t), "float32"))
-    best_img, best_txt = _static_loop(count, body, init)
+    best_img, best_txt = static_loop(count, body, init)
     return best_img, ops.reshape(best_txt, (count * size, t))[:n]
 
 
@@ -655,7 +568,7 @@ def filip_ensemble_scores(
         raise ValueError(
             f"`text_tokens` must have rank 4, shape (N, K, T, D) "
             f"(classes, templates, tokens, dim); received shape "
-            f"{_fmt(shape)} (rank {len(shape)})."
+            f"{format_shape(shape)} (rank {len(shape)})."
         )
     n, k, t, d = shape
     mask = ops.convert_to_tensor(text_mask)
@@ -664,8 +577,8 @@ def filip_ensemble_scores(
             a is not None and b is not None and a != b
             for a, b in zip(mshape, (n, k, t))):
         raise ValueError(
-            f"`text_mask` must have shape (N, K, T) = {_fmt((n, k, t))} "
-            f"matching `text_tokens` {_fmt(shape)}; received {_fmt(mshape)}."
+            f"`text_mask` must have shape (N, K, T) = {format_shape((n, k, t))} "
+            f"matching `text_tokens` {format_shape(shape)}; received {format_shape(mshape)}."
         )
     flat = ops.reshape(text_tokens, (-1, t, d))
     flat_mask = ops.reshape(mask, (-1, t))

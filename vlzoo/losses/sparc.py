@@ -25,7 +25,7 @@ their content never changes the loss.
 
 from keras import ops
 
-from vlzoo.losses._utils import _fmt
+from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_mask
 from vlzoo.losses._utils import check_scalar
 from vlzoo.losses._utils import check_token_pair
@@ -259,7 +259,7 @@ def sparc_loss(
     if None not in (b_global, local_shape[0]) and b_global != local_shape[0]:
         raise ValueError(
             f"`patch_embeds` must have the batch size B = {b_global} of "
-            f"`image_global`; received shape {_fmt(local_shape)}."
+            f"`image_global`; received shape {format_shape(local_shape)}."
         )
     fine_loss = sparc_fine_grained_loss(
         patch_embeds, token_embeds, token_mask,
