@@ -12,8 +12,9 @@ Entries:
   filip_loss   FILIP loss forward + backward at B=256, P=196, T=77, D=256,
                unchunked vs chunked (chunk 16, rematerialised): median time, peak memory.
   train_step   one `model.train_on_batch` (forward, family loss, backward, AdamW
-               update) of each family in STEP_FAMILIES on the towers of the
-               clip_vit_b16 preset, batch 8, with its time relative to CLIP's.
+               update) of each family in STEP_FAMILIES (SPARC, SPARO with
+               L = V = 64, Llip with K = 32) on the towers of the clip_vit_b16
+               preset, batch 8, with its time relative to CLIP's.
 """
 
 import argparse
@@ -29,8 +30,12 @@ import time
 import numpy as np
 
 ENTRIES = ("filip_loss", "train_step")
-STEP_FAMILIES = ("clip", "sparc")
-STEP_FAMILY_ARGS = {}
+STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")
+# Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
+STEP_FAMILY_ARGS = {
+    "sparo": dict(embed_dim=None),  # the encoding is L * V = 64 * 64 (the spec's B/16)
+    "llip": dict(vision=dict(num_prefix_tokens=32)),  # K = 32 mixture tokens (the issue's target)
+}
 BACKENDS = ("jax", "tensorflow", "torch")
 
 
@@ -109,11 +114,14 @@ def same_towers_config(family, towers):
         return config
     geometry = ("image_size", "patch_size", "vocabulary_size", "sequence_length",
                 "hidden_dim", "num_layers", "num_heads", "intermediate_dim")
-    return dict(
+    result = dict(
         vision={k: v for k, v in config["vision"].items() if k in geometry},
         text={k: v for k, v in config["text"].items() if k in geometry},
-        embed_dim=config["embed_dim"], **STEP_FAMILY_ARGS.get(family, {}),
+        embed_dim=config["embed_dim"],
     )
+    for key, value in STEP_FAMILY_ARGS.get(family, {}).items():
+        result[key] = {**result[key], **value} if isinstance(value, dict) else value
+    return result
 
 
 def _train_step(case):
