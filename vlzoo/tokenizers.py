@@ -10,6 +10,8 @@ model on JAX, TensorFlow or PyTorch. These classes run eagerly in Python (they a
   `keras_hub.models.CLIPTokenizer` and `keras_hub.layers.StartEndPacker`.
 - `SentencePieceTokenizer`: a SentencePiece model (e.g. SigLIP's), backed by
   `keras_hub.tokenizers.SentencePieceTokenizer`. No SentencePiece model is shipped.
+- `WordPieceTokenizer`: BERT WordPiece (STAIR's bert-base-uncased vocabulary, 30,522
+  tokens, bundled), backed by `keras_hub.tokenizers.WordPieceTokenizer`.
 - `tokenizer_from_config(config, assets_dir)`: rebuild a tokenizer from a serialised
   config plus the directory holding its asset files (what preset loading calls).
 - `ImagePreprocessor`: resize (shortest side, bicubic) + centre crop + normalise, as
@@ -45,6 +47,7 @@ import numpy as np
 __all__ = [
     "CLIPTokenizer",
     "SentencePieceTokenizer",
+    "WordPieceTokenizer",
     "ImagePreprocessor",
     "tokenizer_from_config",
     "TOKENIZER_CLASSES",
@@ -768,11 +771,236 @@ def _as_str(x):
 
 
 # --------------------------------------------------------------------------------------
+# WordPiece (BERT)
+# --------------------------------------------------------------------------------------
+
+
+def _load_wordpiece_vocabulary(vocabulary):
+    if isinstance(vocabulary, (str, os.PathLike)):
+        path = os.fspath(vocabulary)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"WordPiece vocabulary file not found: {path!r}. Generate the bundled BERT "
+                "uncased one with `python tools/build_wordpiece_assets.py` or pass a list."
+            )
+        with open(path, encoding="utf-8") as f:
+            vocabulary = f.read().split("\n")
+        if vocabulary and vocabulary[-1] == "":
+            vocabulary = vocabulary[:-1]
+    if not isinstance(vocabulary, (list, tuple)) or not all(isinstance(t, str) for t in vocabulary):
+        raise TypeError(
+            "`vocabulary` must be a path to a text file (one token per line) or a list of "
+            f"str; received {type(vocabulary).__name__}."
+        )
+    if len(set(vocabulary)) != len(vocabulary):
+        raise ValueError("The WordPiece `vocabulary` has repeated tokens.")
+    return list(vocabulary)
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class WordPieceTokenizer(_PackingTokenizer):
+    """BERT WordPiece tokenizer (STAIR's, bert-base-uncased by default).
+
+    The text is lowercased (`str.lower`) and stripped of accents (NFD, then
+    combining marks dropped) in Python, as BERT's basic tokenizer does (no
+    NFKC folding, so e.g. "½" stays one character), then
+    `keras_hub.tokenizers.WordPieceTokenizer` splits on whitespace,
+    punctuation and CJK characters and applies greedy longest-match
+    WordPiece with `##` continuations; out-of-vocabulary words become
+    `[UNK]`. The ids are wrapped in `[CLS]` ... `[SEP]` and padded with
+    `[PAD]` by `keras_hub.layers.StartEndPacker`; over-long texts are
+    truncated with `[SEP]` kept last. With the bundled
+    `presets/_assets/bert_uncased/vocab.txt` the ids equal Hugging Face's
+    `BertTokenizer(do_lower_case=True)`.
+
+    Args:
+        vocabulary: path to `vocab.txt` (one token per line, line `i` = id `i`)
+            or a list of tokens. May be `None` (e.g. in `from_config`); then call
+            `load_assets(directory)` before use.
+        sequence_length: output length `T` (76 for STAIR).
+        lowercase: lowercase the text (True for an uncased vocabulary).
+        strip_accents: drop combining accents after NFD (True, as BERT uncased).
+        start_token, end_token, pad_token, oov_token: special tokens of the
+            vocabulary (`[CLS]`, `[SEP]`, `[PAD]`, `[UNK]`).
+        vocabulary_file: file name used by `save_assets` / `load_assets`.
+
+    Call: `tokenizer(texts, sequence_length=None)` -> `{"token_ids": int32 (B, T),
+    "padding_mask": bool (B, T)}`, True on `[CLS]`, the word pieces and `[SEP]`.
+
+    Example:
+
+    ```python
+    tok = WordPieceTokenizer.from_assets("presets/_assets/bert_uncased")
+    tok(["a photo of a cat"])["token_ids"][0, :7]   # [101, 1037, 6302, 1997, 1037, 4937, 102]
+    tok.detokenize(tok(["a photo of a cat"])["token_ids"])   # ["a photo of a cat"]
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary=None,
+        sequence_length=76,
+        lowercase=True,
+        strip_accents=True,
+        start_token="[CLS]",
+        end_token="[SEP]",
+        pad_token="[PAD]",
+        oov_token="[UNK]",
+        vocabulary_file="vocab.txt",
+    ):
+        self.sequence_length = _check_sequence_length(sequence_length)
+        self.lowercase = bool(lowercase)
+        self.strip_accents = bool(strip_accents)
+        self.start_token = start_token
+        self.end_token = end_token
+        self.pad_token = pad_token
+        self.oov_token = oov_token
+        self.vocabulary_file = vocabulary_file
+        self._vocabulary = None
+        self._token_to_id = None
+        self._keras_hub_tokenizer = None
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+
+    def set_vocabulary(self, vocabulary):
+        vocabulary = _load_wordpiece_vocabulary(vocabulary)
+        for name in ("start_token", "end_token", "pad_token", "oov_token"):
+            if getattr(self, name) not in vocabulary:
+                raise ValueError(
+                    f"`{name}`={getattr(self, name)!r} is not in the WordPiece vocabulary "
+                    f"({len(vocabulary)} tokens)."
+                )
+        self._vocabulary = vocabulary
+        self._token_to_id = {token: i for i, token in enumerate(vocabulary)}
+        self._keras_hub_tokenizer = None
+
+    def _check_ready(self):
+        if self._vocabulary is None:
+            raise RuntimeError(
+                "This WordPieceTokenizer has no vocabulary yet: pass `vocabulary` to the "
+                "constructor or call `load_assets(directory)`."
+            )
+
+    @property
+    def vocabulary(self):
+        self._check_ready()
+        return list(self._vocabulary)
+
+    @property
+    def vocabulary_size(self):
+        self._check_ready()
+        return len(self._vocabulary)
+
+    @property
+    def start_token_id(self):
+        return self.token_to_id(self.start_token)
+
+    @property
+    def end_token_id(self):
+        return self.token_to_id(self.end_token)
+
+    @property
+    def pad_token_id(self):
+        return self.token_to_id(self.pad_token)
+
+    def token_to_id(self, token):
+        self._check_ready()
+        return self._token_to_id[token]
+
+    def id_to_token(self, token_id):
+        self._check_ready()
+        return self._vocabulary[int(token_id)]
+
+    def _backend(self):
+        if self._keras_hub_tokenizer is None:
+            from keras_hub.tokenizers import WordPieceTokenizer as _KHWordPiece
+
+            self._keras_hub_tokenizer = _KHWordPiece(
+                vocabulary=self._vocabulary, lowercase=False, strip_accents=False, oov_token=self.oov_token,
+            )
+        return self._keras_hub_tokenizer
+
+    def _clean(self, text):
+        if self.lowercase:
+            text = text.lower()
+        if self.strip_accents:
+            text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+        return text
+
+    def encode(self, text):
+        """Ids of one string, without `[CLS]` / `[SEP]` (list of int)."""
+        return self._encode_batch([text])[0]
+
+    def _encode_batch(self, texts):
+        self._check_ready()
+        if not texts:
+            return []
+        encoded = self._backend().tokenize([self._clean(t) for t in texts])
+        return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
+
+    def detokenize(self, token_ids):
+        """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
+
+        Stops at the first `[SEP]`, drops `[CLS]`; word pieces are glued back
+        (`"un ##aff ##able"` -> `"unaffable"`), words joined by one space.
+        """
+        self._check_ready()
+        arr = _to_numpy(token_ids)
+        single = arr.ndim == 1
+        arr = np.atleast_2d(arr)
+        if arr.ndim != 2:
+            raise ValueError(f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}.")
+        start, end = self.start_token_id, self.end_token_id
+        out = []
+        for row in arr.tolist():
+            tokens = []
+            for i in row:
+                if i == end:
+                    break
+                if i != start:
+                    tokens.append(self._vocabulary[int(i)])
+            out.append(" ".join(tokens).replace(" ##", ""))
+        return out[0] if single else out
+
+    def get_config(self):
+        return {
+            "sequence_length": self.sequence_length,
+            "lowercase": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "start_token": self.start_token,
+            "end_token": self.end_token,
+            "pad_token": self.pad_token,
+            "oov_token": self.oov_token,
+            "vocabulary_file": self.vocabulary_file,
+        }
+
+    def save_assets(self, directory):
+        """Write `vocabulary_file` (one token per line) into `directory`."""
+        self._check_ready()
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, self.vocabulary_file), "w", encoding="utf-8") as f:
+            f.write("\n".join(self._vocabulary) + "\n")
+
+    def load_assets(self, directory):
+        """Read `vocabulary_file` from `directory`."""
+        self.set_vocabulary(os.path.join(directory, self.vocabulary_file))
+        return self
+
+    @classmethod
+    def from_assets(cls, directory, **kwargs):
+        """`cls(**kwargs)` then `load_assets(directory)`."""
+        return cls(**kwargs).load_assets(directory)
+
+    def __repr__(self):
+        size = len(self._vocabulary) if self._vocabulary is not None else None
+        return f"WordPieceTokenizer(vocabulary_size={size}, sequence_length={self.sequence_length})"
+
+
+# --------------------------------------------------------------------------------------
 # Config -> tokenizer
 # --------------------------------------------------------------------------------------
 
-# Keys accepted in a config's "class_name" (or "type"); a future WordPiece tokenizer
-# (STAIR) registers here.
+# Keys accepted in a config's "class_name" (or "type").
 TOKENIZER_CLASSES = {
     "CLIPTokenizer": CLIPTokenizer,
     "vlzoo>CLIPTokenizer": CLIPTokenizer,
@@ -780,6 +1008,9 @@ TOKENIZER_CLASSES = {
     "SentencePieceTokenizer": SentencePieceTokenizer,
     "vlzoo>SentencePieceTokenizer": SentencePieceTokenizer,
     "sentencepiece": SentencePieceTokenizer,
+    "WordPieceTokenizer": WordPieceTokenizer,
+    "vlzoo>WordPieceTokenizer": WordPieceTokenizer,
+    "wordpiece": WordPieceTokenizer,
 }
 
 
@@ -796,7 +1027,7 @@ def tokenizer_from_config(config, assets_dir=None):
             If `None`, the tokenizer is returned without a vocabulary.
 
     Returns:
-        A `CLIPTokenizer` or `SentencePieceTokenizer`.
+        A `CLIPTokenizer`, `SentencePieceTokenizer` or `WordPieceTokenizer`.
     """
     if not isinstance(config, dict):
         raise TypeError(
@@ -1054,6 +1285,8 @@ class ImagePreprocessor:
 
 CLIP_BPE = {"class_name": "CLIPTokenizer", "assets": "clip_bpe"}
 CLIP_BPE_VOCABULARY_SIZE = 49408
+BERT_UNCASED = {"class_name": "WordPieceTokenizer", "assets": "bert_uncased"}
+BERT_UNCASED_VOCABULARY_SIZE = 30522
 
 
 def bundled_assets_dir(name):

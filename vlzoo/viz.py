@@ -9,6 +9,10 @@ or FILIP's argmax matches turned into one-hot rows (`filip_match_weights`).
 `draw_caption_alignment(model, image, caption, path)` does both steps for
 a SPARC or FILIP model.
 
+`top_terms_chart` draws a STAIR sparse embedding's heaviest vocabulary terms
+as a labelled bar chart (beside the image), `draw_image_terms` straight from
+a STAIR model.
+
 Example:
 >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
 >>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]   # (T, P)
@@ -142,3 +146,60 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
     figure.savefig(path, dpi=80)
     plt.close(figure)
     return path
+
+
+def top_terms_chart(terms, path, image=None, title=None):
+    """Writes a PNG bar chart of sparse-embedding terms, heaviest on top, beside `image` when given.
+
+    Args:
+        terms: `[(token, weight), ...]` (e.g. one row of
+            `vlzoo.retrieval.top_terms`, or `model.encode_image(x, top_k=20)[0]`).
+        path: PNG file to write.
+        image: optional `(H, W, 3)` image drawn on the left (rescaled to [0, 1]).
+        title: optional figure title.
+
+    Returns:
+        `path`.
+
+    Example:
+    >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not terms or any(len(term) != 2 for term in terms):
+        raise ValueError(f"`terms` must be a non-empty list of (token, weight) pairs; received {terms!r:.80}.")
+    labels = [str(token) for token, _ in terms]
+    weights = np.asarray([float(weight) for _, weight in terms], np.float32)
+    panels = 2 if image is not None else 1
+    figure, axes = plt.subplots(1, panels, figsize=(3.0 * panels + 1.0, 0.3 * len(terms) + 1.2), squeeze=False)
+    if image is not None:
+        axes[0, 0].imshow(_display_image(image))
+        axes[0, 0].axis("off")
+    bars = axes[0, -1]
+    positions = np.arange(len(terms))
+    bars.barh(positions, weights, color="tab:blue")
+    bars.set_yticks(positions, labels, fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("weight", fontsize=8)
+    for y, weight in zip(positions, weights):
+        bars.text(weight, y, f" {weight:.2f}", va="center", fontsize=7)
+    bars.set_xlim(0, max(float(weights.max()), 1e-6) * 1.2)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path
+
+
+def draw_image_terms(model, image, path, k=20, title=None):
+    """A STAIR model's `k` heaviest terms for `image` (`(H, W, 3)` preprocessed pixels) as
+    `top_terms_chart` beside the image; returns `path`.
+
+    >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)
+    """
+    images = ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(image), np.float32)[None])
+    return top_terms_chart(model.encode_image(images, top_k=k)[0], path, image=image, title=title)

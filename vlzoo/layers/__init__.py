@@ -4,6 +4,7 @@ from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding, bicubic_re
 from vlzoo.layers.heads import MAPHead
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
+from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.layers.text import TextTransformer
 from vlzoo.layers.transformer import MLP, MultiHeadAttention, TransformerBlock, quick_gelu
 from vlzoo.layers.vision import VisionTransformer

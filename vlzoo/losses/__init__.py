@@ -1,4 +1,4 @@
-"""Image-text losses (CLIP, SigLIP, FILIP, SPARC, Llip) and their logit helpers."""
+"""Image-text losses (CLIP, SigLIP, FILIP, SPARC, Llip, STAIR) and their logit helpers."""
 
 from vlzoo.losses.contrastive import clip_logits
 from vlzoo.losses.contrastive import clip_loss
@@ -19,6 +19,13 @@ from vlzoo.losses.llip import llip_template_average
 from vlzoo.losses.sparc import sparc_alignment_weights
 from vlzoo.losses.sparc import sparc_fine_grained_loss
 from vlzoo.losses.sparc import sparc_loss
+from vlzoo.losses.stair import flops_regularizer
+from vlzoo.losses.stair import flops_weight
+from vlzoo.losses.stair import stair_contrastive_loss
+from vlzoo.losses.stair import stair_head_pool
+from vlzoo.losses.stair import stair_logits
+from vlzoo.losses.stair import stair_loss
+from vlzoo.losses.stair import stair_pool
 
 __all__ = [
     "filip_ensemble_scores",
@@ -34,6 +41,13 @@ __all__ = [
     "sparc_alignment_weights",
     "sparc_fine_grained_loss",
     "sparc_loss",
+    "flops_regularizer",
+    "flops_weight",
+    "stair_contrastive_loss",
+    "stair_head_pool",
+    "stair_logits",
+    "stair_loss",
+    "stair_pool",
     "clip_logits",
     "clip_loss",
     "l2_normalize",

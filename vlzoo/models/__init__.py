@@ -7,3 +7,4 @@ from vlzoo.models.llip import Llip
 from vlzoo.models.siglip import SigLIP
 from vlzoo.models.sparc import SPARC
 from vlzoo.models.sparo import SPARO
+from vlzoo.models.stair import STAIR

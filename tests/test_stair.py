@@ -1,0 +1,529 @@
+"""STAIR: pooling, FLOPs regulariser, loss, tied heads, training stages, presets, WordPiece tokenizer."""
+
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import reference_towers as ref
+from backend_utils import value_and_grad
+from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
+
+from vlzoo.losses.stair import (
+    flops_regularizer,
+    flops_weight,
+    stair_contrastive_loss,
+    stair_head_pool,
+    stair_logits,
+    stair_loss,
+    stair_pool,
+)
+from vlzoo.models.stair import PRESETS, STAIR
+from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BERT_ASSETS = os.path.join(ROOT, "presets", "_assets", "bert_uncased")
+# Tiny towers with different widths (the image bridge is used), vocabulary 64; id 0 is
+# padding and 63 the end token of `tiny_batch`, both left out of the stage-1 mask.
+EXCLUDED = [0, 63]
+
+
+# ----------------------------------------------------------------- numpy references
+
+
+def np_pool(logits, mask):
+    """log1p(relu(max over real positions)), the API contract's order of operations."""
+    masked = np.where(mask[:, :, None], logits, -np.inf)
+    top = masked.max(1)
+    return np.log1p(np.maximum(np.where(np.isfinite(top), top, 0.0), 0.0))
+
+
+def np_flops(x):
+    return float(np.sum(np.abs(x).mean(0) ** 2))
+
+
+def np_cosine(a, b, eps=1e-6):
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), eps)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), eps)
+    return a @ b.T
+
+
+def np_contrastive(img, txt, scale):
+    logits = scale * np_cosine(img.astype(np.float64), txt.astype(np.float64))
+    rows = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    cols = logits - np.log(np.exp(logits).sum(0, keepdims=True))
+    return -0.5 * (np.diag(rows).mean() + np.diag(cols).mean())
+
+
+def np_head_logits(tokens, head, table):
+    x = ref.layer_norm(ref.activation(ref.dense(tokens, head.transform), "gelu"), head.norm)
+    if head.bridge is not None:
+        x = ref.dense(x, head.bridge)
+    return x @ ref.w(table).T + ref.w(head.bias)
+
+
+def np_encode(model, batch):
+    """Image and text ENC of `model` computed in numpy from its weights."""
+    _, vis = ref.vision_forward(batch["images"], model.vision)
+    _, txt = ref.text_forward(batch["token_ids"], batch["padding_mask"], model.text)
+    image = np_pool(np_head_logits(vis, model.image_head, model.token_embeddings), np.ones(vis.shape[:2], bool))
+    text = np_pool(np_head_logits(txt, model.text_head, model.token_embeddings), batch["padding_mask"])
+    return image, text
+
+
+def tiny_stair(**overrides):
+    config = dict(vision=dict(TINY_VISION, hidden_dim=48, intermediate_dim=96),
+                  text=dict(TINY_TEXT, intermediate_dim=80), excluded_token_ids=EXCLUDED, flops_warmup_steps=0)
+    config.update(overrides)
+    return STAIR(**config)
+
+
+def weights_of(layers):
+    return [to_numpy(v).copy() for layer in layers for v in layer.weights]
+
+
+# --------------------------------------------------------------------- pooling
+
+
+def test_stair_pool_matches_numpy_and_ignores_padding():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 6, 10)).astype("float32")
+    mask = np.arange(6)[None] < np.array([[3], [6], [1], [0]])
+    expected = np_pool(logits, mask)
+    out = to_numpy(stair_pool(logits, mask))
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_array_equal(out[3], 0.0)  # a row without real positions
+    # Huge logits at padded positions change nothing (a missing mask would pick them).
+    spiked = np.where(mask[:, :, None], logits, 1e4).astype("float32")
+    np.testing.assert_array_equal(to_numpy(stair_pool(spiked, mask)), out)
+    # The same rows padded to a longer length give the same vectors.
+    longer = np.concatenate([logits, rng.normal(size=(4, 5, 10)).astype("float32")], axis=1)
+    longer_mask = np.concatenate([mask, np.zeros((4, 5), bool)], axis=1)
+    np.testing.assert_array_equal(to_numpy(stair_pool(longer, longer_mask)), out)
+    # No mask: every position is real.
+    np.testing.assert_allclose(to_numpy(stair_pool(logits)), np_pool(logits, np.ones((4, 6), bool)), atol=1e-6)
+
+
+def test_stair_pool_is_nonnegative_with_exact_zeros():
+    logits = np.array([[[-1.0, 0.5, -3.0, 2.0], [-0.5, -0.1, -2.0, 1.0]]], "float32")
+    out = to_numpy(stair_pool(logits, np.ones((1, 2), bool)))
+    # Exact zeros where every logit is negative (softplus, or log1p before relu, would not give 0).
+    np.testing.assert_array_equal(out[0, [0, 2]], 0.0)
+    np.testing.assert_allclose(out[0, [1, 3]], [math.log1p(0.5), math.log1p(2.0)], rtol=1e-6)
+    assert (out >= 0).all()
+
+
+@pytest.mark.parametrize("num_chunks,remat", [(1, True), (3, True), (4, False), (7, True), (50, True)])
+def test_chunked_head_pool_equals_unchunked(num_chunks, remat):
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(3, 5, 4)).astype("float32")
+    table = rng.normal(size=(10, 4)).astype("float32")  # V = 10: chunks of 4 (padded), 3, 2, 10 x 1
+    bias = rng.normal(size=(10,)).astype("float32")
+    mask = np.arange(5)[None] < np.array([[2], [5], [0]])
+    weights = keras.ops.convert_to_tensor(rng.normal(size=(3, 10)).astype("float32"))
+
+    def unchunked(f, e, b):
+        return keras.ops.sum(weights * stair_pool(keras.ops.matmul(f, keras.ops.transpose(e)) + b, mask))
+
+    def chunked(f, e, b):
+        return keras.ops.sum(weights * stair_head_pool(f, e, b, mask, num_chunks=num_chunks, remat=remat))
+
+    value, grads = value_and_grad(unchunked, features, table, bias)
+    chunk_value, chunk_grads = value_and_grad(chunked, features, table, bias)
+    assert abs(chunk_value - value) < 1e-5
+    for a, b in zip(chunk_grads, grads):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(grads[1]).sum() > 0
+    pooled = to_numpy(stair_head_pool(features, table, bias, mask, num_chunks=num_chunks))
+    np.testing.assert_allclose(pooled, np_pool(features @ table.T + bias, mask), atol=1e-5)
+
+
+# ------------------------------------------------------------------ regulariser
+
+
+def test_flops_regularizer_hand_cases_and_gradient():
+    assert float(to_numpy(flops_regularizer(np.array([[1.0, 0.0], [0.0, 1.0]])))) == pytest.approx(0.5)
+    # Squared batch mean, not the mean of squares (2.0) nor L1 (1.0 with another gradient).
+    assert float(to_numpy(flops_regularizer(np.array([[2.0, 0.0], [0.0, 0.0]])))) == pytest.approx(1.0)
+    # d/dx_ik = 2 * mean_k * sign(x_ik) / N (away from 0, where the backends' |x| subgradients differ).
+    value, (grad,) = value_and_grad(flops_regularizer, np.array([[2.0, 1.0], [-0.5, 3.0]], "float32"))
+    assert float(value) == pytest.approx(1.25**2 + 2.0**2)
+    np.testing.assert_allclose(grad, [[1.25, 2.0], [-1.25, 2.0]], rtol=1e-6)
+    rng = np.random.default_rng(2)
+    y = np.abs(rng.normal(size=(5, 7))).astype("float32")
+    base = float(to_numpy(flops_regularizer(y)))
+    assert base == pytest.approx(np_flops(y), rel=1e-6)
+    assert float(to_numpy(flops_regularizer(y[::-1]))) == pytest.approx(base, rel=1e-6)
+    assert float(to_numpy(flops_regularizer(np.concatenate([y, y])))) == pytest.approx(base, rel=1e-6)
+    assert float(to_numpy(flops_regularizer(3.0 * y))) == pytest.approx(9.0 * base, rel=1e-5)
+    assert float(to_numpy(flops_regularizer(-y))) == pytest.approx(base, rel=1e-6)  # |x|
+
+
+def test_flops_weight_quadratic_ramp():
+    values = [float(to_numpy(flops_weight(t, 1e-3, 100))) for t in (0, 50, 100, 500)]
+    np.testing.assert_allclose(values, [0.0, 2.5e-4, 1e-3, 1e-3], rtol=1e-6)
+    assert float(to_numpy(flops_weight(0, 1e-3, 0))) == pytest.approx(1e-3)
+
+
+# ------------------------------------------------------------------------ loss
+
+
+def test_stair_loss_matches_numpy_and_degenerate_cases():
+    rng = np.random.default_rng(3)
+    img = np.maximum(rng.normal(size=(6, 16)), 0).astype("float32")
+    txt = np.maximum(rng.normal(size=(6, 16)), 0).astype("float32")
+    expected = np_contrastive(img, txt, 10.0) + 1e-3 * np_flops(img) + 2e-3 * np_flops(txt)
+    assert float(to_numpy(stair_loss(img, txt, 10.0, 1e-3, 2e-3))) == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_allclose(to_numpy(stair_logits(img, txt, 10.0)), 10.0 * np_cosine(img, txt), atol=1e-5)
+    # Symmetric in the roles; identical embeddings give log B.
+    swapped = float(to_numpy(stair_contrastive_loss(txt, img, 10.0)))
+    assert swapped == pytest.approx(float(to_numpy(stair_contrastive_loss(img, txt, 10.0))), rel=1e-6)
+    same = np.tile(img[:1], (6, 1))
+    assert float(to_numpy(stair_contrastive_loss(same, same, 10.0))) == pytest.approx(math.log(6), rel=1e-6)
+    # All-zero rows (a fully regularised text): finite loss and gradients, cosine 0.
+    txt[2] = 0.0
+    img[4] = 0.0
+    value, grads = value_and_grad(lambda a, b: stair_loss(a, b, 10.0, 1e-3, 1e-3), img, txt)
+    assert np.isfinite(value) and all(np.isfinite(g).all() for g in grads)
+    assert value == pytest.approx(np_contrastive(img, txt, 10.0) + 1e-3 * (np_flops(img) + np_flops(txt)), rel=1e-5)
+    np.testing.assert_array_equal(to_numpy(stair_logits(img, txt, 10.0))[:, 2], 0.0)
+
+
+def test_loss_inputs_are_checked():
+    with pytest.raises(ValueError, match="token_logits"):
+        stair_pool(np.zeros((2, 3)), np.ones((2, 3), bool))
+    with pytest.raises(ValueError, match="mask"):
+        stair_pool(np.zeros((2, 3, 4)), np.ones((2, 4), bool))
+    with pytest.raises(TypeError, match="mask"):
+        stair_pool(np.zeros((2, 3, 4)), np.ones((2, 3), "float32"))
+    with pytest.raises(ValueError, match="sparse_embeds"):
+        flops_regularizer(np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="embeddings"):
+        stair_head_pool(np.zeros((2, 3, 4)), np.zeros((10, 5)))
+    with pytest.raises(ValueError, match="bias"):
+        stair_head_pool(np.zeros((2, 3, 4)), np.zeros((10, 4)), np.zeros((9,)))
+    with pytest.raises(ValueError, match="num_chunks"):
+        stair_head_pool(np.zeros((2, 3, 4)), np.zeros((10, 4)), num_chunks=0)
+    with pytest.raises(ValueError, match="text_embeds"):
+        stair_loss(np.zeros((2, 4)), np.zeros((3, 4)), 1.0)
+
+
+# ----------------------------------------------------------------------- model
+
+
+def test_forward_matches_numpy_with_tied_decoders():
+    model = tiny_stair(num_chunks=3)
+    batch = tiny_batch(batch_size=4)
+    image, text = np_encode(model, batch)
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])), image, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_text(batch)), text, atol=2e-5)
+    logits = to_numpy(model.image_token_logits(batch["images"]))  # (B, 1 + P, V), the App. E.1 maps
+    assert logits.shape == (4, 17, 64)
+    np.testing.assert_allclose(np_pool(logits, np.ones((4, 17), bool)), image, atol=2e-5)
+    scale = math.exp(float(to_numpy(model.logit_scale)))
+    np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)),
+                               scale * np_cosine(image, text), atol=1e-4)
+    # No decoder of their own: the only (V, D) variable is the text token embedding.
+    tables = [v for v in model.weights if tuple(v.shape) == (64, 32)]
+    assert len(tables) == 1 and tables[0] is model.text.token_embedding.embeddings is model.token_embeddings
+    assert {v.path.split("/")[-1] for v in model.image_head.weights} == {"kernel", "bias", "gamma", "beta"}
+    assert tuple(model.image_head.bridge.kernel.shape) == (48, 32) and model.text_head.bridge is None
+    # Both towers read E_tok: changing it changes both embeddings.
+    before_img, before_txt = to_numpy(model.encode_image(batch["images"])), to_numpy(model.encode_text(batch))
+    model.token_embeddings.assign(to_numpy(model.token_embeddings) * 1.5)
+    assert np.abs(to_numpy(model.encode_image(batch["images"])) - before_img).max() > 1e-3
+    assert np.abs(to_numpy(model.encode_text(batch)) - before_txt).max() > 1e-3
+
+
+def test_text_embedding_ignores_padding_content_and_length():
+    model = tiny_stair()
+    batch = tiny_batch(batch_size=4)
+    base = to_numpy(model.encode_text(batch))
+    noisy = dict(batch, token_ids=np.where(batch["padding_mask"], batch["token_ids"], 7).astype("int32"))
+    np.testing.assert_allclose(to_numpy(model.encode_text(noisy)), base, atol=1e-6)
+    length = int(batch["padding_mask"].sum(1).max())
+    short = {"token_ids": batch["token_ids"][:, :length], "padding_mask": batch["padding_mask"][:, :length]}
+    np.testing.assert_allclose(to_numpy(model.encode_text(short)), base, atol=1e-5)
+    assert (base >= 0).all() and (base == 0).any()
+
+
+def test_caption_mask_marks_each_captions_own_ids():
+    model = tiny_stair()
+    ids = np.array([[5, 9, 5, 63, 0, 0], [0, 12, 63, 33, 33, 33]], "int32")
+    mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
+    out = to_numpy(model.caption_mask({"token_ids": ids, "padding_mask": mask}))
+    expected = np.zeros((2, 64), "float32")
+    expected[0, [5, 9]] = 1.0  # repeated 5 counted once; 63 and 0 excluded
+    expected[1, [12]] = 1.0  # 33 only in padding
+    np.testing.assert_array_equal(out, expected)
+    # Text-encoder-free scoring (App. E.2): the image against the bag of words, as a cosine.
+    images = tiny_batch(batch_size=3)["images"]
+    image = to_numpy(model.encode_image(images))
+    np.testing.assert_allclose(to_numpy(model.score(image, out)),
+                               math.exp(float(to_numpy(model.logit_scale))) * np_cosine(image, expected), atol=1e-4)
+    # Paper-faithful option: nothing excluded.
+    out = to_numpy(tiny_stair(excluded_token_ids=None).caption_mask({"token_ids": ids, "padding_mask": mask}))
+    assert out[0, 63] == 1.0 and out[1, 0] == 1.0
+
+
+def _sgd_step(model, batch, stage):
+    """One plain SGD step in `stage`."""
+    model.set_stage(stage)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5))
+    model.fit(batch, batch_size=len(batch["images"]), epochs=1, verbose=0, shuffle=False)
+
+
+def test_stage1_masks_the_text_to_its_caption_ids():
+    batch = tiny_batch(batch_size=6, seed=4)
+    in_captions = np.zeros(64, bool)
+    in_captions[batch["token_ids"][batch["padding_mask"]]] = True
+    in_captions[EXCLUDED] = False
+    model = tiny_stair(text_flops_weight=0.5)
+    outputs = model(batch)
+    _, masked = model.loss_embeddings(outputs)
+    expected = to_numpy(outputs["text_embeds"]) * to_numpy(model.caption_mask(batch))
+    np.testing.assert_array_equal(to_numpy(masked), expected)
+    assert (to_numpy(masked)[:, ~in_captions] == 0).all()
+    # One SGD step: the text output bias moves only at ids of the batch's captions.
+    bias = to_numpy(model.text_head.bias).copy()
+    _sgd_step(model, batch, 1)
+    moved = to_numpy(model.text_head.bias) != bias
+    assert moved[in_captions].any() and not moved[~in_captions].any()
+    # Stage 3 (no mask): other ids move too.
+    other = tiny_stair(text_flops_weight=0.5)
+    bias = to_numpy(other.text_head.bias).copy()
+    _sgd_step(other, batch, 3)
+    assert (to_numpy(other.text_head.bias) != bias)[~in_captions].any()
+
+
+@pytest.mark.parametrize("stage,flops_on", [(1, "masked"), (1, "unmasked"), (2, "masked"), (3, "masked")])
+def test_stage_loss_matches_numpy(stage, flops_on):
+    model = tiny_stair(stage=stage, stage1_flops_on=flops_on, image_flops_weight=0.3, text_flops_weight=0.7)
+    batch = tiny_batch(batch_size=6, seed=8)
+    image, text = np_encode(model, batch)
+    mask = np.zeros_like(text)
+    for row, (ids, real) in enumerate(zip(batch["token_ids"], batch["padding_mask"])):
+        mask[row, ids[real]] = 1.0
+    mask[:, EXCLUDED] = 0.0
+    paired = text * mask if stage == 1 else text
+    expected = np_contrastive(image, paired, math.exp(float(to_numpy(model.logit_scale))))
+    expected += 0.7 * np_flops(text if flops_on == "unmasked" else paired)
+    if stage != 2:  # stage 2: the frozen image's FLOPs term is logged, not trained
+        expected += 0.3 * np_flops(image)
+    loss = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
+    assert loss == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["snapshot", "shared"])
+def test_stage2_freezes_the_image_tower(mode):
+    batch = tiny_batch(batch_size=6, seed=5)
+    model = tiny_stair(stage2_image_embed=mode)
+    model.set_stage(2)
+    assert not model.vision.trainable and not model.image_head.trainable
+    assert (model.frozen_token_embeddings is not None) == (mode == "snapshot")
+    image_before = to_numpy(model.encode_image(batch["images"]))
+    frozen = weights_of([model.vision, model.image_head])
+    table = to_numpy(model.token_embeddings).copy()
+    text = weights_of([model.text, model.text_head])
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.1))
+    model.fit(batch, batch_size=6, epochs=2, verbose=0, shuffle=False)
+    for a, b in zip(weights_of([model.vision, model.image_head]), frozen):
+        np.testing.assert_array_equal(a, b)
+    assert np.abs(to_numpy(model.token_embeddings) - table).max() > 0
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(weights_of([model.text, model.text_head]), text)
+               if a.size > 1)
+    image_after = to_numpy(model.encode_image(batch["images"]))
+    if mode == "snapshot":  # bit-identical image embeddings through stage 2
+        np.testing.assert_array_equal(image_after, image_before)
+        np.testing.assert_array_equal(to_numpy(model.frozen_token_embeddings), table)
+    else:  # the live, shared E_tok drifts
+        assert np.abs(image_after - image_before).max() > 0
+    # Stage 3 trains everything again and drops the snapshot.
+    model.set_stage(3)
+    assert model.frozen_token_embeddings is None and model.vision.trainable
+    frozen = weights_of([model.vision, model.image_head])
+    model.fit(batch, batch_size=6, epochs=1, verbose=0, shuffle=False)
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(weights_of([model.vision, model.image_head]), frozen)
+               if a.size > 1)
+
+
+def test_step_counters_and_flops_ramp_survive_recompiles():
+    batch = tiny_batch(batch_size=4, seed=6)
+    model = tiny_stair(flops_warmup_steps=8, image_flops_weight=1e-3, text_flops_weight=2e-3)
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-3))
+    history = model.fit(batch, batch_size=2, epochs=2, verbose=0, shuffle=False)  # steps 0-3
+    # The text weight logged per epoch is the mean over its two steps: 2e-3 * (t / 8)^2.
+    np.testing.assert_allclose(history.history["flops_weight"], [2e-3 * (0 + 1) / 128, 2e-3 * (4 + 9) / 128],
+                               rtol=1e-5)
+    model.set_stage(2)  # re-compiles with a fresh optimizer
+    assert model.compiled and int(to_numpy(model.optimizer.iterations)) == 0
+    history = model.fit(batch, batch_size=2, epochs=1, verbose=0, shuffle=False)  # steps 4, 5
+    assert int(to_numpy(model.global_step)) == 6 and int(to_numpy(model.stage_step)) == 2
+    np.testing.assert_allclose(history.history["flops_weight"], [2e-3 * (16 + 25) / 128], rtol=1e-5)
+    np.testing.assert_allclose([float(to_numpy(w)) for w in model.flops_weights()],
+                               [1e-3 * 36 / 64, 2e-3 * 36 / 64], rtol=1e-6)
+    # restart_per_stage ramps from the stage's own counter.
+    model.restart_per_stage = True
+    np.testing.assert_allclose(float(to_numpy(model.flops_weights()[1])), 2e-3 * 4 / 64, rtol=1e-6)
+    model.evaluate(batch, batch_size=2, verbose=0)  # evaluation does not count steps
+    assert int(to_numpy(model.global_step)) == 6
+    with pytest.raises(ValueError, match="stage"):
+        model.set_stage(4)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fit_lowers_the_loss_in_each_stage(stage):
+    keras.utils.set_random_seed(0)
+    model = tiny_stair(stage=stage, text_flops_weight=1e-2, image_flops_weight=1e-2)
+    batch = tiny_batch(batch_size=8, seed=7)
+    batch["padding_mask"][7] = False  # an all-padding caption: a zero text vector, finite loss and gradients
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=3e-3))
+    before = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
+    history = model.fit(batch, batch_size=8, epochs=20, verbose=0, shuffle=False)
+    after = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
+    assert np.isfinite(history.history["loss"]).all() and all(np.isfinite(to_numpy(v)).all() for v in model.weights)
+    np.testing.assert_array_equal(to_numpy(model.encode_text(batch))[7], 0.0)
+    assert after < 0.7 * before, (stage, before, after)
+
+
+def test_save_load_round_trip_in_stage_2(tmp_path):
+    import vlzoo
+
+    model = tiny_stair(num_chunks=2, excluded_token_ids=[0, 5, 63], zero_excluded=True, pool_include_cls=False)
+    batch = tiny_batch(batch_size=4)
+    model.set_stage(2)
+    model.token_embeddings.assign(to_numpy(model.token_embeddings) + 0.1)  # the snapshot now differs from E_tok
+    model.save_to_preset(tmp_path / "stair")
+    loaded = vlzoo.from_preset(str(tmp_path / "stair"))
+    assert type(loaded) is STAIR and loaded.stage == 2 and loaded.get_config() == model.get_config()
+    assert [v.path for v in loaded.weights] == [v.path for v in model.weights]
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    np.testing.assert_array_equal(to_numpy(loaded.encode_image(batch["images"])),
+                                  to_numpy(model.encode_image(batch["images"])))
+    out = to_numpy(loaded.encode_text(batch))
+    assert (out[:, [0, 5, 63]] == 0).all()  # zero_excluded
+    rebuilt = STAIR.from_config(model.get_config())
+    assert rebuilt.get_config() == model.get_config()
+
+
+def test_config_errors_are_named():
+    with pytest.raises(ValueError, match="embed_dim"):
+        tiny_stair(embed_dim=32)
+    with pytest.raises(ValueError, match="excluded_token_ids"):
+        tiny_stair(excluded_token_ids="bert")  # vocabulary 64 < 999
+    with pytest.raises(ValueError, match="excluded_token_ids"):
+        tiny_stair(excluded_token_ids=[64])
+    with pytest.raises(ValueError, match="stage2_image_embed"):
+        tiny_stair(stage2_image_embed="copy")
+    with pytest.raises(ValueError, match="stage"):
+        tiny_stair(stage=0)
+    with pytest.raises(ValueError, match="images"):
+        tiny_stair().encode_image(np.zeros((2, 32, 32), "float32"))
+
+
+# --------------------------------------------------------------------- presets
+
+
+def _tower_counts(config):
+    """Image (ViT + its head) and text (tower + its head) parameter counts, weights never allocated."""
+    from keras.src.backend.common import global_state
+
+    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            model = STAIR(**config)
+
+            def size(layers):
+                return sum(int(np.prod(v.shape)) for layer in layers for v in layer.weights)
+
+            return size([model.vision, model.image_head]), size([model.text, model.text_head]), model
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", pending)
+
+
+def test_vit_b16_parameter_counts_match_the_spec():
+    image, text, model = _tower_counts(PRESETS["stair_vit_b16"]["config"])
+    # specs/stair.md §1.2 / Table 1: 86.8M / 53.8M; exact figures of the spec's layout.
+    assert image == 86_815_290 and abs(image - 86.8e6) < 0.05e6
+    assert text == 53_790_010 and abs(text - 53.8e6) < 0.05e6
+    vision, tower = model.vision, model.text
+    assert (tower.vocabulary_size, tower.sequence_length, tower.hidden_dim, tower.num_heads, tower.num_layers) == (
+        30522, 76, 512, 8, 12)
+    assert (vision.hidden_dim, vision.num_heads, vision.num_layers, vision.patch_size, vision.image_size) == (
+        768, 12, 12, 16, 224)
+    assert not tower.causal and tower.use_padding_mask and model.num_chunks == 16
+
+
+def test_tiny_preset_encodes_strings_to_top_terms():
+    model = STAIR(**PRESETS["stair_tiny"]["config"])
+    assert isinstance(model.tokenizer, WordPieceTokenizer) and model.embed_dim == 30522
+    terms = model.encode_text(["a dog on the beach"], top_k=5)
+    assert len(terms) == 1 and len(terms[0]) == 5
+    weights = [w for _, w in terms[0]]
+    assert weights == sorted(weights, reverse=True) and all(isinstance(t, str) for t, _ in terms[0])
+    dense = to_numpy(model.encode_text(["a dog on the beach"]))[0]
+    assert weights[0] == pytest.approx(float(dense.max()))
+    assert model.tokenizer.id_to_token(int(dense.argmax())) == terms[0][0][0]
+
+
+# ------------------------------------------------------------- WordPiece tokenizer
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    return WordPieceTokenizer.from_assets(BERT_ASSETS)
+
+
+def test_wordpiece_ids_of_bert_uncased(wordpiece):
+    out = wordpiece(["a photo of a cat", "A Café, unaffable!"], sequence_length=12)
+    np.testing.assert_array_equal(out["token_ids"][0, :8], [101, 1037, 6302, 1997, 1037, 4937, 102, 0])
+    # Lowercased, accent stripped, punctuation split, "##" word pieces.
+    np.testing.assert_array_equal(out["token_ids"][1, :9], [101, 1037, 7668, 1010, 14477, 20961, 3468, 999, 102])
+    assert out["padding_mask"].sum(1).tolist() == [7, 9]
+    assert wordpiece.vocabulary_size == 30522 and wordpiece.detokenize(out["token_ids"][1]) == "a cafe , unaffable !"
+    # Truncation keeps [SEP] last.
+    long = wordpiece(["word " * 100])["token_ids"][0]
+    assert long.shape == (76,) and long[0] == 101 and long[-1] == 102
+
+
+def test_wordpiece_matches_hugging_face(wordpiece):
+    transformers = pytest.importorskip("transformers")
+    peer = transformers.BertTokenizer(os.path.join(BERT_ASSETS, "vocab.txt"), do_lower_case=True)
+    texts = ["A man riding a wave on top of a surfboard.", "Crème brûlée — 3 ½ cups!",
+             "naïve résumé 東京 test's", "an unbelievably xylophonic https://example.com"]
+    ours = wordpiece(texts, sequence_length=40)
+    theirs = peer(texts, padding="max_length", max_length=40, truncation=True)
+    np.testing.assert_array_equal(ours["token_ids"], np.asarray(theirs["input_ids"]))
+    np.testing.assert_array_equal(ours["padding_mask"], np.asarray(theirs["attention_mask"], bool))
+
+
+def test_wordpiece_config_assets_round_trip(wordpiece, tmp_path):
+    config = keras.saving.serialize_keras_object(WordPieceTokenizer(sequence_length=20))
+    wordpiece.save_assets(str(tmp_path))
+    restored = tokenizer_from_config(config, tmp_path)
+    assert restored.sequence_length == 20 and restored.vocabulary == wordpiece.vocabulary
+    assert tokenizer_from_config({"type": "wordpiece", "sequence_length": 8}).get_config()["sequence_length"] == 8
+    with pytest.raises(RuntimeError, match="load_assets"):
+        WordPieceTokenizer()(["a"])
+    with pytest.raises(ValueError, match="end_token"):
+        WordPieceTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "a"])
+
+
+def test_wordpiece_build_script_reproduces_the_assets(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_wordpiece_assets",
+                                                  os.path.join(ROOT, "tools", "build_wordpiece_assets.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write_assets(os.path.join(BERT_ASSETS, "vocab.txt"), str(tmp_path))
+    with open(tmp_path / "vocab.txt", "rb") as a, open(os.path.join(BERT_ASSETS, "vocab.txt"), "rb") as b:
+        assert a.read() == b.read()
+    note = (tmp_path / "LICENSE_NOTE.md").read_text()
+    assert "Apache" in note and module.BERT_UNCASED_SHA256 in note
+    bad = tmp_path / "bad.txt"
+    bad.write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(ValueError, match="30522"):
+        module.write_assets(str(bad), str(tmp_path / "out"))

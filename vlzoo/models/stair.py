@@ -1,0 +1,445 @@
+"""STAIR (Chen et al., EMNLP 2023): sparse text and image representations in grounded tokens."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from vlzoo.layers.sparse_vocab import SparseVocabHead
+from vlzoo.losses import l2_normalize
+from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE
+
+STAGES = (1, 2, 3)
+STAGE2_IMAGE_EMBEDS = ("snapshot", "shared")
+STAGE1_FLOPS_ON = ("masked", "unmasked")
+# BERT uncased: [PAD] 0, [unused0-98] 1-99, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103,
+# [unused99-993] 104-998.
+BERT_SPECIAL_IDS = 999
+METRICS = ("loss_con", "flops_img", "flops_txt", "nnz_img", "nnz_txt", "flops_weight")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class STAIR(ContrastiveModel):
+    """STAIR: both towers map to non-negative, sparse, vocabulary-sized vectors.
+
+    Towers: a ViT (CLS token, `ln_pre`, exact GELU) and a bidirectional text
+    transformer with a padding mask (our choice; `text={"causal": True}` for
+    CLIP's). Head (`SparseVocabHead`, one per tower): BERT's MLM transform
+    `LayerNorm(GELU(W h + c))` at every position, a bias-free bridge to the
+    text width on the image side, and a decoder tied to the text token
+    embedding `E_tok` for both towers, max-pooled over positions:
+    `ENC = log1p(relu(max_j p(h_j)))` (`vlzoo.losses.stair_pool`), `(B, V)`.
+    The vocabulary logits are reduced in `num_chunks` vocabulary blocks.
+
+    Score (`similarity`): `exp(logit_scale) * cos(ENC_I, ENC_T)` with an
+    epsilon guard (an all-zero vector scores 0). Loss:
+    `L_con + l_1(t) F(ENC_I) + l_2(t) F(ENC_T)` with the FLOPs regulariser
+    `F` and SPLADE's quadratic ramp `l(t) = l * min(1, t / T)^2`.
+
+    Training stages (`set_stage`, `specs/stair.md` §1.6):
+    1. everything trains; the text vector in the loss is masked to the ids of
+       its own caption (`caption_mask`), so the image learns to put its
+       weight on real words.
+    2. the image tower (ViT and its head) is frozen; by default its decoder
+       reads a frozen snapshot of `E_tok` taken on entering the stage
+       (`stage2_image_embed="snapshot"`), so image embeddings stay
+       bit-identical while the text tower (and `E_tok`) trains; no mask.
+       The image FLOPs term is constant then: logged, left out of the loss.
+    3. everything trains, no mask.
+
+    Training logs, besides `loss`: `loss_con` (the contrastive term),
+    `flops_img` / `flops_txt` (the regulariser values), `nnz_img` / `nnz_txt`
+    (active terms per vector of the embeddings in the loss) and
+    `flops_weight` (`l_2(t)`).
+
+    Step counters `global_step` and `stage_step` are model weights (saved,
+    carried across re-compiles; the optimizer's `iterations` restarts with
+    each stage's fresh optimizer, so a learning-rate schedule restarts per
+    stage as in the paper). They advance once per training loss evaluation
+    (each `fit` step). The FLOPs ramp reads `global_step`, or `stage_step`
+    with `restart_per_stage=True`.
+
+    Args:
+        vision, text: tower arguments (no projections; `text` needs
+            `vocabulary_size`, which is `V`).
+        embed_dim: must equal the text vocabulary size when given (the
+            embedding is the vocabulary); None takes it from `text`.
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)` (CLIP's; the
+            temperature is unstated in the paper). Clamped at `ln 100`.
+        stage: training stage 1, 2 or 3 (1).
+        image_flops_weight, text_flops_weight: `l_1`, `l_2` (1e-3 each).
+        flops_warmup_steps: ramp length `T` (50,000, SPLADE's; scale it to
+            short runs; 0 for no ramp).
+        restart_per_stage: ramp from `stage_step` instead of `global_step`
+            (False: one ramp from the start of stage 1, full weight after).
+        stage2_image_embed: "snapshot" (default) or "shared" (the image head
+            reads the live `E_tok` in stage 2 as well).
+        stage1_flops_on: "masked" (default, our choice) or "unmasked": which
+            text vector the stage-1 FLOPs term sees.
+        excluded_token_ids: ids never counted in the stage-1 caption mask:
+            "bert" (default: the 999 BERT uncased specials and `[unused*]`
+            ids 0-998), None (paper-faithful: none), or a list of ids.
+        zero_excluded: also zero the excluded ids in every embedding, all
+            stages (False: the full vocabulary is the output space).
+        pool_include_cls: pool the image's CLS position too (True; the
+            text pools every real position, `[CLS]` / `[SEP]` included).
+        head_layer_norm_epsilon: epsilon of the heads' LayerNorm (1e-5).
+        cosine_epsilon: lower bound on the norms in the cosine (1e-6).
+        num_chunks: vocabulary blocks of the heads' pooling (None: one).
+        remat: rematerialise each block in the backward pass.
+
+    `encode_image` / `encode_text` return `(B, V)` float32 vectors, or with
+    `top_k` the `k` heaviest `(token, weight)` pairs of each row.
+
+    Example:
+    >>> model = vlzoo.from_preset("stair_tiny")
+    >>> model.encode_image(images, top_k=5)[0]   # [("dog", 1.7), ...]
+    >>> model.set_stage(2); model.fit(dataset)   # re-compiles for the stage
+    """
+
+    family = "stair"
+    vision_defaults = dict(
+        num_prefix_tokens=1, pooling="cls", use_pre_norm=True, patch_bias=False, projection_bias=False,
+        layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
+    )
+    text_defaults = dict(
+        causal=False, pooling="first", use_padding_mask=True, projection_bias=False,
+        layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
+    )
+
+    def __init__(
+        self, vision, text, embed_dim=None, init_logit_scale=math.log(1 / 0.07), stage=1,
+        image_flops_weight=1e-3, text_flops_weight=1e-3, flops_warmup_steps=50_000, restart_per_stage=False,
+        stage2_image_embed="snapshot", stage1_flops_on="masked", excluded_token_ids="bert",
+        zero_excluded=False, pool_include_cls=True, head_layer_norm_epsilon=1e-5, cosine_epsilon=1e-6,
+        num_chunks=None, remat=True, **kwargs,
+    ):
+        vocabulary_size = text["vocabulary_size"]
+        if embed_dim is not None and embed_dim != vocabulary_size:
+            raise ValueError(
+                f"STAIR's embedding is the vocabulary: `embed_dim` must equal `text['vocabulary_size']` "
+                f"({vocabulary_size}) or be None; received {embed_dim}."
+            )
+        for name, value, choices in (("stage", stage, STAGES),
+                                     ("stage2_image_embed", stage2_image_embed, STAGE2_IMAGE_EMBEDS),
+                                     ("stage1_flops_on", stage1_flops_on, STAGE1_FLOPS_ON)):
+            if value not in choices:
+                raise ValueError(f"`{name}` must be one of {choices}; received {value!r}.")
+        if not isinstance(flops_warmup_steps, int) or flops_warmup_steps < 0:
+            raise ValueError(f"`flops_warmup_steps` must be an int >= 0; received {flops_warmup_steps!r}.")
+        super().__init__(vision, text, vocabulary_size, init_logit_scale=init_logit_scale, **kwargs)
+        self.excluded_token_ids = _check_excluded(excluded_token_ids, vocabulary_size)
+        self.image_flops_weight = image_flops_weight
+        self.text_flops_weight = text_flops_weight
+        self.flops_warmup_steps = flops_warmup_steps
+        self.restart_per_stage = restart_per_stage
+        self.stage2_image_embed = stage2_image_embed
+        self.stage1_flops_on = stage1_flops_on
+        self.zero_excluded = zero_excluded
+        self.pool_include_cls = pool_include_cls
+        self.head_layer_norm_epsilon = head_layer_norm_epsilon
+        self.cosine_epsilon = cosine_epsilon
+        self.num_chunks = num_chunks
+        self.remat = remat
+        keep = np.ones((vocabulary_size,), "float32")
+        keep[_excluded_ids(self.excluded_token_ids)] = 0.0
+        self._keep = keep  # numpy: 0 at the excluded ids
+
+        width = self.text.hidden_dim
+        head = dict(vocabulary_size=vocabulary_size, layer_norm_epsilon=head_layer_norm_epsilon,
+                    num_chunks=num_chunks, remat=remat, dtype=self.dtype_policy)
+        self.image_head = SparseVocabHead(self.vision.hidden_dim, width, name="image_head", **head)
+        self.text_head = SparseVocabHead(width, width, name="text_head", **head)
+        self.image_head.build()
+        self.text_head.build()
+        counter = dict(shape=(), dtype="int32", initializer="zeros", trainable=False)
+        self.global_step = self.add_weight(name="global_step", **counter)
+        self.stage_step = self.add_weight(name="stage_step", **counter)
+        self.stage_metrics = [keras.metrics.Mean(name=name) for name in METRICS]
+        self.frozen_token_embeddings = None
+        self.stage = None
+        self._compile_kwargs = None
+        self._enter_stage(stage)
+
+    # ------------------------------------------------------------- stages
+
+    @property
+    def token_embeddings(self):
+        """`E_tok`, the text token-embedding table `(V, D_t)` every decoder is tied to."""
+        return self.text.token_embedding.embeddings
+
+    def _enter_stage(self, stage):
+        frozen = stage == 2
+        self.vision.trainable = not frozen
+        self.image_head.trainable = not frozen
+        snapshot = frozen and self.stage2_image_embed == "snapshot"
+        if snapshot and self.frozen_token_embeddings is None:
+            table = self.token_embeddings
+            self.frozen_token_embeddings = self.add_weight(
+                name="frozen_token_embeddings", shape=table.shape, trainable=False,
+                initializer=lambda shape, dtype=None: ops.copy(table.value),
+            )
+        elif not snapshot and self.frozen_token_embeddings is not None:
+            del self.frozen_token_embeddings
+            self.frozen_token_embeddings = None
+        self.stage = stage
+
+    def set_stage(self, stage, optimizer=None):
+        """Switches to training stage 1, 2 or 3 (see the class docstring).
+
+        Entering stage 2 freezes the image tower and snapshots `E_tok` for
+        its decoder; leaving it unfreezes the tower and drops the snapshot.
+        `stage_step` restarts at 0; `global_step` carries on. Keras fixes the
+        trainable variables at `compile` time, so a compiled model is
+        re-compiled here with the same arguments and `optimizer`, or by
+        default a fresh optimizer of the same config (its state and
+        `iterations` reset, so a learning-rate schedule restarts per stage;
+        pass the stage's own optimizer for stage 3's lower rate). Setting
+        the current stage again changes nothing (the stage-2 snapshot is
+        kept) unless an `optimizer` is given.
+
+        Args:
+            stage: 1, 2 or 3.
+            optimizer: optional optimizer for the re-compile.
+
+        Returns:
+            The model.
+
+        Example:
+        >>> model.set_stage(1); model.fit(data, epochs=...)
+        >>> model.set_stage(2); model.fit(data, epochs=...)
+        >>> model.set_stage(3, keras.optimizers.Lamb(1e-4)); model.fit(data, epochs=...)
+        """
+        if stage not in STAGES:
+            raise ValueError(f"`stage` must be one of {STAGES}; received {stage!r}.")
+        changed = stage != self.stage
+        if changed:
+            self._enter_stage(stage)
+            self.stage_step.assign(0)
+        if self.compiled and (changed or optimizer is not None):
+            if optimizer is None:
+                optimizer = type(self.optimizer).from_config(self.optimizer.get_config())
+            self.compile(optimizer, **self._compile_kwargs)
+        return self
+
+    def compile(self, optimizer="adamw", **kwargs):
+        """`ContrastiveModel.compile`; the arguments are kept for `set_stage`'s re-compile."""
+        self._compile_kwargs = dict(kwargs)
+        super().compile(optimizer, **kwargs)
+
+    # ------------------------------------------------------------- features
+
+    def _image_table(self):
+        """The image decoder's table: the stage-2 snapshot, else the live `E_tok`."""
+        if self.frozen_token_embeddings is not None:
+            return self.frozen_token_embeddings
+        return self.token_embeddings
+
+    def _restrict(self, embeds):
+        return embeds * ops.convert_to_tensor(self._keep) if self.zero_excluded else embeds
+
+    def _image_features(self, images):
+        tokens = self.vision(images)["tokens"]
+        if not self.pool_include_cls:
+            tokens = tokens[:, self.vision.num_prefix_tokens:]
+        return self._restrict(self.image_head(tokens, self._image_table()))
+
+    def _text_features(self, inputs):
+        mask = ops.cast(self._padding_mask(inputs), "bool")
+        tokens = self.text(inputs["token_ids"], mask)["tokens"]
+        return self._restrict(self.text_head(tokens, self.token_embeddings, mask))
+
+    def image_token_logits(self, images):
+        """Per-position vocabulary logits of the image head `(B, P_total, V)` (materialised; App. E.1 maps)."""
+        self._check_image_inputs(images)
+        return self.image_head.logits(self.vision(images)["tokens"], self._image_table())
+
+    def _normalize_embeds(self, embeds):
+        return l2_normalize(embeds, epsilon=self.cosine_epsilon)
+
+    def encode_image(self, images, normalize=False, top_k=None):
+        """Sparse image embeddings `(B, V)` float32, or with `top_k` the `top_k`
+        heaviest `(token, weight)` pairs of each image (`vlzoo.retrieval.top_terms`)."""
+        return self._top_terms(super().encode_image(images, normalize=normalize), top_k)
+
+    def encode_text(self, texts, normalize=False, top_k=None):
+        """Sparse text embeddings `(B, V)` float32 (tokenizer dict or strings), or
+        with `top_k` the `top_k` heaviest `(token, weight)` pairs of each text."""
+        return self._top_terms(super().encode_text(texts, normalize=normalize), top_k)
+
+    def _top_terms(self, embeds, top_k):
+        if top_k is None:
+            return embeds
+        from vlzoo.retrieval import top_terms
+
+        return top_terms(embeds, k=top_k, tokenizer=self.tokenizer)
+
+    def caption_mask(self, texts):
+        """`MASK(y)` `(B, V)` float32: 1 at the ids of each caption's real tokens, except the excluded ids.
+
+        The stage-1 mask (eq. 8) and the text-encoder-free bag of words of
+        App. E.2 (`score(encode_image(x), caption_mask(y))`). Built from the
+        token ids after truncation, repeated ids counted once.
+
+        Args:
+            texts: tokenizer dict (`token_ids`, `padding_mask`, `(B, T)`) or strings.
+        """
+        inputs = self._tokenize(texts)
+        self._check_text_inputs(inputs)
+        ids = ops.cast(inputs["token_ids"], "int32")
+        valid = ops.cast(self._padding_mask(inputs), "float32")
+        batch, length = ops.shape(ids)[0], ops.shape(ids)[1]
+        rows = ops.broadcast_to(ops.arange(batch, dtype="int32")[:, None], (batch, length))
+        indices = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(ids, (-1,))], axis=1)
+        counts = ops.scatter(indices, ops.reshape(valid, (-1,)), (batch, self.embed_dim))
+        return ops.cast(ops.greater(counts, 0.0), "float32") * ops.convert_to_tensor(self._keep)
+
+    def call(self, inputs, training=False):
+        outputs = super().call(inputs, training=training)
+        if self.stage == 1:
+            outputs["caption_mask"] = self.caption_mask(inputs)
+        return outputs
+
+    # --------------------------------------------------------------- scores
+
+    def score(self, image_embeds, text_embeds):
+        """`exp(logit_scale) * cos(ENC_I, ENC_T)`, `(N_images, N_texts)` float32."""
+        return stair_logits(image_embeds, text_embeds, self.logit_scale_value(), self.cosine_epsilon)
+
+    def flops_weights(self):
+        """`(l_1(t), l_2(t))`, the ramped FLOPs weights at the current step."""
+        step = self.stage_step if self.restart_per_stage else self.global_step
+        return (flops_weight(step, self.image_flops_weight, self.flops_warmup_steps),
+                flops_weight(step, self.text_flops_weight, self.flops_warmup_steps))
+
+    def loss_embeddings(self, outputs):
+        """The `(image, text)` embeddings the stage's contrastive term compares
+        (in stage 1 the text masked to its caption's ids)."""
+        text = outputs["text_embeds"]
+        if "caption_mask" in outputs:
+            text = text * outputs["caption_mask"]
+        return outputs["image_embeds"], text
+
+    def contrastive_loss(self, outputs, training=False):
+        image, text = self.loss_embeddings(outputs)
+        weight_img, weight_txt = self.flops_weights()
+        contrastive = stair_contrastive_loss(image, text, outputs["logit_scale"], self.cosine_epsilon)
+        flops_img = flops_regularizer(image)
+        flops_txt = flops_regularizer(text if self.stage1_flops_on == "masked" else outputs["text_embeds"])
+        loss = contrastive + weight_txt * flops_txt
+        if self.stage != 2:
+            loss = loss + weight_img * flops_img
+        values = (contrastive, flops_img, flops_txt, _active_terms(image), _active_terms(text), weight_txt)
+        for metric, value in zip(self.stage_metrics, values):
+            metric.update_state(value)
+        return loss
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        if training:
+            self.global_step.assign_add(1)
+            self.stage_step.assign_add(1)
+        return loss
+
+    # -------------------------------------------------------------- presets
+
+    def default_tokenizer(self):
+        """The bundled BERT uncased WordPiece for a 30,522-token text tower."""
+        from vlzoo.tokenizers import bundled_tokenizer
+
+        if self.text.vocabulary_size == BERT_UNCASED_VOCABULARY_SIZE:
+            return bundled_tokenizer(BERT_UNCASED, self.text.sequence_length)
+        return super().default_tokenizer()
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            stage=self.stage, image_flops_weight=self.image_flops_weight,
+            text_flops_weight=self.text_flops_weight, flops_warmup_steps=self.flops_warmup_steps,
+            restart_per_stage=self.restart_per_stage, stage2_image_embed=self.stage2_image_embed,
+            stage1_flops_on=self.stage1_flops_on, excluded_token_ids=self.excluded_token_ids,
+            zero_excluded=self.zero_excluded, pool_include_cls=self.pool_include_cls,
+            head_layer_norm_epsilon=self.head_layer_norm_epsilon, cosine_epsilon=self.cosine_epsilon,
+            num_chunks=self.num_chunks, remat=self.remat,
+        )
+        return config
+
+
+def _active_terms(embeds):
+    """Mean number of non-zero entries per row."""
+    return ops.mean(ops.sum(ops.cast(ops.greater(embeds, 0.0), "float32"), axis=1))
+
+
+def _excluded_ids(excluded_token_ids):
+    """The ids an `excluded_token_ids` config value names (list of int)."""
+    if excluded_token_ids == "bert":
+        return list(range(BERT_SPECIAL_IDS))
+    return list(excluded_token_ids or [])
+
+
+def _check_excluded(excluded_token_ids, vocabulary_size):
+    """The config value of `excluded_token_ids`: "bert", None or a sorted list of ids."""
+    if excluded_token_ids is None or excluded_token_ids == "bert":
+        if excluded_token_ids == "bert" and vocabulary_size < BERT_SPECIAL_IDS:
+            raise ValueError(
+                f"`excluded_token_ids='bert'` leaves out ids 0-{BERT_SPECIAL_IDS - 1} (BERT uncased specials), "
+                f"but the vocabulary has only {vocabulary_size} ids; pass a list of ids or None."
+            )
+        return excluded_token_ids
+    ids = sorted({int(i) for i in excluded_token_ids})
+    if ids and (ids[0] < 0 or ids[-1] >= vocabulary_size):
+        raise ValueError(
+            f"`excluded_token_ids` must lie in [0, {vocabulary_size}); received values in [{ids[0]}, {ids[-1]}]."
+        )
+    return ids
+
+
+def stair_config(patch, vision_width, vision_layers, vision_heads, text_width, text_layers, text_heads,
+                 image_size=224, sequence_length=76, **options):
+    """Constructor arguments of a STAIR with BERT uncased vocabulary (30,522) and MLP 4x."""
+    return dict(
+        vision=dict(
+            image_size=image_size, patch_size=patch, hidden_dim=vision_width, num_layers=vision_layers,
+            num_heads=vision_heads, intermediate_dim=4 * vision_width,
+        ),
+        text=dict(
+            vocabulary_size=BERT_UNCASED_VOCABULARY_SIZE, sequence_length=sequence_length,
+            hidden_dim=text_width, num_layers=text_layers, num_heads=text_heads,
+            intermediate_dim=4 * text_width,
+        ),
+        **options,
+    )
+
+
+_PAPER = "Chen et al. 2023, STAIR: Learning Sparse Text and Image Representation in Grounded Tokens (EMNLP)"
+_TOKENIZER = "BERT uncased WordPiece (30,522 tokens, bundled)"
+
+PRESETS = {
+    "stair_vit_b16": dict(
+        config=stair_config(16, 768, 12, 12, 512, 12, 8, num_chunks=16),
+        description="STAIR ViT-B/16 (paper §4.2, Table 1): ViT-B/16 at 224 px (197 positions pooled) + "
+        "12/512/8 bidirectional text, context 76; tied MLM heads to the 30,522-token vocabulary (image "
+        "bridge 768->512); FLOPs weights 1e-3 with a 50k-step quadratic ramp; three training stages "
+        f"(`set_stage`). Vocabulary logits pooled in 16 chunks. Tokenizer: {_TOKENIZER}.",
+        tokenizer=BERT_UNCASED, preprocessor=dict(image_size=224), paper=_PAPER,
+        weights_note="STAIR released no code or weights; the model is randomly initialised (architecture config).",
+    ),
+    "stair_tiny": dict(
+        config=dict(
+            vision=dict(image_size=32, patch_size=8, hidden_dim=48, num_layers=2, num_heads=4, intermediate_dim=96),
+            text=dict(
+                vocabulary_size=BERT_UNCASED_VOCABULARY_SIZE, sequence_length=16, hidden_dim=32, num_layers=2,
+                num_heads=4, intermediate_dim=64,
+            ),
+            flops_warmup_steps=100, num_chunks=4,
+        ),
+        description="Tiny STAIR for tests and examples (32 px, patch 8: 17 positions, 2+2 layers, widths "
+        f"48/32 so the image bridge is exercised, FLOPs ramp 100 steps, 4 vocabulary chunks). Tokenizer: "
+        f"{_TOKENIZER}, context 16.",
+        tokenizer=BERT_UNCASED, preprocessor=dict(image_size=32), paper=_PAPER,
+        weights_note="Random initialisation; for tests.",
+    ),
+}
