@@ -16,6 +16,10 @@ Entries:
                L = V = 64, Llip with K = 32) on the towers of the clip_vit_b16
                preset, batch 8, timed alternately with CLIP's step in the same
                process: time relative to CLIP's.
+  stair_pool   STAIR's vocabulary-sized head pooled to (B, V), forward +
+               backward, B=64 images of S=197 positions (ViT-B/16), V=30,522,
+               D=768: all (B, S, V) logits at once vs 16 rematerialised
+               vocabulary blocks: time, peak memory.
 """
 
 import argparse
@@ -30,7 +34,7 @@ import time
 
 import numpy as np
 
-ENTRIES = ("filip_loss", "train_step")
+ENTRIES = ("filip_loss", "train_step", "stair_pool")
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
 STEP_FAMILY_ARGS = {
@@ -100,6 +104,34 @@ def _filip_loss_step(case):
     return _grad_fn(loss, 2), (image, text)
 
 
+def _stair_pool_step(case):
+    """STAIR's vocabulary pooling, forward + backward w.r.t. features, tied table and bias: `(step, args)`.
+
+    `num_chunks=None` materialises the `(B, S, V)` logits `features @ table.T + bias` and pools them
+    with `stair_pool`; an int has `stair_head_pool` reduce that many vocabulary blocks, each
+    rematerialised in the backward pass.
+    """
+    import keras
+
+    from vlzoo.losses import stair_head_pool, stair_pool
+
+    b, s, v, d = case["B"], case["S"], case["V"], case["D"]
+    rng = np.random.default_rng(0)
+    features = keras.ops.convert_to_tensor(rng.normal(size=(b, s, d)).astype("float32"))
+    table = keras.ops.convert_to_tensor((0.02 * rng.normal(size=(v, d))).astype("float32"))
+    bias = keras.ops.convert_to_tensor(np.zeros((v,), "float32"))
+    chunks = case["num_chunks"]
+
+    def loss(features, table, bias):
+        if chunks is None:
+            pooled = stair_pool(keras.ops.matmul(features, keras.ops.transpose(table)) + bias)
+        else:
+            pooled = stair_head_pool(features, table, bias, num_chunks=chunks)
+        return keras.ops.sum(pooled)
+
+    return _grad_fn(loss, 3), (features, table, bias)
+
+
 def same_towers_config(family, towers):
     """`family`'s constructor arguments on the tower geometry of the CLIP preset `towers`.
 
@@ -153,7 +185,11 @@ def _train_steps(case):
     return [_family_step(family, case["towers"], case["batch_size"]) for family in (case["family"], "clip")]
 
 
-CASE_BUILDERS = {"filip_loss": lambda case: [_filip_loss_step(case)], "train_step": _train_steps}
+CASE_BUILDERS = {
+    "filip_loss": lambda case: [_filip_loss_step(case)],
+    "train_step": _train_steps,
+    "stair_pool": lambda case: [_stair_pool_step(case)],
+}
 
 
 def _timed(step, args):
@@ -167,8 +203,8 @@ def run_case(case):
 
     A case is one step function, or (train_step) the family's and CLIP's:
     after a first call each, they run alternately `repeats` times, so that
-    a load change on the machine hits both alike; the ratio of the medians
-    is `vs_clip`. Peak memory is the whole case's (both models for
+    a load change on the machine hits both alike; `vs_clip` is the median
+    over the repeats of the ratio of the two neighbouring steps. Peak memory is the whole case's (both models for
     train_step).
     """
     if case["entry"] not in CASE_BUILDERS:
@@ -187,7 +223,8 @@ def run_case(case):
         "peak_mb": round(_rss_mb() - baseline, 1),
     }
     if len(steps) == 2:
-        result.update(clip_median_s=round(medians[1], 4), vs_clip=round(medians[0] / medians[1], 3))
+        ratios = [a / b for a, b in zip(*times)]
+        result.update(clip_median_s=round(medians[1], 4), vs_clip=round(statistics.median(ratios), 3))
     return result
 
 
@@ -201,7 +238,11 @@ def cases(entries, quick):
         elif entry == "train_step":
             towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
             for family in STEP_FAMILIES[1:]:
-                yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats)
+                yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + 2)
+        elif entry == "stair_pool":
+            size = dict(B=4, S=17, V=512, D=32) if quick else dict(B=64, S=197, V=30522, D=768)
+            for chunks in (None, 4 if quick else 16):
+                yield dict(entry=entry, num_chunks=chunks, repeats=repeats, **size)
 
 
 def run_in_subprocess(case, backend, timeout):
@@ -220,6 +261,8 @@ def describe(row):
     """Short human label of a case."""
     if row["entry"] == "filip_loss":
         return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
+    if row["entry"] == "stair_pool":
+        return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
     return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
 
 
