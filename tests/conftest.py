@@ -43,6 +43,21 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def fit_and_measure(model, batch, epochs=25, training=False):
+    """Compiles `model` with AdamW(2e-3, wd 0.1), fits `batch` for `epochs` full-batch
+    steps and returns the loss `(before, after)` (`compute_loss(..., training=training)`);
+    the fit's own losses must be finite."""
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=2e-3, weight_decay=0.1))
+
+    def loss():
+        return float(to_numpy(model.compute_loss(y_pred=model(batch), training=training)))
+
+    before = loss()
+    history = model.fit(batch, batch_size=len(batch["images"]), epochs=epochs, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"]).all()
+    return before, loss()
+
+
 @pytest.fixture
 def backend():
     return keras.backend.backend()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import reference_towers as ref
 from backend_utils import value_and_grad
-from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
+from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
 
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses.contrastive import siglip_logits, siglip_loss
@@ -435,13 +435,8 @@ def test_zero_shot_accepts_prompt_strings():
 def test_fit_lowers_the_loss(num_chunks):
     keras.utils.set_random_seed(0)
     model = tiny_llip(num_chunks=num_chunks)  # 3 chunks of 3 for 8 texts: one padded
-    batch = tiny_batch(batch_size=8, seed=1)
-    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=2e-3, weight_decay=0.1))
     tokens = to_numpy(model.vision.prefix_tokens)
-    before = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
-    history = model.fit(batch, batch_size=8, epochs=25, verbose=0, shuffle=False)
-    after = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
-    assert np.isfinite(history.history["loss"]).all()
+    before, after = fit_and_measure(model, tiny_batch(batch_size=8, seed=1))
     assert after < 0.6 * before, (before, after)
     assert np.abs(to_numpy(model.vision.prefix_tokens) - tokens).max() > 1e-4
     assert float(to_numpy(model.logit_bias)) != -10.0

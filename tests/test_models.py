@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reference
 import reference_towers as ref
-from conftest import tiny_batch, tiny_model, to_numpy
+from conftest import fit_and_measure, tiny_batch, tiny_model, to_numpy
 
 from vlzoo.models.base import LOGIT_SCALE_MAX
 
@@ -48,12 +48,7 @@ def test_forward_and_loss_match_numpy(family):
 def test_fit_lowers_the_loss(family):
     keras.utils.set_random_seed(0)
     model = tiny_model(family)
-    batch = tiny_batch(batch_size=8, seed=1)
-    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=2e-3, weight_decay=0.1))
-    before = float(to_numpy(model.compute_loss(y_pred=model(batch))))
-    history = model.fit(batch, batch_size=8, epochs=25, verbose=0, shuffle=False)
-    after = float(to_numpy(model.compute_loss(y_pred=model(batch))))
-    assert np.isfinite(history.history["loss"]).all()
+    before, after = fit_and_measure(model, tiny_batch(batch_size=8, seed=1), training=True)
     assert after < 0.5 * before, (before, after)
 
 

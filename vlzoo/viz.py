@@ -82,6 +82,25 @@ def draw_caption_alignment(model, image, caption, path, **kwargs):
     return alignment_maps(image, tokens, weights, path, title=kwargs.pop("title", caption), **kwargs)
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, figure, path, title):
+    if title:
+        figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path
+
+
 def _display_image(image):
     image = np.asarray(ops.convert_to_numpy(image), np.float32)
     if image.ndim != 3 or image.shape[-1] != 3:
@@ -107,11 +126,7 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
     Returns:
         `path`.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     weights = np.asarray(ops.convert_to_numpy(weights), np.float32)
     if weights.ndim != 2 or weights.shape[0] != len(tokens):
         raise ValueError(
@@ -140,12 +155,7 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
         axis.imshow(picture)
         axis.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="nearest", vmin=0, vmax=1)
         axis.set_title(token, fontsize=9)
-    if title:
-        figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, path, title)
 
 
 def top_terms_chart(terms, path, image=None, title=None):
@@ -164,11 +174,7 @@ def top_terms_chart(terms, path, image=None, title=None):
     Example:
     >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if not terms or any(len(term) != 2 for term in terms):
         raise ValueError(f"`terms` must be a non-empty list of (token, weight) pairs; received {terms!r:.80}.")
     labels = [str(token) for token, _ in terms]
@@ -187,12 +193,7 @@ def top_terms_chart(terms, path, image=None, title=None):
     for y, weight in zip(positions, weights):
         bars.text(weight, y, f" {weight:.2f}", va="center", fontsize=7)
     bars.set_xlim(0, max(float(weights.max()), 1e-6) * 1.2)
-    if title:
-        figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, path, title)
 
 
 def draw_image_terms(model, image, path, k=20, title=None):
