@@ -1,0 +1,34 @@
+"""Evaluation of contrastive models: zero-shot classification, retrieval recall@K, training callbacks.
+
+* `zero_shot_classifier` / `zero_shot_accuracy`: prompt-template zero-shot
+  classification with each family's own ensembling (`zeroshot` module
+  docstring: the dispatch through `ENSEMBLINGS` and the models' methods).
+* `recall_at_k` / `retrieval_recall`: image -> text and text -> image
+  recall@K with several captions per image and documented tie handling.
+* `ZeroShotCallback` / `RetrievalCallback`: the same during `fit`, logged as
+  `val_zeroshot_top1`, `val_i2t_r@1`, ...
+* `IMAGENET_TEMPLATES` (CLIP's 80), `SIMPLE_TEMPLATES` (CLIP's 7),
+  `DEFAULT_TEMPLATES`, `build_prompts`.
+
+Example:
+>>> from vlzoo.evaluation import SIMPLE_TEMPLATES, retrieval_recall, zero_shot_accuracy
+>>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES)
+{'top1': ..., 'top5': ...}
+>>> retrieval_recall(model, images, captions, image_ids=caption_image_ids)
+{'i2t_r@1': ..., ..., 't2i_r@10': ...}
+"""
+
+from vlzoo.evaluation.callbacks import RetrievalCallback, ZeroShotCallback
+from vlzoo.evaluation.retrieval import recall_at_k, retrieval_recall
+from vlzoo.evaluation.templates import DEFAULT_TEMPLATES, IMAGENET_TEMPLATES, SIMPLE_TEMPLATES, build_prompts
+from vlzoo.evaluation.zeroshot import (
+    ENSEMBLINGS, ClassTextsMethod, EmbeddingMean, EnsembleScoresMethod, Ensembling, TokenSimilarityMean,
+    ZeroShotClassifier, get_ensembling, zero_shot_accuracy, zero_shot_classifier,
+)
+
+__all__ = [
+    "DEFAULT_TEMPLATES", "ENSEMBLINGS", "IMAGENET_TEMPLATES", "SIMPLE_TEMPLATES", "ClassTextsMethod",
+    "EmbeddingMean", "EnsembleScoresMethod", "Ensembling", "RetrievalCallback", "TokenSimilarityMean",
+    "ZeroShotCallback", "ZeroShotClassifier", "build_prompts", "get_ensembling", "recall_at_k",
+    "retrieval_recall", "zero_shot_accuracy", "zero_shot_classifier",
+]

@@ -1,0 +1,329 @@
+"""Zero-shot classification with prompt templates, ensembled the way each family does it.
+
+Every class name is written into `K` prompt templates; a family-specific
+*ensembling* turns the `K` prompts of each class into a class representation
+once, then scores images against it:
+
+* `EmbeddingMean()` (CLIP, SigLIP, SPARO, STAIR, any family without an
+  entry or method): the mean of the L2-normalised text embeddings
+  (`encode_text(normalize=True)`), renormalised with the model's own
+  normalisation (SPARO's: per slot), scored with `model.score`; SPARO's
+  `slots=` then restricts the score to chosen slots.
+* `EmbeddingMean(key="global")` (SPARC): the same on the global embedding.
+* `TokenSimilarityMean()` (FILIP): the mean over templates of the
+  token-wise similarity `S_I` (FILIP's `ensemble_scores`) times
+  `exp(logit_scale)`.
+* `ClassTextsMethod()` (Llip, any model with `encode_class_texts`): the
+  model's own template averaging (Llip: queries and targets), scored with
+  `model.score`.
+* `EnsembleScoresMethod()` (a model with `ensemble_scores` and no entry):
+  the model's own `ensemble_scores(images, class_texts)`.
+
+Dispatch (`get_ensembling`), first match wins:
+1. `ENSEMBLINGS[model.family]`: entries registered here (FILIP: its own
+   similarity mean with the prompts encoded once instead of per image
+   batch; SPARC: the global embedding). Add entries to plug in a family or
+   override one.
+2. the model's `encode_class_texts(class_texts)` method.
+3. the model's `ensemble_scores(images, class_texts)` method (the prompts are
+   then re-encoded with every image batch).
+4. `EmbeddingMean()`.
+Model files need no change: a new family (e.g. STAIR) is classified by
+embedding mean until it gains one of these methods or a registry entry.
+
+Scores are on each family's scale (`model.score`'s logits: scaled cosines,
+plus SigLIP's and Llip's bias), so `softmax` over classes gives CLIP-style
+probabilities.
+
+Example:
+>>> model = vlzoo.from_preset("clip_tiny")
+>>> classifier = zero_shot_classifier(model, ["circle", "square"], SIMPLE_TEMPLATES)
+>>> classifier(images).shape                        # (B, 2) scores
+>>> zero_shot_accuracy(model, images, labels, ["circle", "square"], top_k=(1,))
+{'top1': 0.75}
+"""
+
+import numpy as np
+from keras import ops
+
+from vlzoo.evaluation._common import (
+    batches, check_ks, check_positive_int, check_ties, concatenate, count_ahead, finite_numpy, hit_rates, num_rows,
+    take,
+)
+from vlzoo.evaluation.templates import DEFAULT_TEMPLATES, build_prompts
+from vlzoo.losses import filip_ensemble_scores
+
+__all__ = [
+    "ENSEMBLINGS", "ClassTextsMethod", "EmbeddingMean", "EnsembleScoresMethod", "Ensembling",
+    "TokenSimilarityMean", "ZeroShotClassifier", "get_ensembling", "zero_shot_accuracy", "zero_shot_classifier",
+]
+
+
+def _flatten_prompts(class_texts):
+    """`(C, K, T)` token dict -> `(C * K, T)`."""
+    return {key: ops.reshape(value, (-1, value.shape[-1])) for key, value in class_texts.items()}
+
+
+class Ensembling:
+    """How a family turns `K` prompts per class into zero-shot class scores.
+
+    Subclasses implement `encode_classes`; `score` defaults to
+    `model.score(model.encode_image(images), classes, **score_kwargs)`.
+    """
+
+    def encode_classes(self, model, class_texts):
+        """Class representation from the prompts of a group of classes.
+
+        Args:
+            model: the `ContrastiveModel`.
+            class_texts: tokenizer dict whose `token_ids` / `padding_mask`
+                have shape `(C, K, T)`: `K` prompts for each of `C` classes.
+
+        Returns:
+            A tensor or dict of tensors whose leading axis is `C` (groups of
+            classes are concatenated along it).
+        """
+        raise NotImplementedError
+
+    def score(self, model, images, classes, **score_kwargs):
+        """Scores `(B, C)` of float `(B, H, W, 3)` images against `encode_classes`' output."""
+        return model.score(model.encode_image(images), classes, **score_kwargs)
+
+
+class EmbeddingMean(Ensembling):
+    """CLIP's ensembling: `normalise(mean_k normalise(text_embed[c, k]))` per class.
+
+    Both normalisations are the model's own (`encode_text(normalize=True)`;
+    SPARO's normalises every slot, STAIR's guards all-zero vectors).
+
+    Args:
+        key: for families whose `encode_text` returns a dict, the entry that
+            `score` reads (SPARC: `"global"`); the class representation is
+            then `{key: (C, D)}`. None: `encode_text` returns a `(N, D)` tensor.
+    """
+
+    def __init__(self, key=None):
+        self.key = key
+
+    def encode_classes(self, model, class_texts):
+        c, k = tuple(class_texts["token_ids"].shape[:2])
+        embeds = model.encode_text(_flatten_prompts(class_texts), normalize=True)
+        if self.key is not None:
+            embeds = embeds[self.key]
+        elif isinstance(embeds, dict):
+            raise TypeError(
+                f"{type(model).__name__}.encode_text returns a dict (keys {sorted(embeds)}), so the embedding "
+                "mean needs to know which entry `score` reads: add "
+                f"`ENSEMBLINGS[{model.family!r}] = EmbeddingMean(key=...)` in `vlzoo.evaluation`."
+            )
+        mean = ops.mean(ops.reshape(embeds, (c, k, -1)), axis=1)
+        return model._normalize_embeds(mean if self.key is None else {self.key: mean})
+
+
+class TokenSimilarityMean(Ensembling):
+    """FILIP's ensembling: the mean over templates of the late-interaction similarity.
+
+    `score[b, c] = exp(logit_scale) * mean_k S_I(image_b, prompt_{c,k})`,
+    i.e. `exp(logit_scale) * model.ensemble_scores(images, class_texts)`,
+    with the prompt tokens `(C, K, T, D)` encoded once. Takes no score
+    arguments (the model's `chunk_size` and `similarity_dtype` apply).
+    """
+
+    def encode_classes(self, model, class_texts):
+        c, k, t = tuple(class_texts["token_ids"].shape)
+        text = model.encode_text(_flatten_prompts(class_texts))
+        return {"tokens": ops.reshape(text["tokens"], (c, k, t, -1)), "mask": ops.reshape(text["mask"], (c, k, t))}
+
+    def score(self, model, images, classes):
+        scores = filip_ensemble_scores(
+            model.encode_image(images)["tokens"], classes["tokens"], classes["mask"],
+            chunk_size=model.chunk_size, similarity_dtype=model.similarity_dtype,
+        )
+        return model.logit_scale_value() * scores
+
+
+class ClassTextsMethod(Ensembling):
+    """The model's own `encode_class_texts(class_texts)` (Llip: mean queries and targets), scored with `score`."""
+
+    def encode_classes(self, model, class_texts):
+        return model.encode_class_texts(class_texts)
+
+
+class EnsembleScoresMethod(Ensembling):
+    """The model's own `ensemble_scores(images, class_texts, **score_kwargs)`; prompts encoded per call."""
+
+    def encode_classes(self, model, class_texts):
+        return class_texts
+
+    def score(self, model, images, classes, **score_kwargs):
+        return model.ensemble_scores(images, classes, **score_kwargs)
+
+
+# Entries win over the model's methods (see the module docstring).
+ENSEMBLINGS = {
+    "filip": TokenSimilarityMean(),
+    "sparc": EmbeddingMean(key="global"),
+}
+
+
+def get_ensembling(model):
+    """The `Ensembling` of `model`: `ENSEMBLINGS[model.family]`, else the model's
+    `encode_class_texts`, else its `ensemble_scores`, else `EmbeddingMean()`."""
+    family = getattr(model, "family", None)
+    if family in ENSEMBLINGS:
+        return ENSEMBLINGS[family]
+    if callable(getattr(model, "encode_class_texts", None)):
+        return ClassTextsMethod()
+    if callable(getattr(model, "ensemble_scores", None)):
+        return EnsembleScoresMethod()
+    return EmbeddingMean()
+
+
+class ZeroShotClassifier:
+    """Class representations built by `zero_shot_classifier`, and the scoring of images against them.
+
+    Attributes:
+        model: the model.
+        class_names: the `C` class names.
+        templates: the `K` templates.
+        ensembling: the `Ensembling` used.
+        classes: the class representation (leading axis `C`).
+        score_kwargs: extra arguments of every score (e.g. SPARO's `slots`).
+    """
+
+    def __init__(self, model, class_names, templates, ensembling, classes, score_kwargs):
+        self.model = model
+        self.class_names = list(class_names)
+        self.templates = tuple(templates)
+        self.ensembling = ensembling
+        self.classes = classes
+        self.score_kwargs = score_kwargs
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    def __call__(self, images):
+        """Scores of one batch, `(B, C)` float32 tensor; `images`: float `(B, H, W, 3)`."""
+        return self.ensembling.score(self.model, images, self.classes, **self.score_kwargs)
+
+    def _batch_scores(self, images, batch_size, verbose):
+        for start, stop in batches(num_rows(images), batch_size, verbose):
+            yield start, stop, finite_numpy(self(images[start:stop]), "zero-shot scores")
+
+    def scores(self, images, batch_size=64, verbose=False):
+        """Scores of every image, numpy float32 `(N, C)`, computed `batch_size` images at a time."""
+        parts = [scores for _, _, scores in self._batch_scores(images, batch_size, verbose)]
+        return np.concatenate(parts, axis=0) if parts else np.zeros((0, self.num_classes), np.float32)
+
+    def accuracy(self, images, labels, top_k=(1, 5), batch_size=64, ties="pessimistic", verbose=False):
+        """Top-k accuracies on labelled images.
+
+        An image counts as correct at `k` when fewer than `k` other classes
+        are ranked above its true class. `ties="pessimistic"` (default)
+        ranks a class whose score equals the true class's above it, so an
+        exact tie never counts as a hit at `k=1`; `"optimistic"` ranks it
+        below. `k >= C` is always correct.
+
+        Args:
+            images: float `(N, H, W, 3)` preprocessed pixels.
+            labels: int `(N,)` class indices in `[0, C)`.
+            top_k: an int or a sequence of ints.
+            batch_size: images per forward pass.
+            ties: "pessimistic" or "optimistic".
+            verbose: show a progress bar.
+
+        Returns:
+            `{"top1": float, "top5": float, ...}`, one entry per `k`.
+        """
+        ks, ties = check_ks(top_k, "top_k"), check_ties(ties)
+        n = num_rows(images)
+        labels = np.asarray(ops.convert_to_numpy(labels))
+        if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(
+                f"`labels` must be ints of shape (N,) = ({n},) matching `images`; "
+                f"received dtype {labels.dtype}, shape {labels.shape}."
+            )
+        if n == 0:
+            raise ValueError("`images` is empty; accuracy needs at least one image.")
+        if labels.min() < 0 or labels.max() >= self.num_classes:
+            raise ValueError(
+                f"`labels` must lie in [0, {self.num_classes}) (C = {self.num_classes} class names); "
+                f"received values in [{labels.min()}, {labels.max()}]."
+            )
+        ahead = np.empty((n,), np.int64)
+        classes = np.arange(self.num_classes)
+        for start, stop, scores in self._batch_scores(images, batch_size, verbose):
+            ahead[start:stop] = count_ahead(scores, labels[start:stop, None] == classes, ties)
+        return {f"top{k}": rate for k, rate in hit_rates(ahead, ks).items()}
+
+
+def zero_shot_classifier(model, class_names, templates=DEFAULT_TEMPLATES, batch_size=256, verbose=False,
+                         **score_kwargs):
+    """Builds the zero-shot classifier of `model` with its family's prompt ensembling.
+
+    Args:
+        model: a `ContrastiveModel` (any family; see the module docstring for
+            the dispatch).
+        class_names: `C` class names.
+        templates: `K` templates (strings with one `{}`, or callables
+            `name -> str`), e.g. `IMAGENET_TEMPLATES`; default
+            `("a photo of a {}.",)`.
+        batch_size: prompts per text forward pass (rounded down to whole
+            classes, at least one class of `K`).
+        verbose: show a progress bar over the prompt batches.
+        **score_kwargs: passed to every score, e.g. `slots=` for SPARO
+            (restrict to chosen slots) or `temperature=` for Llip.
+
+    Returns:
+        A `ZeroShotClassifier`; `classifier(images)` gives `(B, C)` scores.
+
+    Example:
+    >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES, slots=sparo.rank_slots(...))
+    >>> classifier.accuracy(images, labels)
+    {'top1': ..., 'top5': ...}
+    """
+    prompts = build_prompts(class_names, templates)
+    per_batch = max(1, check_positive_int(batch_size, "batch_size") // len(templates))
+    tokens = model.tokenizer(prompts)
+    class_texts = {
+        key: ops.reshape(value, (len(class_names), len(templates)) + tuple(value.shape[1:]))
+        for key, value in tokens.items()
+    }
+    ensembling = get_ensembling(model)
+    parts = [
+        ensembling.encode_classes(model, take(class_texts, start, stop))
+        for start, stop in batches(len(class_names), per_batch, verbose)
+    ]
+    return ZeroShotClassifier(model, class_names, templates, ensembling, concatenate(parts), score_kwargs)
+
+
+def zero_shot_accuracy(model, images, labels, class_names, templates=DEFAULT_TEMPLATES, top_k=(1, 5),
+                       batch_size=64, ties="pessimistic", verbose=False, **score_kwargs):
+    """Top-k zero-shot accuracy of `model` on labelled images.
+
+    `zero_shot_classifier(model, class_names, templates, ...)` followed by
+    `ZeroShotClassifier.accuracy`; see both for the arguments.
+
+    Args:
+        model: a `ContrastiveModel`.
+        images: float `(N, H, W, 3)` preprocessed pixels.
+        labels: int `(N,)` in `[0, C)`.
+        class_names: `C` class names.
+        templates: `K` prompt templates.
+        top_k: an int or a sequence of ints, `(1, 5)` by default.
+        batch_size: images (and prompts) per forward pass.
+        ties: "pessimistic" (default) or "optimistic", see `accuracy`.
+        verbose: show progress bars.
+        **score_kwargs: passed to every score (`slots=` for SPARO...).
+
+    Returns:
+        `{"top1": float, "top5": float}` (one entry per `k`).
+
+    Example:
+    >>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES, top_k=1)
+    {'top1': 0.5}
+    """
+    top_k, ties = check_ks(top_k, "top_k"), check_ties(ties)  # fail before encoding the prompts
+    classifier = zero_shot_classifier(model, class_names, templates, batch_size, verbose, **score_kwargs)
+    return classifier.accuracy(images, labels, top_k, batch_size, ties, verbose)
