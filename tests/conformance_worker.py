@@ -113,6 +113,8 @@ def fixed_value(index, variable):
         return np.full(shape, LOGIT_SCALE, "float32")
     if name == "logit_bias":
         return np.full(shape, LOGIT_BIAS, "float32")
+    if "int" in str(variable.dtype):  # counters (STAIR's training steps): a fixed step
+        return np.full(shape, 1000 + index, variable.dtype)
     noise = np.random.default_rng([WEIGHT_SEED, index]).standard_normal(shape).astype("float32")
     if name == "gamma":
         return (1.0 + 0.05 * noise).astype("float32")
@@ -178,8 +180,12 @@ def loss_and_grads(model, inputs):
         import jax
 
         def loss_fn(trainable_values, non_trainable_values):
-            outputs, _ = model.stateless_call(trainable_values, non_trainable_values, inputs, training=True)
-            return model.compute_loss(y_pred=outputs)
+            # As Keras' own train step: state updates made by the loss (STAIR's
+            # step counters) stay inside the scope.
+            mapping = list(zip(trainable, trainable_values))
+            mapping += list(zip(model.non_trainable_variables, non_trainable_values))
+            with keras.StatelessScope(state_mapping=mapping):
+                return model.compute_loss(y_pred=model(inputs, training=True))
 
         loss, grads = jax.jit(jax.value_and_grad(loss_fn))(
             [v.value for v in trainable], [v.value for v in model.non_trainable_variables]
@@ -300,10 +306,15 @@ def run_family(name, record, save_preset=None):
             )
         return result
 
+    state = [to_numpy(v) for v in model.non_trainable_variables]
     record.update(run_forward(model, forward))
     _phase(f"{name}: forward")
 
     grad_loss, grads = loss_and_grads(model, inputs)
+    # A training-mode loss may advance non-trainable state (STAIR's step
+    # counters) on the eager backends only: put it back for the step check.
+    for v, value in zip(model.non_trainable_variables, state):
+        v.assign(value)
     record["grad_loss"] = np.float32(grad_loss)
     for j, g in enumerate(grads):
         record[f"grad/{j:03d}"] = g
