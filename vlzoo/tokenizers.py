@@ -164,6 +164,19 @@ def _check_sequence_length(sequence_length):
     return int(sequence_length)
 
 
+def _read_asset_file(path, what, hint, binary=False):
+    """Contents of the asset file `path` (str, or bytes if `binary`).
+
+    Raises FileNotFoundError "`what` file not found: `path`. `hint`" when `path` is
+    not a file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file not found: {path!r}. {hint}")
+    with open(path, "rb" if binary else "r", encoding=None if binary else "utf-8") as f:
+        return f.read()
+
+
 # --------------------------------------------------------------------------------------
 # CLIP BPE
 # --------------------------------------------------------------------------------------
@@ -235,16 +248,20 @@ def bytes_to_unicode():
     return dict(zip(bs, [chr(c) for c in cs]))
 
 
+@functools.lru_cache(maxsize=None)
+def _byte_decoder():
+    """The inverse of `bytes_to_unicode()`: printable unicode -> byte."""
+    return {v: k for k, v in bytes_to_unicode().items()}
+
+
 def _load_vocabulary(vocabulary):
     if isinstance(vocabulary, (str, os.PathLike)):
-        path = os.fspath(vocabulary)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"CLIP BPE vocabulary file not found: {path!r}. Generate it with "
-                "`python tools/build_clip_bpe_assets.py` or pass a dict."
-            )
-        with open(path, encoding="utf-8") as f:
-            vocabulary = json.load(f)
+        text = _read_asset_file(
+            vocabulary,
+            "CLIP BPE vocabulary",
+            "Generate it with `python tools/build_clip_bpe_assets.py` or pass a dict.",
+        )
+        vocabulary = json.loads(text)
     if not isinstance(vocabulary, dict):
         raise TypeError(
             "`vocabulary` must be a path to a json file or a dict {token: id}; "
@@ -255,14 +272,11 @@ def _load_vocabulary(vocabulary):
 
 def _load_merges(merges):
     if isinstance(merges, (str, os.PathLike)):
-        path = os.fspath(merges)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"CLIP BPE merges file not found: {path!r}. Generate it with "
-                "`python tools/build_clip_bpe_assets.py` or pass a list."
-            )
-        with open(path, encoding="utf-8") as f:
-            merges = f.read().split("\n")
+        merges = _read_asset_file(
+            merges,
+            "CLIP BPE merges",
+            "Generate it with `python tools/build_clip_bpe_assets.py` or pass a list.",
+        ).split("\n")
     if not isinstance(merges, (list, tuple)):
         raise TypeError(
             "`merges` must be a path to a text file or a list of 'a b' strings; "
@@ -278,16 +292,80 @@ def _load_merges(merges):
 
 
 class _PackingTokenizer:
-    """The call contract shared by vlzoo's tokenizers.
+    """What vlzoo's tokenizers share: the call contract, encoding through a lazily
+    built keras_hub tokenizer, detokenization, the config and the asset files.
 
-    Subclasses provide `_check_ready()`, `_encode_batch(texts)` (ids without
-    start/end tokens) and the `start_token_id`, `end_token_id` and
-    `pad_token_id` properties.
+    A subclass sets `_CONFIG_KEYS` (the `get_config()` keys, in order: constructor
+    arguments kept as attributes of the same name) and `_ASSET_FILES` (those of the
+    keys that name its asset files), and provides:
+
+    - `_check_ready()`, raising until the assets are loaded;
+    - `_set_assets(*paths)`, loading the asset files, given in `_ASSET_FILES` order;
+    - `_asset_contents()`, those files' contents (str or bytes), in the same order;
+    - `_build_backend()`, the keras_hub tokenizer (a subclass resets
+      `_keras_hub_tokenizer` to `None` when its assets change);
+    - `_clean(text)`, applied before the keras_hub tokenizer, or an own
+      `_encode_batch(texts)` (ids without start/end tokens, one list per text);
+    - `_decode(ids)`, the text of a row of ids without start/end tokens;
+    - the `start_token_id`, `end_token_id` and `pad_token_id` properties.
     """
+
+    _CONFIG_KEYS = ()
+    _ASSET_FILES = ()
+
+    def __init__(self, sequence_length):
+        self.sequence_length = _check_sequence_length(sequence_length)
+        self._keras_hub_tokenizer = None
 
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+    def get_config(self):
+        return {key: getattr(self, key) for key in self._CONFIG_KEYS}
+
+    def save_assets(self, directory):
+        """Write the asset files (named by the `*_file` config keys) to `directory`."""
+        contents = self._asset_contents()
+        os.makedirs(directory, exist_ok=True)
+        for key, content in zip(self._ASSET_FILES, contents):
+            binary = isinstance(content, bytes)
+            with open(
+                os.path.join(directory, getattr(self, key)),
+                "wb" if binary else "w",
+                encoding=None if binary else "utf-8",
+            ) as f:
+                f.write(content)
+
+    def load_assets(self, directory):
+        """Read the asset files (named by the `*_file` config keys) from `directory`."""
+        self._set_assets(
+            *(os.path.join(directory, getattr(self, key)) for key in self._ASSET_FILES)
+        )
+        return self
+
+    @classmethod
+    def from_assets(cls, directory, **kwargs):
+        """`cls(**kwargs)` then `load_assets(directory)`."""
+        return cls(**kwargs).load_assets(directory)
+
+    def _backend(self):
+        """The keras_hub tokenizer, built by `_build_backend()` on first use."""
+        if self._keras_hub_tokenizer is None:
+            self._check_ready()
+            self._keras_hub_tokenizer = self._build_backend()
+        return self._keras_hub_tokenizer
+
+    def encode(self, text):
+        """Ids of one string, without start/end tokens (list of int)."""
+        return self._encode_batch([text])[0]
+
+    def _encode_batch(self, texts):
+        self._check_ready()
+        if not texts:
+            return []
+        encoded = self._backend().tokenize([self._clean(t) for t in texts])
+        return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
 
     def __call__(self, texts, sequence_length=None):
         """Tokenize, add start/end, truncate and pad.
@@ -316,9 +394,99 @@ class _PackingTokenizer:
         )
         return {"token_ids": ids, "padding_mask": mask}
 
+    def detokenize(self, token_ids):
+        """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
+
+        Each row stops at its first end token and drops start tokens; the ids in
+        between are decoded as the tokenizer's class describes.
+        """
+        self._check_ready()
+        arr = _to_numpy(token_ids)
+        single = arr.ndim == 1
+        arr = np.atleast_2d(arr)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}."
+            )
+        start, end = self.start_token_id, self.end_token_id
+        out = []
+        for row in arr.tolist():
+            ids = []
+            for i in row:
+                if i == end:
+                    break
+                if i != start:
+                    ids.append(int(i))
+            out.append(self._decode(ids))
+        return out[0] if single else out
+
+
+class _VocabularyTokenizer(_PackingTokenizer):
+    """A `_PackingTokenizer` whose vocabulary is held in Python.
+
+    A subclass's vocabulary setter assigns `_vocabulary` (in the form the
+    constructor takes: a dict `{token: id}` or a list of tokens), `_token_to_id` (a
+    dict) and `_id_to_token` (a dict, or the token list). The subclass has
+    `start_token` and `end_token` (the special tokens' strings) and may override
+    `_VOCABULARY_ARGS` (the constructor arguments that supply the vocabulary, named
+    in the error raised while it is missing) and `_REPR_KEYS` (attributes that
+    `repr` shows after the vocabulary size and sequence length).
+    """
+
+    _VOCABULARY_ARGS = ("vocabulary",)
+    _REPR_KEYS = ()
+
+    def __init__(self, sequence_length):
+        super().__init__(sequence_length)
+        self._vocabulary = None
+        self._token_to_id = None
+        self._id_to_token = None
+
+    def _check_ready(self):
+        if self._vocabulary is None:
+            args = " and ".join(f"`{arg}`" for arg in self._VOCABULARY_ARGS)
+            raise RuntimeError(
+                f"This {type(self).__name__} has no vocabulary yet: pass {args} to "
+                "the constructor or call `load_assets(directory)`."
+            )
+
+    @property
+    def vocabulary(self):
+        self._check_ready()
+        return self._vocabulary.copy()
+
+    @property
+    def vocabulary_size(self):
+        self._check_ready()
+        return len(self._vocabulary)
+
+    @property
+    def start_token_id(self):
+        return self.token_to_id(self.start_token)
+
+    @property
+    def end_token_id(self):
+        return self.token_to_id(self.end_token)
+
+    def token_to_id(self, token):
+        self._check_ready()
+        return self._token_to_id[token]
+
+    def id_to_token(self, token_id):
+        self._check_ready()
+        return self._id_to_token[int(token_id)]
+
+    def __repr__(self):
+        size = len(self._vocabulary) if self._vocabulary is not None else None
+        extra = "".join(f", {key}={getattr(self, key)}" for key in self._REPR_KEYS)
+        return (
+            f"{type(self).__name__}(vocabulary_size={size}, "
+            f"sequence_length={self.sequence_length}{extra})"
+        )
+
 
 @keras.saving.register_keras_serializable(package="vlzoo")
-class CLIPTokenizer(_PackingTokenizer):
+class CLIPTokenizer(_VocabularyTokenizer):
     """OpenAI CLIP byte-pair-encoding tokenizer (lowercased, `ftfy`-cleaned).
 
     Gives exactly the ids of open_clip's `SimpleTokenizer()(texts, context_length)`:
@@ -328,7 +496,9 @@ class CLIPTokenizer(_PackingTokenizer):
     `<|endoftext|>` by `keras_hub.layers.StartEndPacker`. Over-long texts are
     truncated to `sequence_length` with the end token kept last; shorter ones are
     padded with `pad_value`. As in open_clip, the literal strings `<start_of_text>` and
-    `<end_of_text>` inside a text become the start and end ids.
+    `<end_of_text>` inside a text become the start and end ids. `detokenize` gives
+    the cleaned (lowercased) text, as open_clip's `decode` does, outer spaces
+    stripped.
 
     Args:
         vocabulary: path to `vocabulary.json` or a dict `{token: id}`. May be `None`
@@ -358,6 +528,11 @@ class CLIPTokenizer(_PackingTokenizer):
 
     START_TOKEN = "<|startoftext|>"
     END_TOKEN = "<|endoftext|>"
+    start_token, end_token = START_TOKEN, END_TOKEN  # fixed, not arguments
+    _CONFIG_KEYS = ("sequence_length", "pad_value", "vocabulary_file", "merges_file")
+    _ASSET_FILES = ("vocabulary_file", "merges_file")
+    _VOCABULARY_ARGS = ("vocabulary", "merges")
+    _REPR_KEYS = ("pad_value",)
 
     def __init__(
         self,
@@ -368,16 +543,13 @@ class CLIPTokenizer(_PackingTokenizer):
         vocabulary_file="vocabulary.json",
         merges_file="merges.txt",
     ):
-        self.sequence_length = _check_sequence_length(sequence_length)
+        super().__init__(sequence_length)
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, np.integer)):
             raise ValueError(f"`pad_value` must be an int; received {pad_value!r}.")
         self.pad_value = int(pad_value)
         self.vocabulary_file = vocabulary_file
         self.merges_file = merges_file
-        self._vocabulary = None
         self._merges = None
-        self._id_to_token = None
-        self._keras_hub_tokenizer = None
         self._cache = {}
         if (vocabulary is None) != (merges is None):
             raise ValueError(
@@ -397,64 +569,23 @@ class CLIPTokenizer(_PackingTokenizer):
                     f"The CLIP vocabulary has no {token!r} token; got a vocabulary "
                     f"of {len(vocabulary)} tokens."
                 )
-        self._vocabulary = vocabulary
-        self._merges = merges
+        self._vocabulary = self._token_to_id = vocabulary
         self._id_to_token = {v: k for k, v in vocabulary.items()}
+        self._merges = merges
         self._keras_hub_tokenizer = None
         self._cache = {}
 
-    def _check_ready(self):
-        if self._vocabulary is None:
-            raise RuntimeError(
-                "This CLIPTokenizer has no vocabulary yet: pass `vocabulary` and "
-                "`merges` to the constructor or call `load_assets(directory)`."
-            )
-
-    @property
-    def vocabulary(self):
-        self._check_ready()
-        return dict(self._vocabulary)
-
-    @property
-    def vocabulary_size(self):
-        self._check_ready()
-        return len(self._vocabulary)
-
-    @property
-    def start_token_id(self):
-        self._check_ready()
-        return self._vocabulary[self.START_TOKEN]
-
-    @property
-    def end_token_id(self):
-        self._check_ready()
-        return self._vocabulary[self.END_TOKEN]
+    _set_assets = set_vocabulary_and_merges
 
     @property
     def pad_token_id(self):
         return self.pad_value
 
-    def token_to_id(self, token):
-        self._check_ready()
-        return self._vocabulary[token]
-
-    def id_to_token(self, token_id):
-        self._check_ready()
-        return self._id_to_token[int(token_id)]
-
     # -- tokenization ------------------------------------------------------------------
-    def _backend(self):
-        if self._keras_hub_tokenizer is None:
-            from keras_hub.models import CLIPTokenizer as _KHCLIPTokenizer
+    def _build_backend(self):
+        from keras_hub.models import CLIPTokenizer as _KHCLIPTokenizer
 
-            self._keras_hub_tokenizer = _KHCLIPTokenizer(
-                vocabulary=self._vocabulary, merges=self._merges
-            )
-        return self._keras_hub_tokenizer
-
-    def encode(self, text):
-        """Ids of one string, without start/end tokens (list of int)."""
-        return self._encode_batch([text])[0]
+        return _KHCLIPTokenizer(vocabulary=self._vocabulary, merges=self._merges)
 
     def _encode_batch(self, texts):
         self._check_ready()
@@ -491,78 +622,21 @@ class CLIPTokenizer(_PackingTokenizer):
             out.append(ids)
         return out
 
-    def detokenize(self, token_ids):
-        """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
-
-        Stops at the first end token; start tokens are dropped. Text is the cleaned
-        (lowercased) text, as open_clip's `decode` gives, with outer spaces stripped.
-        """
-        self._check_ready()
-        arr = _to_numpy(token_ids)
-        single = arr.ndim == 1
-        arr = np.atleast_2d(arr)
-        if arr.ndim != 2:
-            raise ValueError(
-                f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}."
-            )
-        byte_decoder = {v: k for k, v in bytes_to_unicode().items()}
-        start, end = self.start_token_id, self.end_token_id
-        out = []
-        for row in arr.tolist():
-            tokens = []
-            for i in row:
-                if i == end:
-                    break
-                if i == start:
-                    continue
-                tokens.append(self._id_to_token.get(int(i), ""))
-            text = "".join(tokens)
-            data = bytearray(byte_decoder[c] for c in text if c in byte_decoder)
-            text = data.decode("utf-8", errors="replace").replace("</w>", " ")
-            out.append(text.strip())
-        return out[0] if single else out
+    def _decode(self, ids):
+        """Byte-level BPE tokens back to text; `</w>` ends a word."""
+        byte_decoder = _byte_decoder()
+        text = "".join(self._id_to_token.get(i, "") for i in ids)
+        data = bytearray(byte_decoder[c] for c in text if c in byte_decoder)
+        return data.decode("utf-8", errors="replace").replace("</w>", " ").strip()
 
     # -- serialisation -----------------------------------------------------------------
-    def get_config(self):
-        return {
-            "sequence_length": self.sequence_length,
-            "pad_value": self.pad_value,
-            "vocabulary_file": self.vocabulary_file,
-            "merges_file": self.merges_file,
-        }
-
-    def save_assets(self, directory):
-        """Write `vocabulary_file` and `merges_file` into `directory`."""
+    def _asset_contents(self):
         self._check_ready()
-        os.makedirs(directory, exist_ok=True)
-        with open(
-            os.path.join(directory, self.vocabulary_file), "w", encoding="utf-8"
-        ) as f:
-            json.dump(self._vocabulary, f, ensure_ascii=False, separators=(",", ":"))
-        with open(os.path.join(directory, self.merges_file), "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n")
-            f.write("\n".join(self._merges))
-            f.write("\n")
-
-    def load_assets(self, directory):
-        """Read `vocabulary_file` and `merges_file` from `directory`."""
-        self.set_vocabulary_and_merges(
-            os.path.join(directory, self.vocabulary_file),
-            os.path.join(directory, self.merges_file),
+        vocabulary = json.dumps(
+            self._vocabulary, ensure_ascii=False, separators=(",", ":")
         )
-        return self
-
-    @classmethod
-    def from_assets(cls, directory, **kwargs):
-        """`cls(**kwargs)` then `load_assets(directory)`."""
-        return cls(**kwargs).load_assets(directory)
-
-    def __repr__(self):
-        size = len(self._vocabulary) if self._vocabulary is not None else None
-        return (
-            f"CLIPTokenizer(vocabulary_size={size}, "
-            f"sequence_length={self.sequence_length}, pad_value={self.pad_value})"
-        )
+        merges = "#version: 0.2\n" + "\n".join(self._merges) + "\n"
+        return vocabulary, merges
 
 
 # --------------------------------------------------------------------------------------
@@ -604,6 +678,16 @@ class SentencePieceTokenizer(_PackingTokenizer):
     Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
     """
 
+    _CONFIG_KEYS = (
+        "sequence_length",
+        "start_token",
+        "end_token",
+        "pad_value",
+        "clean",
+        "proto_file",
+    )
+    _ASSET_FILES = ("proto_file",)
+
     def __init__(
         self,
         proto=None,
@@ -614,7 +698,7 @@ class SentencePieceTokenizer(_PackingTokenizer):
         clean="canonicalize",
         proto_file="spiece.model",
     ):
-        self.sequence_length = _check_sequence_length(sequence_length)
+        super().__init__(sequence_length)
         if clean not in ("none", "lower", "canonicalize"):
             raise ValueError(
                 "`clean` must be 'none', 'lower' or 'canonicalize'; "
@@ -626,24 +710,21 @@ class SentencePieceTokenizer(_PackingTokenizer):
         self.clean = clean
         self.proto_file = proto_file
         self._proto = None
-        self._keras_hub_tokenizer = None
         if proto is not None:
             self.set_proto(proto)
 
     def set_proto(self, proto):
         if isinstance(proto, (str, os.PathLike)):
-            path = os.fspath(proto)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"SentencePiece model file not found: {path!r}. vlzoo does not "
-                    "ship SentencePiece vocabularies (e.g. SigLIP's 32k "
-                    "`spiece.model`, from the HF repo google/siglip-base-patch16-224 "
-                    "or big_vision). Download it where you have network access and "
-                    "pass `proto=<path>`, or copy it to that path "
-                    f"(`{self.proto_file}` in the preset's assets/tokenizer dir)."
-                )
-            with open(path, "rb") as f:
-                proto = f.read()
+            proto = _read_asset_file(
+                proto,
+                "SentencePiece model",
+                "vlzoo does not ship SentencePiece vocabularies (e.g. SigLIP's 32k "
+                "`spiece.model`, from the HF repo google/siglip-base-patch16-224 or "
+                "big_vision). Download it where you have network access and pass "
+                "`proto=<path>`, or copy it to that path "
+                f"(`{self.proto_file}` in the preset's assets/tokenizer dir).",
+                binary=True,
+            )
         if not isinstance(proto, (bytes, bytearray)):
             raise TypeError(
                 "`proto` must be a file path or the model's bytes; received "
@@ -661,17 +742,19 @@ class SentencePieceTokenizer(_PackingTokenizer):
                     f"`{name}`={piece!r} is not in the SentencePiece vocabulary."
                 )
 
-    def _backend(self):
+    _set_assets = set_proto
+
+    def _check_ready(self):
         if self._proto is None:
             raise RuntimeError(
                 "This SentencePieceTokenizer has no model yet: pass `proto` or call "
                 "`load_assets(directory)`."
             )
-        if self._keras_hub_tokenizer is None:
-            from keras_hub.tokenizers import SentencePieceTokenizer as _KHSP
 
-            self._keras_hub_tokenizer = _KHSP(proto=self._proto)
-        return self._keras_hub_tokenizer
+    def _build_backend(self):
+        from keras_hub.tokenizers import SentencePieceTokenizer as _KHSP
+
+        return _KHSP(proto=self._proto)
 
     @property
     def vocabulary_size(self):
@@ -702,65 +785,16 @@ class SentencePieceTokenizer(_PackingTokenizer):
             return " ".join(text.lower().split())
         return text
 
-    def encode(self, text):
-        return self._encode_batch([text])[0]
+    def _decode(self, ids):
+        """keras_hub's SentencePiece detokenization."""
+        if not ids:
+            return ""
+        return _as_str(self._backend().detokenize(np.asarray(ids, np.int32)))
 
-    def _encode_batch(self, texts):
-        if not texts:
-            return []
-        tok = self._backend()
-        encoded = tok.tokenize([self._clean(t) for t in texts])
-        return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
-
-    def _check_ready(self):
-        self._backend()
-
-    def detokenize(self, token_ids):
-        """Ids -> strings; stops at the first end token, drops the start token."""
-        arr = _to_numpy(token_ids)
-        single = arr.ndim == 1
-        arr = np.atleast_2d(arr)
-        rows = []
-        for row in arr.tolist():
-            kept = []
-            for i in row:
-                if self.end_token is not None and i == self.end_token_id:
-                    break
-                if self.start_token is not None and i == self.start_token_id:
-                    continue
-                kept.append(int(i))
-            rows.append(kept)
-        out = []
-        tok = self._backend()
-        for kept in rows:
-            text = tok.detokenize(np.asarray(kept, np.int32)) if kept else ""
-            out.append(_as_str(text))
-        return out[0] if single else out
-
-    def get_config(self):
-        return {
-            "sequence_length": self.sequence_length,
-            "start_token": self.start_token,
-            "end_token": self.end_token,
-            "pad_value": self.pad_value,
-            "clean": self.clean,
-            "proto_file": self.proto_file,
-        }
-
-    def save_assets(self, directory):
+    def _asset_contents(self):
         if self._proto is None:
             raise RuntimeError("No SentencePiece model to save.")
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, self.proto_file), "wb") as f:
-            f.write(self._proto)
-
-    def load_assets(self, directory):
-        self.set_proto(os.path.join(directory, self.proto_file))
-        return self
-
-    @classmethod
-    def from_assets(cls, directory, **kwargs):
-        return cls(**kwargs).load_assets(directory)
+        return (self._proto,)
 
 
 def _as_str(x):
@@ -777,14 +811,12 @@ def _as_str(x):
 
 def _load_wordpiece_vocabulary(vocabulary):
     if isinstance(vocabulary, (str, os.PathLike)):
-        path = os.fspath(vocabulary)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"WordPiece vocabulary file not found: {path!r}. Generate the bundled BERT "
-                "uncased one with `python tools/build_wordpiece_assets.py` or pass a list."
-            )
-        with open(path, encoding="utf-8") as f:
-            vocabulary = f.read().split("\n")
+        vocabulary = _read_asset_file(
+            vocabulary,
+            "WordPiece vocabulary",
+            "Generate the bundled BERT uncased one with "
+            "`python tools/build_wordpiece_assets.py` or pass a list.",
+        ).split("\n")
         if vocabulary and vocabulary[-1] == "":
             vocabulary = vocabulary[:-1]
     if not isinstance(vocabulary, (list, tuple)) or not all(isinstance(t, str) for t in vocabulary):
@@ -798,7 +830,7 @@ def _load_wordpiece_vocabulary(vocabulary):
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
-class WordPieceTokenizer(_PackingTokenizer):
+class WordPieceTokenizer(_VocabularyTokenizer):
     """BERT WordPiece tokenizer (STAIR's, bert-base-uncased by default).
 
     The text is lowercased (`str.lower`) and stripped of accents (NFD, then
@@ -811,7 +843,8 @@ class WordPieceTokenizer(_PackingTokenizer):
     `[PAD]` by `keras_hub.layers.StartEndPacker`; over-long texts are
     truncated with `[SEP]` kept last. With the bundled
     `presets/_assets/bert_uncased/vocab.txt` the ids equal Hugging Face's
-    `BertTokenizer(do_lower_case=True)`.
+    `BertTokenizer(do_lower_case=True)`. `detokenize` glues word pieces back
+    (`"un ##aff ##able"` -> `"unaffable"`) and joins words with one space.
 
     Args:
         vocabulary: path to `vocab.txt` (one token per line, line `i` = id `i`)
@@ -836,6 +869,18 @@ class WordPieceTokenizer(_PackingTokenizer):
     ```
     """
 
+    _CONFIG_KEYS = (
+        "sequence_length",
+        "lowercase",
+        "strip_accents",
+        "start_token",
+        "end_token",
+        "pad_token",
+        "oov_token",
+        "vocabulary_file",
+    )
+    _ASSET_FILES = ("vocabulary_file",)
+
     def __init__(
         self,
         vocabulary=None,
@@ -848,7 +893,7 @@ class WordPieceTokenizer(_PackingTokenizer):
         oov_token="[UNK]",
         vocabulary_file="vocab.txt",
     ):
-        self.sequence_length = _check_sequence_length(sequence_length)
+        super().__init__(sequence_length)
         self.lowercase = bool(lowercase)
         self.strip_accents = bool(strip_accents)
         self.start_token = start_token
@@ -856,9 +901,6 @@ class WordPieceTokenizer(_PackingTokenizer):
         self.pad_token = pad_token
         self.oov_token = oov_token
         self.vocabulary_file = vocabulary_file
-        self._vocabulary = None
-        self._token_to_id = None
-        self._keras_hub_tokenizer = None
         if vocabulary is not None:
             self.set_vocabulary(vocabulary)
 
@@ -870,55 +912,25 @@ class WordPieceTokenizer(_PackingTokenizer):
                     f"`{name}`={getattr(self, name)!r} is not in the WordPiece vocabulary "
                     f"({len(vocabulary)} tokens)."
                 )
-        self._vocabulary = vocabulary
+        self._vocabulary = self._id_to_token = vocabulary
         self._token_to_id = {token: i for i, token in enumerate(vocabulary)}
         self._keras_hub_tokenizer = None
 
-    def _check_ready(self):
-        if self._vocabulary is None:
-            raise RuntimeError(
-                "This WordPieceTokenizer has no vocabulary yet: pass `vocabulary` to the "
-                "constructor or call `load_assets(directory)`."
-            )
-
-    @property
-    def vocabulary(self):
-        self._check_ready()
-        return list(self._vocabulary)
-
-    @property
-    def vocabulary_size(self):
-        self._check_ready()
-        return len(self._vocabulary)
-
-    @property
-    def start_token_id(self):
-        return self.token_to_id(self.start_token)
-
-    @property
-    def end_token_id(self):
-        return self.token_to_id(self.end_token)
+    _set_assets = set_vocabulary
 
     @property
     def pad_token_id(self):
         return self.token_to_id(self.pad_token)
 
-    def token_to_id(self, token):
-        self._check_ready()
-        return self._token_to_id[token]
+    def _build_backend(self):
+        from keras_hub.tokenizers import WordPieceTokenizer as _KHWordPiece
 
-    def id_to_token(self, token_id):
-        self._check_ready()
-        return self._vocabulary[int(token_id)]
-
-    def _backend(self):
-        if self._keras_hub_tokenizer is None:
-            from keras_hub.tokenizers import WordPieceTokenizer as _KHWordPiece
-
-            self._keras_hub_tokenizer = _KHWordPiece(
-                vocabulary=self._vocabulary, lowercase=False, strip_accents=False, oov_token=self.oov_token,
-            )
-        return self._keras_hub_tokenizer
+        return _KHWordPiece(
+            vocabulary=self._vocabulary,
+            lowercase=False,
+            strip_accents=False,
+            oov_token=self.oov_token,
+        )
 
     def _clean(self, text):
         if self.lowercase:
@@ -927,73 +939,13 @@ class WordPieceTokenizer(_PackingTokenizer):
             text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
         return text
 
-    def encode(self, text):
-        """Ids of one string, without `[CLS]` / `[SEP]` (list of int)."""
-        return self._encode_batch([text])[0]
+    def _decode(self, ids):
+        """Word pieces glued back, words joined by one space."""
+        return " ".join(self._id_to_token[i] for i in ids).replace(" ##", "")
 
-    def _encode_batch(self, texts):
+    def _asset_contents(self):
         self._check_ready()
-        if not texts:
-            return []
-        encoded = self._backend().tokenize([self._clean(t) for t in texts])
-        return [[int(i) for i in _to_numpy(row).reshape(-1)] for row in encoded]
-
-    def detokenize(self, token_ids):
-        """Ids `(B, T)` or `(T,)` -> list of `B` strings (or one str).
-
-        Stops at the first `[SEP]`, drops `[CLS]`; word pieces are glued back
-        (`"un ##aff ##able"` -> `"unaffable"`), words joined by one space.
-        """
-        self._check_ready()
-        arr = _to_numpy(token_ids)
-        single = arr.ndim == 1
-        arr = np.atleast_2d(arr)
-        if arr.ndim != 2:
-            raise ValueError(f"`token_ids` must have shape (B, T) or (T,); received {arr.shape}.")
-        start, end = self.start_token_id, self.end_token_id
-        out = []
-        for row in arr.tolist():
-            tokens = []
-            for i in row:
-                if i == end:
-                    break
-                if i != start:
-                    tokens.append(self._vocabulary[int(i)])
-            out.append(" ".join(tokens).replace(" ##", ""))
-        return out[0] if single else out
-
-    def get_config(self):
-        return {
-            "sequence_length": self.sequence_length,
-            "lowercase": self.lowercase,
-            "strip_accents": self.strip_accents,
-            "start_token": self.start_token,
-            "end_token": self.end_token,
-            "pad_token": self.pad_token,
-            "oov_token": self.oov_token,
-            "vocabulary_file": self.vocabulary_file,
-        }
-
-    def save_assets(self, directory):
-        """Write `vocabulary_file` (one token per line) into `directory`."""
-        self._check_ready()
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, self.vocabulary_file), "w", encoding="utf-8") as f:
-            f.write("\n".join(self._vocabulary) + "\n")
-
-    def load_assets(self, directory):
-        """Read `vocabulary_file` from `directory`."""
-        self.set_vocabulary(os.path.join(directory, self.vocabulary_file))
-        return self
-
-    @classmethod
-    def from_assets(cls, directory, **kwargs):
-        """`cls(**kwargs)` then `load_assets(directory)`."""
-        return cls(**kwargs).load_assets(directory)
-
-    def __repr__(self):
-        size = len(self._vocabulary) if self._vocabulary is not None else None
-        return f"WordPieceTokenizer(vocabulary_size={size}, sequence_length={self.sequence_length})"
+        return ("\n".join(self._vocabulary) + "\n",)
 
 
 # --------------------------------------------------------------------------------------
