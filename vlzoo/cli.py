@@ -8,10 +8,11 @@ Also runs as `python -m vlzoo.cli ...`. The backend is Keras's: set
 `KERAS_BACKEND=jax|tensorflow|torch`. Nothing is downloaded.
 
 `demo` trains a tiny preset on a synthetic, deterministic "coloured shapes"
-dataset (generated in numpy) and prints zero-shot classification accuracy and
-text-to-image retrieval R@1 on held-out images before and after fine-tuning
-with `model.fit`, then saves the model with `save_to_preset`, loads it back
-with `from_preset` and checks that the similarities are unchanged.
+dataset (`vlzoo.data.shapes.classification`, generated in numpy) and prints
+zero-shot classification accuracy and text-to-image retrieval R@1 on held-out
+images before and after fine-tuning with `model.fit`, then saves the model with
+`save_to_preset`, loads it back with `from_preset` and checks that the
+similarities are unchanged.
 """
 
 import argparse
@@ -24,85 +25,9 @@ import warnings
 
 import numpy as np
 
-# ----------------------------------------------------------------------------- data
-
-COLORS = {
-    "red": (220, 40, 40),
-    "green": (40, 180, 60),
-    "blue": (40, 70, 220),
-    "yellow": (235, 210, 40),
-}
-SHAPES = ("circle", "square", "triangle")
-LABELS = tuple(f"{color} {shape}" for color in COLORS for shape in SHAPES)
-BACKGROUND = (245, 245, 245)
-
-
-def _shape_mask(shape, size, cy, cx, radius):
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
-    if shape == "circle":
-        return (yy - cy) ** 2 + (xx - cx) ** 2 <= radius**2
-    if shape == "square":
-        half = radius * 0.85
-        return (np.abs(yy - cy) <= half) & (np.abs(xx - cx) <= half)
-    if shape == "triangle":  # apex up, base at cy + radius
-        top, bottom = cy - radius, cy + radius
-        t = np.clip((yy - top) / (bottom - top), 0.0, None)
-        return (yy >= top) & (yy <= bottom) & (np.abs(xx - cx) <= t * radius)
-    raise ValueError(f"Unknown `shape` {shape!r}; expected one of {SHAPES}.")
-
-
-def make_shapes(num_per_label, seed, image_size=32):
-    """Deterministic synthetic image-caption pairs of coloured shapes.
-
-    Every label of `LABELS` ("red circle", ..., 4 colours x 3 shapes) gets
-    `num_per_label` images: one shape of random size and position (and a
-    slightly jittered colour) on a light grey background.
-
-    Args:
-        num_per_label: images per label.
-        seed: seed of the numpy generator; same seed, same images.
-        image_size: side of the square uint8 images.
-
-    Returns:
-        `(images, labels, captions)`: uint8 `(N, S, S, 3)`, int `(N,)` indices
-        into `LABELS`, and the captions `"a red circle"`, ...; shuffled.
-    """
-    rng = np.random.default_rng(seed)
-    n = num_per_label * len(LABELS)
-    labels = np.repeat(np.arange(len(LABELS)), num_per_label)
-    labels = labels[rng.permutation(n)]
-    images = np.empty((n, image_size, image_size, 3), np.uint8)
-    for i, label in enumerate(labels):
-        color, shape = LABELS[label].split()
-        radius = rng.uniform(0.22, 0.36) * image_size
-        cy, cx = rng.uniform(radius, image_size - radius, size=2)
-        rgb = np.clip(np.array(COLORS[color]) + rng.integers(-15, 16, size=3), 0, 255)
-        image = np.empty((image_size, image_size, 3), np.uint8)
-        image[...] = BACKGROUND
-        image[_shape_mask(shape, image_size, cy, cx, radius)] = rgb
-        images[i] = image
-    captions = [f"a {LABELS[label]}" for label in labels]
-    return images, labels, captions
-
-
-# ----------------------------------------------------------------------- metrics
-
-
-def shape_metrics(model, pixels, labels):
-    """Zero-shot accuracy and text-to-image R@1 over `LABELS` on preprocessed images.
-
-    Zero-shot: each image is assigned the label whose prompt ("a red circle")
-    scores highest. Retrieval: each label prompt retrieves its best-scoring
-    image; a hit when that image has the label.
-    """
-    import keras
-
-    prompts = model.tokenizer([f"a {label}" for label in LABELS])
-    scores = keras.ops.convert_to_numpy(model.similarity(pixels, prompts))  # (N_img, N_labels)
-    zero_shot = float(np.mean(np.argmax(scores, axis=1) == labels))
-    top_image = np.argmax(scores, axis=0)  # best image per label prompt
-    recall_at_1 = float(np.mean(labels[top_image] == np.arange(len(LABELS))))
-    return {"zero_shot_accuracy": zero_shot, "t2i_recall@1": recall_at_1}
+# The demo's classes: 4 colours x 3 shapes of `vlzoo.data.shapes`.
+DEMO_COLORS = ("red", "green", "blue", "yellow")
+DEMO_SHAPES = ("circle", "square", "triangle")
 
 
 def _format_metrics(metrics):
@@ -186,6 +111,7 @@ def _demo(args, out):
     import keras
 
     import vlzoo
+    from vlzoo.data import shapes
 
     start = time.perf_counter()
     backend = keras.backend.backend()
@@ -198,24 +124,22 @@ def _demo(args, out):
           f"{size} px", file=out)
 
     steps_per_epoch = max(1, math.ceil(args.steps / args.epochs))
-    train_per_label = math.ceil(steps_per_epoch * args.batch_size / len(LABELS))
-    train_images, _, train_captions = make_shapes(train_per_label, seed=args.seed, image_size=size)
-    eval_images, eval_labels, _ = make_shapes(args.eval_per_label, seed=args.seed + 1, image_size=size)
+    labels = shapes.class_names(DEMO_COLORS, DEMO_SHAPES)
+    train_per_label = math.ceil(steps_per_epoch * args.batch_size / len(labels))
+    train_data = shapes.classification(train_per_label, seed=args.seed, image_size=size,
+                                       colors=DEMO_COLORS, shapes=DEMO_SHAPES)
+    eval_data = shapes.classification(args.eval_per_label, seed=args.seed + 1, image_size=size,
+                                      colors=DEMO_COLORS, shapes=DEMO_SHAPES)
     n_train = steps_per_epoch * args.batch_size
-    train_images, train_captions = train_images[:n_train], train_captions[:n_train]
-    print(f"data: {len(LABELS)} labels ({', '.join(LABELS)}); {n_train} training pairs, "
-          f"{len(eval_images)} held-out images", file=out)
+    print(f"data: {len(labels)} labels ({', '.join(labels)}); {n_train} training pairs, "
+          f"{len(eval_data['images'])} held-out images", file=out)
 
-    # Tokenise the few distinct captions once and gather their rows.
-    distinct = sorted(set(train_captions))
-    tokens = model.tokenizer(distinct)
-    rows = np.array([distinct.index(c) for c in train_captions])
-    train = {key: np.asarray(value)[rows] for key, value in tokens.items()}
-    train["images"] = model.preprocessor(train_images)
-    eval_pixels = model.preprocessor(eval_images)
+    train = shapes.model_inputs(train_data["images"][:n_train], train_data["captions"][:n_train],
+                                model.tokenizer, model.preprocessor)
+    eval_pixels, eval_labels = model.preprocessor(eval_data["images"]), eval_data["labels"]
 
-    before = shape_metrics(model, eval_pixels, eval_labels)
-    print(f"before fine-tuning: {_format_metrics(before)}  (chance {1 / len(LABELS):.3f})", file=out)
+    before = shapes.zero_shot_metrics(model, eval_pixels, eval_labels, labels)
+    print(f"before fine-tuning: {_format_metrics(before)}  (chance {1 / len(labels):.3f})", file=out)
 
     total_steps = steps_per_epoch * args.epochs
     schedule = keras.optimizers.schedules.CosineDecay(
@@ -229,14 +153,14 @@ def _demo(args, out):
     verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
     model.fit(train, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=verbose)
 
-    after = shape_metrics(model, eval_pixels, eval_labels)
+    after = shapes.zero_shot_metrics(model, eval_pixels, eval_labels, labels)
     print(f"after fine-tuning:  {_format_metrics(after)}", file=out)
 
     preset_dir = os.path.abspath(args.out)
     model.save_to_preset(preset_dir)
     reloaded = _load(vlzoo, preset_dir, out)
     probe_pixels = eval_pixels[:16]
-    probe_text = reloaded.tokenizer([f"a {label}" for label in LABELS])
+    probe_text = reloaded.tokenizer([f"a {label}" for label in labels])
     original = keras.ops.convert_to_numpy(model.similarity(probe_pixels, probe_text))
     again = keras.ops.convert_to_numpy(reloaded.similarity(probe_pixels, probe_text))
     diff = float(np.max(np.abs(original - again)))

@@ -1,4 +1,5 @@
-"""Input pipelines: image-text pairs from caption files or webdataset tar shards.
+"""Input pipelines (image-text pairs from caption files or webdataset tar shards) and the
+synthetic compositional shapes dataset (`vlzoo.data.shapes`).
 
 `image_text_dataset` builds a `tf.data.Dataset` of `{"images": float32 (B, H, W, 3),
 "token_ids": int32 (B, T), "padding_mask": bool (B, T)}` batches that `model.fit`
@@ -17,6 +18,7 @@ model.fit(train, epochs=1)
 ```
 """
 
+from vlzoo.data import shapes
 from vlzoo.data.pipeline import image_text_dataset
 from vlzoo.data.records import (
     DatasetStats,
@@ -33,4 +35,5 @@ __all__ = [
     "image_text_dataset",
     "read_caption_file",
     "read_tar_samples",
+    "shapes",
 ]

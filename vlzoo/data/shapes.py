@@ -1,0 +1,637 @@
+"""Synthetic, deterministic images of coloured shapes with captions, for training and probing.
+
+Nothing is downloaded: every image is drawn in numpy from a seed, so the same call
+gives the same bytes on every machine and backend.
+
+- `generate(split, num_examples)`: scenes of one object ("a red circle") or of two
+  objects with a spatial relation ("a red circle above a blue square"; or, with
+  `style="and"`, "a red circle and a blue square"), anti-aliased, with random sizes,
+  positions, colour and background jitter. The `train` and `test` splits are disjoint
+  by held-out compositions (see *Splits*).
+- `binding_pairs(split, num_examples, swap=...)`: two-object scenes, each with its true
+  caption and a caption that swaps the two colours, the two shapes, or the two objects'
+  roles in the relation. Both captions use exactly the same words, so only a model that
+  binds attributes to objects (the fine-grained skill FILIP, SPARC and SPARO target)
+  can tell them apart; `binding_accuracy` scores a model on them.
+- `classification(num_per_class, seed)`: balanced one-object images per colour-shape
+  class, for zero-shot classification (`zero_shot_metrics`); what `vlzoo demo` trains
+  and evaluates on.
+- `class_names`, `parse_caption`, `composition_split`: the vocabulary, the caption
+  grammar read back into attributes, and the split rule.
+- `model_inputs(images, captions, tokenizer, preprocessor)`: the dict `model.fit` takes.
+
+Vocabulary: 6 colours (`COLORS`), 4 shapes (`SHAPES`), 4 relations (`RELATIONS`).
+Every colour and shape word takes the article "a", so prompt templates such as
+`"a photo of a {}."` read correctly. Captions follow the grammar
+
+    a COLOR SHAPE
+    a COLOR SHAPE RELATION a COLOR SHAPE        (style="relation")
+    a COLOR SHAPE and a COLOR SHAPE             (style="and")
+
+and the two objects of a scene always differ in colour and in shape.
+
+Splits: a two-object scene's *composition* is its unordered pair of colours with its
+unordered pair of shapes, e.g. ({red, blue}, {circle, square}); the scenes "a red circle
+.. a blue square" and its attribute swap "a blue circle .. a red square" share it. With
+the pairs of `COLORS` and of `SHAPES` numbered in `itertools.combinations` order, the
+k-th of the 15 colour pairs holds out the `(k % 6)`-th of the 6 shape pairs for `test`:
+15 of the 90 compositions (`composition_split`). So no two-object test caption, nor its
+swapped caption, ever occurs in `train`, while every colour-shape binding, every colour
+pair and every shape pair (and every word) does: a model must compose what it learned,
+and `binding_accuracy` on `test` pairs measures binding on unseen combinations rather
+than memorised captions. One-object scenes of every class occur in both splits, drawn
+from different random streams (the split is part of the seed), so zero-shot
+classification can be evaluated on `test`.
+
+Example:
+
+```python
+from vlzoo.data import shapes
+
+train = shapes.generate("train", 1000, image_size=32, seed=0)
+train["images"].shape, train["captions"][:2]
+# (1000, 32, 32, 3)
+# ['a yellow circle to the left of a cyan cross', 'a yellow triangle above a green cross']
+x = shapes.model_inputs(train["images"], train["captions"], model.tokenizer, model.preprocessor)
+model.fit(x, batch_size=32, epochs=5)
+
+pairs = shapes.binding_pairs("test", 200, swap="color")
+shapes.binding_accuracy(model, model.preprocessor(pairs["images"]),
+                        pairs["captions"], pairs["swapped_captions"])   # chance 0.5
+```
+"""
+
+import itertools
+import re
+
+import numpy as np
+
+__all__ = [
+    "BACKGROUND",
+    "COLORS",
+    "RELATIONS",
+    "SHAPES",
+    "SPLITS",
+    "SWAPS",
+    "binding_accuracy",
+    "binding_pairs",
+    "class_names",
+    "classification",
+    "composition_split",
+    "generate",
+    "model_inputs",
+    "parse_caption",
+    "zero_shot_metrics",
+]
+
+COLORS = {
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 70, 220),
+    "yellow": (235, 210, 40),
+    "purple": (140, 60, 190),
+    "cyan": (40, 200, 210),
+}
+SHAPES = ("circle", "square", "triangle", "cross")
+RELATIONS = ("above", "below", "to the left of", "to the right of")
+SPLITS = ("train", "test")
+SWAPS = ("color", "shape", "relation")
+BACKGROUND = (245, 245, 245)  # `classification`'s background; `generate` jitters around it
+
+_COLOR_NAMES = tuple(COLORS)
+_COLOR_PAIRS = tuple(itertools.combinations(range(len(COLORS)), 2))
+_SHAPE_PAIRS = tuple(itertools.combinations(range(len(SHAPES)), 2))
+_SUPERSAMPLE = 4  # `generate`: 4 x 4 samples per pixel give anti-aliased edges
+_MIN_IMAGE_SIZE = 16
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_int(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}; received {value!r}.")
+    return int(value)
+
+
+def _check_choice(value, name, choices):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {choices}; received {value!r}.")
+    return value
+
+
+def _check_names(values, name, vocabulary):
+    """Validates a subset of `vocabulary` (None: all of it); returns it as a tuple."""
+    if values is None:
+        return tuple(vocabulary)
+    if isinstance(values, str) or len(values) == 0:
+        raise ValueError(f"`{name}` must be a non-empty list of names from {tuple(vocabulary)}; "
+                         f"received {values!r}.")
+    values = tuple(values)
+    for value in values:
+        if value not in vocabulary:
+            raise ValueError(f"`{name}` has an unknown entry {value!r}; expected names from "
+                             f"{tuple(vocabulary)}.")
+    if len(set(values)) != len(values):
+        raise ValueError(f"`{name}` has repeated entries: {values!r}.")
+    return values
+
+
+# -------------------------------------------------------------------------- rendering
+
+
+def _coverage(shape, size, cy, cx, radius, supersample):
+    """Fraction of each pixel of a `(size, size)` image covered by the shape, float32.
+
+    The shape fits the box of half-side `radius` centred on `(cy, cx)` (pixel units,
+    pixel `(i, j)` spans `[i, i + 1) x [j, j + 1)`). Each pixel is sampled at
+    `supersample x supersample` points; `supersample=1` samples its centre only.
+    """
+    grid = (np.arange(size * supersample, dtype=np.float32) + 0.5) / supersample
+    yy, xx = grid[:, None], grid[None, :]
+    dy, dx = np.abs(yy - cy), np.abs(xx - cx)
+    if shape == "circle":
+        inside = dy**2 + dx**2 <= radius**2
+    elif shape == "square":
+        inside = (dy <= radius * 0.85) & (dx <= radius * 0.85)
+    elif shape == "triangle":  # apex up, base at cy + radius
+        top, bottom = cy - radius, cy + radius
+        t = np.clip((yy - top) / (bottom - top), 0.0, None)
+        inside = (yy >= top) & (yy <= bottom) & (dx <= t * radius)
+    elif shape == "cross":
+        arm, half_width = radius * 0.9, radius * 0.3
+        inside = ((dy <= half_width) & (dx <= arm)) | ((dx <= half_width) & (dy <= arm))
+    else:
+        raise ValueError(f"Unknown `shape` {shape!r}; expected one of {SHAPES}.")
+    inside = np.broadcast_to(inside, (size * supersample, size * supersample))
+    return inside.reshape(size, supersample, size, supersample).mean(axis=(1, 3), dtype=np.float32)
+
+
+def _draw(size, background, objects, supersample):
+    """uint8 `(size, size, 3)` image: `objects` = [(shape, cy, cx, radius, rgb), ...]."""
+    canvas = np.empty((size, size, 3), np.float32)
+    canvas[...] = background
+    for shape, cy, cx, radius, rgb in objects:
+        alpha = _coverage(shape, size, cy, cx, radius, supersample)[..., None]
+        canvas = canvas * (1.0 - alpha) + np.asarray(rgb, np.float32) * alpha
+    return np.rint(canvas).astype(np.uint8)
+
+
+def _place_pair(rng, size, radii, relation):
+    """Centres `(2, 2)` (y, x) of two non-overlapping objects with object 0 `relation` object 1.
+
+    Along the relation's axis the centres are at least `r0 + r1` plus a margin apart,
+    and across it at most half that distance apart, so the relation is unambiguous.
+    """
+    axis = 0 if relation in ("above", "below") else 1
+    first = 0 if relation in ("above", "to the left of") else 1  # the object nearer the origin
+    r_first, r_second = radii[first], radii[1 - first]
+    gap = rng.uniform(r_first + r_second + 0.04 * size, size - r_first - r_second)
+    p_first = rng.uniform(r_first, size - r_second - gap)
+    q_first = rng.uniform(r_first, size - r_first)
+    q_second = rng.uniform(max(r_second, q_first - gap / 2), min(size - r_second, q_first + gap / 2))
+    centers = np.empty((2, 2), np.float32)
+    centers[first, axis], centers[first, 1 - axis] = p_first, q_first
+    centers[1 - first, axis], centers[1 - first, 1 - axis] = p_first + gap, q_second
+    return centers
+
+
+def _jittered(rng, rgb, amount):
+    return np.clip(np.asarray(rgb) + rng.integers(-amount, amount + 1, size=3), 0, 255)
+
+
+# --------------------------------------------------------------------------- captions
+
+
+def class_names(colors=None, shapes=None, template="{}"):
+    """The colour-shape classes ("red circle", ...), colour-major, each put in `template`.
+
+    Args:
+        colors: colour names to use, a subset of `COLORS` (default: all, in order).
+        shapes: shape names to use, a subset of `SHAPES` (default: all, in order).
+        template: format string with one `{}`, e.g. `"a photo of a {}."` for prompts.
+
+    Returns:
+        list of `len(colors) * len(shapes)` str; class `i` is colour
+        `i // len(shapes)` with shape `i % len(shapes)`.
+
+    Example:
+
+    ```python
+    class_names(["red", "blue"], ["circle"], template="a photo of a {}.")
+    # ['a photo of a red circle.', 'a photo of a blue circle.']
+    ```
+    """
+    colors = _check_names(colors, "colors", COLORS)
+    shapes = _check_names(shapes, "shapes", SHAPES)
+    if not isinstance(template, str) or template.count("{}") != 1:
+        raise ValueError(f"`template` must be a str with exactly one '{{}}'; received {template!r}.")
+    return [template.format(f"{color} {shape}") for color in colors for shape in shapes]
+
+
+def _caption(colors, shapes, relation, style):
+    """Caption of a scene: colour/shape indices of its 1 or 2 objects, a relation index."""
+    phrases = [f"a {_COLOR_NAMES[c]} {SHAPES[s]}" for c, s in zip(colors, shapes)]
+    if len(phrases) == 1:
+        return phrases[0]
+    link = RELATIONS[relation] if style == "relation" else "and"
+    return f"{phrases[0]} {link} {phrases[1]}"
+
+
+_CAPTION_PATTERN = re.compile(
+    r"a (\w+) (\w+)(?: (" + "|".join(RELATIONS + ("and",)) + r") a (\w+) (\w+))?"
+)
+
+
+def parse_caption(caption):
+    """Reads a caption of this dataset back into its objects and relation.
+
+    Args:
+        caption: str following the grammar in the module docstring.
+
+    Returns:
+        dict with `"objects"`: list of `(color, shape)` name pairs (1 or 2, in caption
+        order) and `"relation"`: a name from `RELATIONS`, or None for one object or the
+        "and" style.
+
+    Example:
+
+    ```python
+    parse_caption("a red circle to the left of a blue square")
+    # {'objects': [('red', 'circle'), ('blue', 'square')], 'relation': 'to the left of'}
+    ```
+    """
+    match = _CAPTION_PATTERN.fullmatch(caption) if isinstance(caption, str) else None
+    if match is None:
+        raise ValueError(f"`caption` {caption!r} does not follow the shapes grammar "
+                         "'a COLOR SHAPE [RELATION|and a COLOR SHAPE]'.")
+    color_a, shape_a, link, color_b, shape_b = match.groups()
+    objects = [(color_a, shape_a)] + ([(color_b, shape_b)] if link else [])
+    for color, shape in objects:
+        if color not in COLORS or shape not in SHAPES:
+            raise ValueError(f"`caption` {caption!r} names an unknown colour or shape "
+                             f"({color!r}, {shape!r}); colours {_COLOR_NAMES}, shapes {SHAPES}.")
+    return {"objects": objects, "relation": link if link in RELATIONS else None}
+
+
+# ------------------------------------------------------------------------------ splits
+
+
+def _composition_split(color_pair, shape_pair):
+    """`composition_split` on index pairs."""
+    k = _COLOR_PAIRS.index(tuple(sorted(color_pair)))
+    held_out = _SHAPE_PAIRS[k % len(_SHAPE_PAIRS)]
+    return "test" if tuple(sorted(shape_pair)) == held_out else "train"
+
+
+def composition_split(colors, shapes):
+    """The split, "train" or "test", that a two-object composition belongs to.
+
+    Args:
+        colors: the two (different) colour names of the scene, in any order.
+        shapes: the two (different) shape names, in any order.
+
+    Returns:
+        "test" for the 15 held-out compositions (see *Splits* in the module
+        docstring), else "train".
+
+    Example:
+
+    ```python
+    composition_split(("red", "green"), ("circle", "square"))   # 'test'
+    composition_split(("green", "red"), ("square", "circle"))   # 'test' (order is irrelevant)
+    ```
+    """
+    colors = _check_names(colors, "colors", COLORS)
+    shapes = _check_names(shapes, "shapes", SHAPES)
+    if len(colors) != 2 or len(shapes) != 2:
+        raise ValueError(f"`colors` and `shapes` must each name 2 different entries; received "
+                         f"{colors!r} and {shapes!r}.")
+    return _composition_split([_COLOR_NAMES.index(c) for c in colors],
+                              [SHAPES.index(s) for s in shapes])
+
+
+def _compositions(split):
+    """Ordered `(color_0, shape_0, color_1, shape_1)` index tuples of two-object scenes in `split`."""
+    return [
+        (c0, s0, c1, s1)
+        for c0, c1 in itertools.permutations(range(len(COLORS)), 2)
+        for s0, s1 in itertools.permutations(range(len(SHAPES)), 2)
+        if _composition_split((c0, c1), (s0, s1)) == split
+    ]
+
+
+# ---------------------------------------------------------------------------- datasets
+
+
+def generate(split, num_examples, image_size=32, seed=0, num_objects=None, style="relation"):
+    """Deterministic images of one or two coloured shapes with their captions.
+
+    One-object scenes draw a class uniformly (every colour-shape class, both splits);
+    two-object scenes draw a composition of `split` uniformly (see *Splits* in the
+    module docstring) and a relation uniformly from `RELATIONS`. Sizes, positions, the
+    colour of each object (+-12 per channel) and the background (a light grey, slightly
+    tinted) are random; edges are anti-aliased (4 x 4 samples per pixel). Example `i` depends
+    only on `(split, seed, image_size, num_objects, i)`: a longer call extends a shorter one.
+
+    Args:
+        split: "train" or "test".
+        num_examples: number of scenes `N` (>= 1).
+        image_size: side `S` of the square images (>= 16; 32-64 suits small models).
+        seed: int seed; the same arguments give the same bytes.
+        num_objects: 1 or 2 for only those scenes; None for each half and half at random.
+        style: "relation" ("a red circle above a blue square") or "and" ("a red circle
+            and a blue square") for two-object captions.
+
+    Returns:
+        dict of
+        - `"images"`: uint8 `(N, S, S, 3)`;
+        - `"captions"`: list of `N` str, caption `i` describing image `i` (captions may
+          repeat; compare them as strings to find every image a caption matches);
+        - `"num_objects"`: int `(N,)`, 1 or 2;
+        - `"colors"`, `"shapes"`: int `(N, 2)` indices into `COLORS` (in order) and
+          `SHAPES` of object 0 (the caption's first) and object 1; -1 where absent;
+        - `"relations"`: int `(N,)` index into `RELATIONS` (object 0 `relation` object 1,
+          also for the "and" style); -1 for one object;
+        - `"centers"`: float32 `(N, 2, 2)` (y, x) centres in pixels; NaN where absent;
+        - `"radii"`: float32 `(N, 2)` half-sides of the objects' boxes; NaN where absent;
+        - `"labels"`: int `(N,)` index into `class_names()` of one-object scenes; -1 for two.
+
+    Example:
+
+    ```python
+    data = generate("test", 4, image_size=48, seed=1, num_objects=2, style="and")
+    data["images"].shape   # (4, 48, 48, 3)
+    data["captions"][0]    # 'a yellow cross and a red circle'
+    ```
+    """
+    _check_choice(split, "split", SPLITS)
+    n = _check_int(num_examples, "num_examples", 1)
+    size = _check_int(image_size, "image_size", _MIN_IMAGE_SIZE)
+    seed = _check_int(seed, "seed", 0)
+    _check_choice(num_objects, "num_objects", (None, 1, 2))
+    _check_choice(style, "style", ("relation", "and"))
+
+    rng = np.random.default_rng([seed, SPLITS.index(split)])
+    compositions = _compositions(split)
+    out = {
+        "images": np.empty((n, size, size, 3), np.uint8),
+        "captions": [],
+        "num_objects": np.empty((n,), np.int64),
+        "colors": np.full((n, 2), -1, np.int64),
+        "shapes": np.full((n, 2), -1, np.int64),
+        "relations": np.full((n,), -1, np.int64),
+        "centers": np.full((n, 2, 2), np.nan, np.float32),
+        "radii": np.full((n, 2), np.nan, np.float32),
+        "labels": np.full((n,), -1, np.int64),
+    }
+    for i in range(n):
+        count = num_objects if num_objects is not None else int(rng.integers(1, 3))
+        if count == 1:
+            label = int(rng.integers(len(COLORS) * len(SHAPES)))
+            colors, shapes = [label // len(SHAPES)], [label % len(SHAPES)]
+            relation = -1
+            radii = [rng.uniform(0.18, 0.32) * size]
+            centers = rng.uniform(radii[0], size - radii[0], size=(1, 2))
+            out["labels"][i] = label
+        else:
+            c0, s0, c1, s1 = compositions[rng.integers(len(compositions))]
+            colors, shapes = [c0, c1], [s0, s1]
+            relation = int(rng.integers(len(RELATIONS)))
+            radii = list(rng.uniform(0.12, 0.19, size=2) * size)
+            centers = _place_pair(rng, size, radii, RELATIONS[relation])
+        rgbs = [_jittered(rng, COLORS[_COLOR_NAMES[c]], 12) for c in colors]
+        background = _jittered(rng, (rng.integers(225, 251),) * 3, 4)
+        objects = [(SHAPES[s], cy, cx, r, rgb)
+                   for s, (cy, cx), r, rgb in zip(shapes, centers, radii, rgbs)]
+        out["images"][i] = _draw(size, background, objects, _SUPERSAMPLE)
+        out["captions"].append(_caption(colors, shapes, relation, style))
+        out["num_objects"][i] = count
+        out["colors"][i, :count], out["shapes"][i, :count] = colors, shapes
+        out["relations"][i] = relation
+        out["centers"][i, :count], out["radii"][i, :count] = centers, radii
+    return out
+
+
+def binding_pairs(split, num_examples, swap="color", image_size=32, seed=0, style="relation"):
+    """Two-object scenes, each with its true caption and an attribute-swapped caption.
+
+    The scenes are `generate(split, num_examples, image_size, seed, num_objects=2,
+    style)`. The swapped caption uses the same words as the true one, rearranged:
+    - `swap="color"`: the two objects' colours exchanged ("a red circle above a blue
+      square" -> "a blue circle above a red square");
+    - `swap="shape"`: their shapes exchanged (-> "a red square above a blue circle");
+    - `swap="relation"`: the objects' roles exchanged (-> "a blue square above a red
+      circle"); only for `style="relation"`.
+    Each swapped caption is false of its image (the two objects differ in colour and in
+    shape), and on `test` neither caption occurs in `train` (see *Splits*).
+
+    Args:
+        split, num_examples, image_size, seed, style: as in `generate`.
+        swap: "color", "shape" or "relation".
+
+    Returns:
+        `generate`'s dict plus `"swapped_captions"`: list of `N` str.
+
+    Example:
+
+    ```python
+    pairs = binding_pairs("test", 2, swap="color", style="and", seed=0)
+    pairs["captions"][0], pairs["swapped_captions"][0]
+    # ('a yellow cross and a red circle', 'a red cross and a yellow circle')
+    ```
+    """
+    _check_choice(swap, "swap", SWAPS)
+    if swap == "relation" and style != "relation":
+        raise ValueError(f"`swap='relation'` needs `style='relation'`; received style={style!r}.")
+    data = generate(split, num_examples, image_size=image_size, seed=seed, num_objects=2, style=style)
+    data["swapped_captions"] = []
+    for colors, shapes, relation in zip(data["colors"], data["shapes"], data["relations"]):
+        if swap == "color":
+            colors = colors[::-1]
+        elif swap == "shape":
+            shapes = shapes[::-1]
+        else:
+            colors, shapes = colors[::-1], shapes[::-1]
+        data["swapped_captions"].append(_caption(colors, shapes, relation, style))
+    return data
+
+
+def classification(num_per_class, seed=0, image_size=32, colors=None, shapes=None):
+    """Balanced one-object images for zero-shot classification, as `vlzoo demo` draws them.
+
+    Every class of `class_names(colors, shapes)` gets `num_per_class` images: one shape
+    of random size and position, its colour jittered by up to 15 per channel, with hard
+    edges on the plain `BACKGROUND`, in shuffled order. There is no train/test rule
+    beyond the seed: use different seeds for training and held-out images.
+
+    Args:
+        num_per_class: images per class (>= 1).
+        seed: int seed; the same arguments give the same bytes.
+        image_size: side `S` of the square images (>= 16).
+        colors, shapes: the classes' colours and shapes, subsets of `COLORS` and
+            `SHAPES` (default: all).
+
+    Returns:
+        dict of `"images"`: uint8 `(N, S, S, 3)` with `N = num_per_class *
+        len(class_names)`; `"labels"`: int `(N,)` indices into `"class_names"`;
+        `"captions"`: `N` str ("a red circle"); `"class_names"`: the list of classes.
+
+    Example:
+
+    ```python
+    data = classification(2, seed=3, colors=["red", "blue"], shapes=["circle", "square"])
+    data["images"].shape, data["class_names"]
+    # (8, 32, 32, 3) ['red circle', 'red square', 'blue circle', 'blue square']
+    ```
+    """
+    per_class = _check_int(num_per_class, "num_per_class", 1)
+    seed = _check_int(seed, "seed", 0)
+    size = _check_int(image_size, "image_size", _MIN_IMAGE_SIZE)
+    names = class_names(colors, shapes)
+    rng = np.random.default_rng(seed)
+    n = per_class * len(names)
+    labels = np.repeat(np.arange(len(names)), per_class)[rng.permutation(n)]
+    images = np.empty((n, size, size, 3), np.uint8)
+    for i, label in enumerate(labels):
+        color, shape = names[label].split()
+        radius = rng.uniform(0.22, 0.36) * size
+        cy, cx = rng.uniform(radius, size - radius, size=2)
+        rgb = _jittered(rng, COLORS[color], 15)
+        images[i] = _draw(size, BACKGROUND, [(shape, cy, cx, radius, rgb)], supersample=1)
+    return {"images": images, "labels": labels, "captions": [f"a {names[label]}" for label in labels],
+            "class_names": names}
+
+
+def model_inputs(images, captions, tokenizer, preprocessor):
+    """The dict `model.fit(x=...)` takes, from images and their captions.
+
+    Each distinct caption is tokenised once (captions here repeat a lot).
+
+    Args:
+        images: uint8 `(N, H, W, 3)` images, e.g. `generate(...)["images"]`.
+        captions: `N` str, caption `i` paired with image `i`.
+        tokenizer: a vlzoo tokenizer, e.g. `model.tokenizer`.
+        preprocessor: an image preprocessor, e.g. `model.preprocessor`.
+
+    Returns:
+        dict of numpy arrays: `"images"` float32 `(N, S, S, 3)` preprocessed pixels,
+        `"token_ids"` int32 `(N, T)`, `"padding_mask"` bool `(N, T)`.
+
+    Example:
+
+    ```python
+    data = generate("train", 256)
+    model.fit(model_inputs(data["images"], data["captions"], model.tokenizer,
+                           model.preprocessor), batch_size=32, epochs=2)
+    ```
+    """
+    captions = list(captions)
+    if len(captions) != len(images):
+        raise ValueError(f"`images` and `captions` must have the same length; received "
+                         f"{len(images)} images and {len(captions)} captions.")
+    distinct = sorted(set(captions))
+    tokens = tokenizer(distinct)
+    index = {caption: row for row, caption in enumerate(distinct)}
+    rows = np.array([index[caption] for caption in captions], np.int64)
+    inputs = {key: np.asarray(value)[rows] for key, value in tokens.items()}
+    inputs["images"] = preprocessor(images)
+    return inputs
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _scores(model, pixels, texts):
+    """`model.similarity(pixels, model.tokenizer(texts))` as a numpy array."""
+    import keras
+
+    return keras.ops.convert_to_numpy(model.similarity(pixels, model.tokenizer(list(texts))))
+
+
+def binding_accuracy(model, pixels, true_texts, swapped_texts, batch_size=64):
+    """Fraction of images whose model score is higher for the true caption than the swapped one.
+
+    Image `i` is scored against `true_texts[i]` and `swapped_texts[i]` with
+    `model.similarity` (the family's own score; any vlzoo model), `batch_size` images
+    (and their `2 * batch_size` captions) at a time. Ties count as failures, so a model
+    that cannot tell the captions apart (e.g. one blind to word order) scores 0, not 0.5;
+    chance for a model that can is 0.5.
+
+    Args:
+        model: a vlzoo model, or any object with `tokenizer(list_of_str)` and
+            `similarity(pixels, tokens) -> (N_images, N_texts)` scores.
+        pixels: `N` preprocessed images, `model.preprocessor(images)`.
+        true_texts, swapped_texts: `N` str each, e.g. `binding_pairs(...)["captions"]`
+            and `["swapped_captions"]`.
+        batch_size: images scored per `similarity` call (>= 1).
+
+    Returns:
+        float in [0, 1].
+
+    Example:
+
+    ```python
+    pairs = binding_pairs("test", 200, swap="color")
+    binding_accuracy(model, model.preprocessor(pairs["images"]),
+                     pairs["captions"], pairs["swapped_captions"])
+    ```
+    """
+    import keras
+
+    pixels = keras.ops.convert_to_numpy(pixels)
+    true_texts, swapped_texts = list(true_texts), list(swapped_texts)
+    n = len(pixels)
+    if n == 0 or len(true_texts) != n or len(swapped_texts) != n:
+        raise ValueError(f"`pixels`, `true_texts` and `swapped_texts` must have the same, non-zero "
+                         f"length; received {n}, {len(true_texts)} and {len(swapped_texts)}.")
+    b = min(_check_int(batch_size, "batch_size", 1), n)
+    diagonal = np.arange(b)
+    wins = 0
+    for start in range(0, n, b):
+        # The last batch repeats the last example up to `b` rows, so that every call has the
+        # same shapes (one compilation on JAX); the repeats are not counted.
+        rows = np.minimum(start + diagonal, n - 1)
+        texts = [true_texts[r] for r in rows] + [swapped_texts[r] for r in rows]
+        scores = _scores(model, pixels[rows], texts)
+        right = scores[diagonal, diagonal] > scores[diagonal, b + diagonal]
+        wins += int(np.sum(right[: n - start]))
+    return wins / n
+
+
+def zero_shot_metrics(model, pixels, labels, class_names, template="a {}"):
+    """Zero-shot accuracy and text-to-image R@1 of a model over a set of classes.
+
+    Every class name is put in `template` and scored against every image with
+    `model.similarity`. Zero-shot: an image is assigned its best-scoring class.
+    Retrieval: each class prompt retrieves its best-scoring image; a hit when that
+    image has the class.
+
+    Args:
+        model: a vlzoo model (or any object with `tokenizer` and `similarity`).
+        pixels: `N` preprocessed images, `model.preprocessor(images)`.
+        labels: int `(N,)` indices into `class_names`.
+        class_names: the classes, e.g. `classification(...)["class_names"]`.
+        template: prompt with one `{}` for the class name.
+
+    Returns:
+        dict `{"zero_shot_accuracy": float, "t2i_recall@1": float}`.
+
+    Example:
+
+    ```python
+    data = classification(8, seed=1)
+    zero_shot_metrics(model, model.preprocessor(data["images"]), data["labels"],
+                      data["class_names"])
+    ```
+    """
+    labels = np.asarray(labels)
+    if labels.shape != (len(pixels),):
+        raise ValueError(f"`labels` must have shape ({len(pixels)},), one per image in `pixels`; "
+                         f"received shape {labels.shape}.")
+    prompts = [template.format(name) for name in class_names]
+    scores = _scores(model, pixels, prompts)  # (N_images, N_classes)
+    zero_shot = float(np.mean(np.argmax(scores, axis=1) == labels))
+    top_image = np.argmax(scores, axis=0)  # best image per class prompt
+    recall_at_1 = float(np.mean(labels[top_image] == np.arange(len(prompts))))
+    return {"zero_shot_accuracy": zero_shot, "t2i_recall@1": recall_at_1}
