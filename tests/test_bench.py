@@ -11,12 +11,12 @@ import pytest
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="starts its own per-backend subprocesses; run once")
 def test_bench_quick_run_writes_results(tmp_path, repo_root):
     result = subprocess.run(
-        [sys.executable, "tools/bench.py", "--quick", "--backends", "jax", "torch", "--out", str(tmp_path)],
+        [sys.executable, "tools/bench.py", "--quick", "--backends", "torch", "--out", str(tmp_path)],
         cwd=repo_root, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
-    assert {row["backend"] for row in rows} == {"jax", "torch"}
+    assert {row["backend"] for row in rows} == {"torch"}  # one backend keeps the smoke run short
     assert all(row["result"]["median_s"] > 0 for row in rows)
     assert {row["entry"] for row in rows} == {"filip_loss", "train_step", "stair_pool"}
     steps = {(row["family"], row["backend"]) for row in rows if row["entry"] == "train_step"}
@@ -28,4 +28,4 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     table = (tmp_path / "bench.md").read_text()
     assert "| filip_loss |" in table and "| train_step |" in table and "| stair_pool |" in table
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines() if "| train_step |" in line]
-    assert len(ratios) == 6 and all(float(r) > 0 for r in ratios)
+    assert len(ratios) == 3 and all(float(r) > 0 for r in ratios)

@@ -45,12 +45,6 @@ def test_preset_info_counts_big_presets_without_allocating():
     assert grown_mb < 800, f"preset_info allocated about {grown_mb:.0f} MB"
 
 
-def test_metadata_parameter_counts_are_current():
-    for name in vlzoo.list_presets():
-        metadata = json.loads((presets.resolve_preset(name) / presets.METADATA_FILE).read_text())
-        assert metadata["parameter_count"] == vlzoo.preset_info(name)["params"], name
-
-
 @pytest.mark.slow
 def test_clip_vit_b16_builds_with_exact_parameter_count():
     model = vlzoo.from_preset("clip_vit_b16", load_weights=False)
@@ -163,6 +157,8 @@ def test_siglip_b16_tokenizer_explains_why_it_is_missing():
     assert tokenizer(["a cat"])["token_ids"].shape == (1, 16)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="backend-independent files (parameter counts "
+                    "included); checked once, in the jax pass")
 def test_registered_directories_match_the_registry(repo_root):
     result = subprocess.run(
         [sys.executable, "tools/build_presets.py", "--check"], cwd=repo_root, capture_output=True, text=True
