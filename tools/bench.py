@@ -10,7 +10,8 @@ belongs to it alone. Results go to `--out` as JSON and a Markdown table.
 
 Entries:
   filip_loss   FILIP loss forward + backward at B=256, P=196, T=77, D=256,
-               unchunked vs chunked (chunk 16, rematerialised): median time, peak memory.
+               unchunked vs chunked (16 or 8 captions per block, rematerialised): median
+               time, peak memory.
   train_step   one `model.train_on_batch` (forward, family loss, backward, AdamW
                update) of each family in STEP_FAMILIES (SPARC, SPARO with
                L = V = 64, Llip with K = 32) on the towers of the clip_vit_b16
@@ -233,7 +234,7 @@ def cases(entries, quick):
     for entry in entries:
         if entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
-            for chunk in (None, 4 if quick else 16):
+            for chunk in (None, 4) if quick else (None, 16, 8):
                 yield dict(entry=entry, chunk_size=chunk, repeats=repeats, **size)
         elif entry == "train_step":
             towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
