@@ -8,6 +8,11 @@
 - `to_open_clip_state_dict(model)`: vlzoo -> open_clip state dict (exact round
   trip); `open_clip_config(model)` describes the open_clip model to load it into.
 - `parity(model, peer)`: max abs differences against the peer on random inputs.
+- `convert_checkpoint(source, checkpoint, out)`: a checkpoint file or directory
+  on disk -> a preset directory (what `vlzoo convert` and `tools/convert.py`
+  run); `load_state_dict(path)` reads `.pt`/`.bin`/`.safetensors` files
+  (module `vlzoo.convert.checkpoints`; only its optional parity check
+  imports a peer package).
 
 Nothing here downloads anything or imports the peers' packages: converters read
 the objects, state dicts and config dicts you pass. Every converter checks that
@@ -26,6 +31,7 @@ model.save_to_preset("clip_b32")
 ```
 """
 
+from vlzoo.convert import checkpoints
 from vlzoo.convert._common import parity, peer_outputs, random_inputs, vlzoo_variables
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import (
@@ -34,6 +40,7 @@ from vlzoo.convert.open_clip import (
     open_clip_config,
     to_open_clip_state_dict,
 )
+from vlzoo.convert.checkpoints import convert_checkpoint, load_state_dict
 from vlzoo.convert.transformers import from_transformers, from_transformers_state_dict
 
 __all__ = [
@@ -48,4 +55,7 @@ __all__ = [
     "peer_outputs",
     "random_inputs",
     "vlzoo_variables",
+    "checkpoints",
+    "convert_checkpoint",
+    "load_state_dict",
 ]

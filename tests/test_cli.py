@@ -1,0 +1,391 @@
+"""The `vlzoo` commands zeroshot, retrieve, train and convert (in-process, clip_tiny, tiny image folders).
+
+Every metric printed by a command is checked against the library function computed
+directly on the same preset (saved once with weights, so both sides use the same ones).
+"""
+
+import csv
+import json
+import os
+import tarfile
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+import vlzoo
+from vlzoo import cli
+from vlzoo.evaluation import SIMPLE_TEMPLATES, retrieval_recall, zero_shot_accuracy
+
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+# One batch size everywhere: fewer distinct shapes for JAX's eager op compilation.
+BATCH = 4
+COMMANDS = ("list", "info", "zeroshot", "retrieve", "train", "convert", "demo")
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def preset_dir(tmp_path_factory):
+    """clip_tiny with (random, seeded) weights saved, so every load gets the same model."""
+    keras.utils.set_random_seed(7)
+    with pytest.warns(UserWarning, match="no weights"):
+        model = vlzoo.from_preset("clip_tiny")
+    directory = tmp_path_factory.mktemp("cli") / "clip_tiny_weights"
+    model.save_to_preset(str(directory))
+    return str(directory)
+
+
+def draw(path, color, shape, size=(40, 36), seed=0):
+    """A small picture: a coloured shape on a grey background, with a little noise."""
+    rng = np.random.default_rng(seed)
+    background = rng.integers(90, 140, size=(size[1], size[0], 3), dtype=np.uint8)
+    image = Image.fromarray(background)
+    pen = ImageDraw.Draw(image)
+    box = (6 + seed % 5, 5, size[0] - 6, size[1] - 5 - seed % 4)
+    (pen.ellipse if shape == "circle" else pen.rectangle)(box, fill=color)
+    image.save(path)
+    return path
+
+
+@pytest.fixture()
+def image_folder(tmp_path):
+    """`root/<class>/*.png|jpg`: 3 classes (light_red has an underscore), 2-3 images each."""
+    root = tmp_path / "images"
+    layout = {"blue": 2, "green": 3, "light_red": 2}
+    for c, (name, count) in enumerate(layout.items()):
+        (root / name).mkdir(parents=True)
+        color = COLORS[name.split("_")[-1]]
+        for i in range(count):
+            ext = "jpg" if i % 2 else "png"
+            draw(root / name / f"{i}.{ext}", color, "circle" if i % 2 else "square", seed=3 * c + i)
+    (root / "green" / "notes.txt").write_text("not an image")
+    return root
+
+
+def folder_pixels(model, root, folders):
+    """(pixels, labels) of the folder, read directly with PIL and the model's preprocessor."""
+    paths, labels = [], []
+    for label, folder in enumerate(folders):
+        for name in sorted(os.listdir(root / folder)):
+            if name.endswith((".png", ".jpg")):
+                paths.append(root / folder / name)
+                labels.append(label)
+    images = [Image.open(p).convert("RGB") for p in paths]
+    return np.asarray(model.preprocessor(images), np.float32), np.array(labels)
+
+
+@pytest.fixture()
+def caption_file(tmp_path):
+    """A CSV of 5 images and 7 captions (images 0 and 3 have two captions each)."""
+    rows = [
+        ("img/0.png", "a red square"), ("img/1.png", "a green circle"), ("img/0.png", "red box"),
+        ("img/2.png", "a blue square"), ("img/3.png", "a green square"), ("img/4.png", "a blue circle"),
+        ("img/3.png", "green block"),
+    ]
+    specs = [("red", "square"), ("green", "circle"), ("blue", "square"), ("green", "square"), ("blue", "circle")]
+    (tmp_path / "img").mkdir()
+    for i, (color, shape) in enumerate(specs):
+        draw(tmp_path / "img" / f"{i}.png", COLORS[color], shape, seed=i)
+    path = tmp_path / "captions.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "caption"])
+        writer.writerows(rows)
+    captions = [caption for _, caption in rows]
+    image_ids = np.array([int(image[4]) for image, _ in rows])
+    return path, captions, image_ids
+
+
+def caption_pixels(model, root, count):
+    images = [Image.open(root / "img" / f"{i}.png").convert("RGB") for i in range(count)]
+    return np.asarray(model.preprocessor(images), np.float32)
+
+
+def run(capsys, *argv):
+    """`cli.main(argv)` -> (status, stdout, stderr)."""
+    status = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+# ----------------------------------------------------------------------------- zeroshot
+
+
+def test_zeroshot_folder_equals_zero_shot_accuracy(preset_dir, image_folder, tmp_path, capsys):
+    out_json = tmp_path / "out" / "acc.json"
+    status, out, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", image_folder,
+                           "--templates", "simple", "--top-k", "1", "2", "--batch-size", BATCH, "--json", out_json)
+    assert status == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["classes"] == ["blue", "green", "light red"]  # folder names, underscores as spaces
+    assert report["num_images"] == 7 and report["num_templates"] == len(SIMPLE_TEMPLATES)
+
+    model = vlzoo.from_preset(preset_dir)
+    pixels, labels = folder_pixels(model, image_folder, ["blue", "green", "light_red"])
+    expected = zero_shot_accuracy(model, pixels, labels, ["blue", "green", "light red"], SIMPLE_TEMPLATES,
+                                  top_k=(1, 2), batch_size=BATCH)
+    assert report["metrics"] == pytest.approx(expected, abs=1e-12)
+    assert f"top1: {expected['top1']:.4f}" in out and f"top2: {expected['top2']:.4f}" in out
+    assert "7 images, 3 classes, 7 template(s) (simple)" in out
+
+
+def spy_on(monkeypatch, name):
+    """Replaces `vlzoo.evaluation.<name>` by a recorder of its arguments (images read in full)."""
+    calls = []
+
+    def spy(model, images, *args, **kwargs):
+        calls.append({"images": np.asarray(images[0:len(images)]), "args": args, "kwargs": kwargs})
+        return {"top1": 0.5}
+
+    monkeypatch.setattr(vlzoo.evaluation, name, spy)
+    return calls
+
+
+def test_zeroshot_passes_labels_classes_and_pixels(preset_dir, image_folder, tmp_path, capsys, monkeypatch):
+    """Explicit class names, in another order than the folders: labels follow the names."""
+    calls = spy_on(monkeypatch, "zero_shot_accuracy")
+    templates = tmp_path / "templates.txt"
+    templates.write_text("a picture of a {}.\n\nitap of a {}\n")
+    status, _, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", image_folder,
+                         "--classes", "light_red, green,blue", "--templates", templates)
+    assert status == 0, err
+    (call,) = calls
+    labels, class_names, used_templates = call["args"]
+    assert class_names == ["light_red", "green", "blue"]
+    assert used_templates == ("a picture of a {}.", "itap of a {}")
+    assert call["kwargs"]["top_k"] == [1, 5]
+    model = vlzoo.from_preset(preset_dir)
+    pixels, folder_labels = folder_pixels(model, image_folder, ["blue", "green", "light_red"])
+    np.testing.assert_array_equal(labels, np.array([2, 1, 0])[folder_labels])
+    np.testing.assert_allclose(call["images"], pixels, rtol=0, atol=1e-6)
+
+
+def test_zeroshot_sorted_folders_map_to_a_classes_file(preset_dir, image_folder, tmp_path, capsys, monkeypatch):
+    """ImageNet style: folders (wnids) that are not class names map to the class list by sorted order."""
+    calls = spy_on(monkeypatch, "zero_shot_accuracy")
+    classes = tmp_path / "classnames.txt"
+    classes.write_text("navy\nlime\n\ncrimson\n")
+    status, out, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", image_folder,
+                           "--classes-file", classes)
+    assert status == 0, err
+    assert "sorted order" in out
+    labels, class_names, _ = calls[0]["args"]
+    assert class_names == ["navy", "lime", "crimson"]
+    assert labels.tolist() == [0, 0, 1, 1, 1, 2, 2]
+
+
+def test_zeroshot_caption_file_labels(preset_dir, tmp_path, capsys, monkeypatch):
+    """A label CSV: the `label` column is the class; integer labels index --classes."""
+    calls = spy_on(monkeypatch, "zero_shot_accuracy")
+    for i, color in enumerate(["red", "blue", "red"]):
+        draw(tmp_path / f"{i}.png", COLORS[color], "square", seed=i)
+    (tmp_path / "labels.csv").write_text("file_name,caption,label\n0.png,x,red\n1.png,y,blue\n2.png,z,red\n")
+    status, _, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", tmp_path / "labels.csv")
+    assert status == 0, err
+    labels, class_names, _ = calls[-1]["args"]
+    assert class_names == ["blue", "red"] and labels.tolist() == [1, 0, 1]
+
+    (tmp_path / "ints.jsonl").write_text("".join(
+        json.dumps({"image": f"{i}.png", "label": str(label)}) + "\n" for i, label in enumerate([2, 0, 2])))
+    status, _, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", tmp_path / "ints.jsonl",
+                         "--classes", "blue,green,red")
+    assert status == 0, err
+    labels, class_names, _ = calls[-1]["args"]
+    assert class_names == ["blue", "green", "red"] and labels.tolist() == [2, 0, 2]
+
+
+# ----------------------------------------------------------------------------- retrieve
+
+
+def test_retrieve_equals_retrieval_recall(preset_dir, caption_file, tmp_path, capsys):
+    path, captions, image_ids = caption_file
+    out_json = tmp_path / "recall.json"
+    status, out, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", path, "--ks", "1", "2", "5",
+                           "--batch-size", BATCH, "--json", out_json)
+    assert status == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["num_images"] == 5 and report["num_captions"] == 7
+
+    model = vlzoo.from_preset(preset_dir)
+    pixels = caption_pixels(model, tmp_path, 5)
+    expected = retrieval_recall(model, pixels, captions, image_ids=image_ids, ks=(1, 2, 5), batch_size=BATCH)
+    assert report["metrics"] == pytest.approx(expected, abs=1e-12)
+    assert set(expected) == {f"{d}_r@{k}" for d in ("i2t", "t2i") for k in (1, 2, 5)}
+    for name, value in expected.items():
+        assert f"{name}: {value:.4f}" in out
+
+
+def test_retrieve_tar_shards(preset_dir, caption_file, tmp_path, capsys):
+    """webdataset shards (KEY.png + KEY.txt), one caption per image, read through a brace range."""
+    del caption_file  # used for its images in tmp_path/img
+    texts = ["a red square", "a green circle", "a blue square", "a green square"]
+    for shard, keys in enumerate([(0, 1), (2, 3)]):
+        with tarfile.open(tmp_path / f"shard-{shard:02d}.tar", "w") as tar:
+            for key in keys:
+                tar.add(tmp_path / "img" / f"{key}.png", arcname=f"{key:04d}.png")
+                (tmp_path / f"{key}.txt").write_text(texts[key])
+                tar.add(tmp_path / f"{key}.txt", arcname=f"{key:04d}.txt")
+    out_json = tmp_path / "recall.json"
+    status, _, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", tmp_path / "shard-{00..01}.tar",
+                         "--ks", "1", "3", "--batch-size", BATCH, "--json", out_json)
+    assert status == 0, err
+    model = vlzoo.from_preset(preset_dir)
+    expected = retrieval_recall(model, caption_pixels(model, tmp_path, 4), texts, ks=(1, 3), batch_size=BATCH)
+    assert json.loads(out_json.read_text())["metrics"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    query = "a green circle"
+    out_json = tmp_path / "query.json"
+    status, out, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", path, "--query", query,
+                           "--top", "3", "--batch-size", BATCH, "--json", out_json)
+    assert status == 0, err
+    model = vlzoo.from_preset(preset_dir)
+    pixels, text = caption_pixels(model, tmp_path, 5), model.encode_text(model.tokenizer([query]))
+    scores = np.concatenate([
+        keras.ops.convert_to_numpy(model.score(model.encode_image(pixels[i:i + BATCH]), text))[:, 0]
+        for i in range(0, 5, BATCH)
+    ])
+    best = np.argsort(-scores, kind="stable")[:3]
+    (result,) = json.loads(out_json.read_text())["queries"]
+    assert result["query"] == query
+    assert [os.path.basename(hit["image"]) for hit in result["results"]] == [f"{i}.png" for i in best]
+    np.testing.assert_allclose([hit["score"] for hit in result["results"]], scores[best], rtol=1e-5, atol=1e-5)
+    assert f"query {query!r}: top 3 of 5 images" in out
+    assert f"1. {scores[best[0]]:9.4f}" in out
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    out_dir = tmp_path / "trained"
+    status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--epochs", "2",
+                           "--steps-per-epoch", "2", "--batch-size", "4", "--learning-rate", "0.01",
+                           "--weight-decay", "0.01", "--warmup-steps", "1", "--seed", "3", "--verbose", "2",
+                           "--out", out_dir)
+    assert status == 0, err
+    assert "2 epoch(s) x 2 steps, batch 4" in out and "final loss:" in out and f"saved to {out_dir}" in out
+    assert "Epoch 2/2" in out  # Keras's fit log
+    start = vlzoo.from_preset(preset_dir)
+    trained = vlzoo.from_preset(str(out_dir))
+    assert type(trained) is type(start)
+    changed = [
+        not np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+        for a, b in zip(start.weights, trained.weights)
+    ]
+    assert len(changed) == len(start.weights) and sum(changed) > len(changed) // 2
+
+
+def test_train_one_pass_needs_a_full_batch(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--batch-size", "8",
+                         "--out", tmp_path / "x")
+    assert status == 2
+    assert "argument --batch-size" in err and "7 usable pairs" in err
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsys):
+    """vlzoo -> open_clip state dict (+ its model config JSON) on disk -> `vlzoo convert` -> same model."""
+    safetensors = pytest.importorskip("safetensors.numpy")
+    import vlzoo.convert as vc
+
+    model = vlzoo.from_preset(preset_dir)
+    state_dict = vc.to_open_clip_state_dict(model)
+    assert any(key.startswith("visual.") for key in state_dict)
+    checkpoint = tmp_path / "tiny_open_clip.safetensors"
+    safetensors.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(checkpoint))
+    (tmp_path / "tiny.json").write_text(json.dumps(vc.open_clip_config(model)))
+    out_dir = tmp_path / "converted"
+    status, out, err = run(capsys, "convert", "--from", "open_clip", "--source", checkpoint,
+                           "--config", tmp_path / "tiny.json", "--out", out_dir, "--no-peer-check", "--quiet",
+                           "--batch-size", BATCH)
+    assert status == 0, err
+    assert "preset reload: identical embeddings" in out and "Saved CLIP" in out
+    converted = vlzoo.from_preset(str(out_dir))
+    images, ids, mask = vc.random_inputs(model, BATCH, seed=1)
+    texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
+    for fn in (lambda m: m.encode_image(images), lambda m: m.encode_text(texts)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(fn(converted)), keras.ops.convert_to_numpy(fn(model)),
+                                   rtol=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- help and errors
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_documents_every_option(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices[command]
+    assert sub.description and "examples:" in out and f"vlzoo {command}" in out.split("examples:")[1]
+    for action in sub._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{command}: option {action.dest} has no help"
+        for flag in action.option_strings:
+            assert flag in out, f"{command}: {flag} missing from --help"
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["zeroshot", "--preset", "clip_tiny"], "--images"),
+    (["zeroshot", "--preset", "clip_tiny", "--images", "x", "--top-k", "0"], "--top-k"),
+    (["zeroshot", "--preset", "clip_tiny", "--images", "x", "--classes", "a", "--classes-file", "f"], "--classes"),
+    (["retrieve", "--preset", "clip_tiny", "--data", "x", "--ks", "two"], "--ks"),
+    (["train", "--preset", "clip_tiny", "--data", "x", "--out", "o", "--learning-rate", "-1"], "--learning-rate"),
+    (["convert", "--from", "onnx", "--source", "x", "--out", "o"], "--from"),
+    (["convert", "--source", "x", "--out", "o"], "--from"),
+])
+def test_bad_arguments_are_named_by_argparse(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "error:" in err
+
+
+def test_user_mistakes_are_one_line_errors_naming_the_argument(preset_dir, image_folder, caption_file, tmp_path,
+                                                               capsys):
+    path, _, _ = caption_file
+    cases = [
+        (["zeroshot", "--preset", "clip_tiyn", "--images", image_folder], ["--preset", "clip_tiny"]),
+        (["zeroshot", "--preset", preset_dir, "--images", tmp_path / "nope"], ["--images", "not found"]),
+        (["zeroshot", "--preset", preset_dir, "--images", image_folder, "--templates", "fancy"], ["--templates"]),
+        (["zeroshot", "--preset", preset_dir, "--images", image_folder, "--classes", "cat,dog"],
+         ["--classes", "light_red"]),
+        (["zeroshot", "--preset", preset_dir, "--images", image_folder, "--classes", "a,b,a,c"],
+         ["--classes", "duplicate"]),
+        (["retrieve", "--preset", preset_dir, "--data", tmp_path / "none.csv"], ["none.csv", "not found"]),
+        (["retrieve", "--preset", preset_dir, "--data", tmp_path / "none.tar"], ["--data", "none.tar"]),
+        (["train", "--preset", tmp_path / "missing_preset", "--data", path, "--out", tmp_path / "o"],
+         ["--preset", "missing_preset"]),
+        (["convert", "--from", "open_clip", "--source", path, "--out", tmp_path / "o"], ["--model", "--config"]),
+        (["convert", "--from", "transformers", "--source", tmp_path / "no_dir", "--out", tmp_path / "o"],
+         ["--source", "not found"]),
+    ]
+    for argv, words in cases:
+        status, _, err = run(capsys, *argv)
+        assert status == 2, (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"vlzoo {argv[0]}: error: "), (argv, err)
+        for word in words:
+            assert word in lines[0], (argv, word, err)
+        assert "Traceback" not in err

@@ -1,0 +1,299 @@
+"""Checkpoint files on disk -> vlzoo preset directories (`vlzoo convert`, `tools/convert.py`).
+
+- `load_state_dict(path)`: `{key: tensor}` of a `.pt`/`.pth`/`.bin` (torch) or
+  `.safetensors` file; a training checkpoint's `"state_dict"` entry is unwrapped.
+- `open_clip_model_config(name)`: open_clip's `model_configs/<name>.json`, found
+  without importing open_clip.
+- `transformers_files(checkpoint, config)`: state dict + `config.json` of a
+  transformers directory or weights file.
+- `open_clip_peer` / `transformers_peer`: the peer model rebuilt from the same
+  weights, for the parity check.
+- `convert_checkpoint(source, checkpoint, out, ...)`: read, convert, save with
+  `save_to_preset`, reload and (optionally) compare against the peer.
+
+Nothing is downloaded.
+"""
+
+import difflib
+import importlib.util
+import json
+import pathlib
+import sys
+
+from vlzoo.convert import _common as C
+
+SOURCES = ("open_clip", "transformers", "keras_hub")
+TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
+
+__all__ = [
+    "SOURCES", "TOLERANCES", "convert_checkpoint", "load_state_dict", "open_clip_model_config",
+    "open_clip_peer", "transformers_files", "transformers_peer",
+]
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def load_state_dict(path, log=print):
+    """`{key: tensor}` from a .pt/.pth/.bin/.safetensors file (a training checkpoint's `state_dict` is unwrapped)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint file not found: {path}.")
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            from safetensors.numpy import load_file
+        return dict(load_file(str(path)))
+    import torch
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:  # OpenAI's original checkpoints are TorchScript archives
+        try:
+            obj = torch.jit.load(str(path), map_location="cpu").state_dict()
+        except Exception:
+            raise ValueError(f"Could not read {path} as a torch state dict: {error}") from error
+        log(f"{path.name}: TorchScript archive, read its state dict with torch.jit.load.")
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} does not hold a state dict (found {type(obj).__name__}).")
+    return obj
+
+
+def open_clip_model_config(name):
+    """open_clip's model config dict for `name`, read from its installed JSON files (open_clip not imported)."""
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "open_clip is not installed, so its model configs cannot be found; pass `--config model.json`."
+        )
+    directory = pathlib.Path(list(spec.submodule_search_locations)[0]) / "model_configs"
+    path = directory / f"{name}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in directory.glob("*.json"))
+        close = difflib.get_close_matches(name, names, n=5)
+        raise ValueError(
+            f"Unknown open_clip model {name!r}." + (f" Did you mean: {', '.join(close)}?" if close else "")
+        )
+    return json.loads(path.read_text())
+
+
+def read_json(path, what):
+    """A JSON file's contents; FileNotFoundError / ValueError naming `what` and the path."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}.")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid JSON: {error}.") from error
+
+
+def transformers_files(checkpoint, config, log=print):
+    """(state dict, config dict) of a transformers directory or weights file (+ `--config`)."""
+    checkpoint = pathlib.Path(checkpoint)
+    if checkpoint.is_dir():
+        config = config or checkpoint / "config.json"
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (checkpoint / name).is_file():
+                weights = checkpoint / name
+                break
+        else:
+            raise FileNotFoundError(
+                f"{checkpoint} holds neither model.safetensors nor pytorch_model.bin (sharded checkpoints: "
+                "pass the single merged file)."
+            )
+    else:
+        weights = checkpoint
+        config = config or checkpoint.parent / "config.json"
+    config = pathlib.Path(config)
+    if not config.is_file():
+        raise FileNotFoundError(f"transformers config not found: {config}; pass `--config config.json`.")
+    return load_state_dict(weights, log), read_json(config, "transformers config")
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _purge(prefix):
+    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
+def import_open_clip():
+    """`import open_clip`; ImportError (not a half-imported module) if it cannot be imported here."""
+    if "open_clip" in sys.modules:
+        return sys.modules["open_clip"]
+    try:
+        import open_clip
+    except (ImportError, RuntimeError) as error:
+        _purge("open_clip")
+        raise ImportError(f"open_clip is not importable here: {error}") from error
+    return open_clip
+
+
+def import_transformers():
+    """`import transformers`; ImportError if it cannot be imported here."""
+    try:
+        import transformers
+    except (ImportError, RuntimeError) as error:
+        raise ImportError(f"transformers is not importable here: {error}") from error
+    return transformers
+
+
+def open_clip_peer(config, state_dict, open_clip=None):
+    """The open_clip model built from `config` with the given weights (`open_clip`: the module, else imported)."""
+    import torch
+
+    open_clip = open_clip or import_open_clip()
+    kwargs = {k: config[k] for k in ("embed_dim", "vision_cfg", "text_cfg", "quick_gelu", "init_logit_bias",
+                                     "init_logit_scale", "nonscalar_logit_scale") if k in config}
+    custom = config.get("custom_text", False) or "text.token_embedding.weight" in state_dict
+    peer = (open_clip.CustomTextCLIP if custom else open_clip.CLIP)(**kwargs)
+    weights = {k: torch.as_tensor(v).float() for k, v in state_dict.items()
+               if k not in ("input_resolution", "context_length", "vocab_size")}
+    if custom:
+        weights = open_clip.model.convert_to_custom_text_state_dict(weights)
+    peer.load_state_dict(weights, strict=True)
+    return peer.eval()
+
+
+def transformers_peer(config, state_dict, transformers=None):
+    """The transformers `CLIPModel` / `SiglipModel` built from `config` with the given weights."""
+    import torch
+
+    transformers = transformers or import_transformers()
+    classes = {"clip": (transformers.CLIPConfig, transformers.CLIPModel),
+               "siglip": (transformers.SiglipConfig, transformers.SiglipModel)}
+    config_cls, model_cls = classes[config["model_type"]]
+    peer = model_cls(config_cls.from_dict(config))
+    weights = {k: torch.as_tensor(v).float() for k, v in state_dict.items()}
+    missing, unexpected = peer.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    unexpected = [k for k in unexpected if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise KeyError(f"transformers peer: missing {missing}, unexpected {unexpected}.")
+    return peer.eval()
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def progress_bar():
+    """A `progress(done, total)` callback drawing a `keras.utils.Progbar`."""
+    import keras
+
+    state = {}
+
+    def update(done, total):
+        if "bar" not in state:
+            state["bar"] = keras.utils.Progbar(total, unit_name="variable")
+        state["bar"].update(done)
+
+    return update
+
+
+def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None, dtype=None, check=True,
+                       peer_check=True, batch_size=2, log=print, progress=True, import_open_clip_fn=None,
+                       import_transformers_fn=None):
+    """Converts a local checkpoint to a vlzoo preset directory; returns the exit status (0 OK, 1 mismatch).
+
+    Args:
+        source: `"open_clip"`, `"transformers"` or `"keras_hub"`.
+        checkpoint: open_clip: a `.pt`/`.pth`/`.bin`/`.safetensors` state dict;
+            transformers: a directory (`config.json` + `model.safetensors` or
+            `pytorch_model.bin`) or a weights file; keras_hub: a preset directory.
+        out: the preset directory to write.
+        model_name: open_clip model name whose `model_configs/<name>.json` describes
+            the architecture (open_clip must be installed, not imported).
+        config: open_clip model config JSON path (instead of `model_name`), or the
+            transformers `config.json` path (default: next to the weights).
+        dtype: dtype policy of the vlzoo model (default float32).
+        check: reload the preset and check the embeddings are identical.
+        peer_check: also rebuild the peer from the same weights (when importable)
+            and compare embeddings and logits on random inputs.
+        batch_size: random inputs of the checks.
+        log: `log(str)` for the messages.
+        progress: show a progress bar while assigning.
+        import_open_clip_fn, import_transformers_fn: how to import the peers
+            (default: a plain import, the check is skipped if it fails).
+
+    Raises:
+        FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
+    """
+    import numpy as np
+
+    import vlzoo
+    import vlzoo.convert as vc
+
+    if source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(SOURCES)}.")
+    bar = progress_bar() if progress else None
+    log(f"Reading {checkpoint} ...")
+    if source == "open_clip":
+        if not (model_name or config):
+            raise ValueError("open_clip checkpoints need --model NAME or --config model.json.")
+        config_dict = read_json(config, "open_clip model config") if config else open_clip_model_config(model_name)
+        state_dict = load_state_dict(checkpoint, log)
+        log(f"Assigning {len(state_dict)} tensors:")
+        model = vc.from_open_clip_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
+
+        def peer_factory():
+            module = (import_open_clip_fn or import_open_clip)()
+            return open_clip_peer(config_dict, C.strip_prefix(dict(state_dict)), module)
+
+        peer_name = "open_clip"
+    elif source == "transformers":
+        state_dict, config_dict = transformers_files(checkpoint, config, log)
+        log(f"Assigning {len(state_dict)} tensors:")
+        model = vc.from_transformers_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
+
+        def peer_factory():
+            return transformers_peer(config_dict, state_dict, (import_transformers_fn or import_transformers)())
+
+        peer_name = "transformers"
+    else:
+        if not pathlib.Path(checkpoint).is_dir():
+            raise FileNotFoundError(f"keras-hub preset directory not found: {checkpoint}.")
+        import keras_hub
+
+        backbone = keras_hub.models.Backbone.from_preset(str(checkpoint))
+        log(f"Assigning {len(backbone.weights)} variables:")
+        model = vc.from_keras_hub(backbone, dtype=dtype, progress=bar)
+
+        def peer_factory():
+            return backbone
+
+        peer_name = "keras-hub"
+
+    model.save_to_preset(str(out))
+    log(f"Saved {type(model).__name__} ({model.count_params():,} parameters) to {out}")
+    if not check:
+        return 0
+
+    reloaded = vlzoo.from_preset(str(out))
+    images, ids, mask = vc.random_inputs(model, batch_size, seed=0)
+    texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
+    for what, fn in (("image", lambda m: m.encode_image(images)), ("text", lambda m: m.encode_text(texts))):
+        a, b = C.to_numpy(fn(model)), C.to_numpy(fn(reloaded))
+        if not np.array_equal(a, b):
+            log(f"preset reload: {what} embeddings differ (max {np.max(np.abs(a - b)):.3g})")
+            return 1
+    log("preset reload: identical embeddings")
+    if not peer_check:
+        return 0
+    try:
+        peer = peer_factory()
+    except ImportError as error:
+        log(f"parity check skipped: the peer is not importable here ({error})")
+        return 0
+    diffs = vc.parity(model, peer, batch_size=batch_size, seed=0)
+    ok = all(diffs[k] < TOLERANCES[k] for k in diffs)
+    log(
+        f"parity vs {peer_name} (batch {batch_size}, max abs diff): "
+        f"image embeddings {diffs['image']:.3g}, text embeddings {diffs['text']:.3g}, logits {diffs['logits']:.3g} "
+        f"-> {'OK' if ok else 'MISMATCH'}"
+    )
+    return 0 if ok else 1
