@@ -666,44 +666,27 @@ def cmd_convert(args, out):
 # ------------------------------------------------------------------------ parser
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
-    return value
+def _number(kind, allow_zero):
+    """An argparse `type`: `kind` (int or float) that is > 0, or >= 0 with `allow_zero`, and finite."""
+    expected = f"{'an integer' if kind is int else 'a number'} >= 0" if allow_zero else (
+        f"a positive {'integer' if kind is int else 'number'}")
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
-    return value
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}")
-    return value
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}") from None
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}")
-    return value
+_positive_int = _number(int, allow_zero=False)
+_non_negative_int = _number(int, allow_zero=True)
+_positive_float = _number(float, allow_zero=False)
+_non_negative_float = _number(float, allow_zero=True)
 
 
 def _add_command(sub, name, help, description, examples):
