@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from vlzoo.layers.embedding import PositionEmbedding
-from vlzoo.layers.transformer import transformer_stack
+from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("eot", "last", "mean", "first")
 
@@ -27,10 +27,16 @@ class TextTransformer(keras.layers.Layer):
         activation: MLP activation.
         layer_norm_epsilon: epsilon of every LayerNorm of the tower.
         projection_bias: whether the output projection has a bias.
+        remat: recompute each transformer block's activations in the
+            backward pass when training (`keras.remat`; same values and
+            gradients, less memory). A training setting: may be switched on a
+            built tower by setting the attribute, e.g. through
+            `vlzoo.training.configure`.
 
     Call arguments:
         token_ids: int `(B, T)` with `T <= sequence_length`.
         padding_mask: bool `(B, T)`, True = real token.
+        training: Keras' training flag (remat applies only when True).
 
     Returns:
         dict with `"pooled"` `(B, output_dim or hidden_dim)` and `"tokens"`
@@ -46,7 +52,7 @@ class TextTransformer(keras.layers.Layer):
     def __init__(
         self, vocabulary_size, sequence_length, hidden_dim, num_layers, num_heads,
         intermediate_dim, output_dim=None, causal=True, pooling="eot", use_padding_mask=False,
-        activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, **kwargs,
+        activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, remat=False, **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
@@ -64,6 +70,7 @@ class TextTransformer(keras.layers.Layer):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.projection_bias = projection_bias
+        self.remat = remat
 
         dtype = self.dtype_policy
         self.token_embedding = keras.layers.Embedding(
@@ -101,7 +108,7 @@ class TextTransformer(keras.layers.Layer):
     def pooled_dim(self):
         return self.output_dim if self.output_dim is not None else self.hidden_dim
 
-    def call(self, token_ids, padding_mask):
+    def call(self, token_ids, padding_mask, training=None):
         x = self.position_embedding(self.token_embedding(token_ids))
         mask, is_causal = None, self.causal
         if self.use_padding_mask:
@@ -111,8 +118,9 @@ class TextTransformer(keras.layers.Layer):
             if self.causal:
                 causal = ops.tril(ops.ones((length, length), dtype="bool"))
                 mask, is_causal = ops.logical_and(mask, causal[None]), False
-        for block in self.blocks:
-            x = block(x, attention_mask=mask, is_causal=is_causal)
+        x = apply_blocks(
+            self.blocks, x, remat=bool(self.remat and training), attention_mask=mask, is_causal=is_causal
+        )
         tokens = self.post_norm(x)
         if self.pooling == "eot":
             index = ops.argmax(token_ids, axis=-1)
@@ -136,6 +144,6 @@ class TextTransformer(keras.layers.Layer):
             intermediate_dim=self.intermediate_dim, output_dim=self.output_dim,
             causal=self.causal, pooling=self.pooling, use_padding_mask=self.use_padding_mask,
             activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
-            projection_bias=self.projection_bias,
+            projection_bias=self.projection_bias, remat=self.remat,
         )
         return config

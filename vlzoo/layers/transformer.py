@@ -1,5 +1,6 @@
 """Pre-LayerNorm transformer blocks shared by every tower."""
 
+import functools
 import math
 
 import keras
@@ -231,3 +232,32 @@ def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activ
         )
         for i in range(num_layers)
     ]
+
+
+def apply_blocks(blocks, x, remat=False, **kwargs):
+    """Runs `x` through `blocks` in order, each optionally under `keras.remat`.
+
+    With `remat=True` every block's call is wrapped in `keras.remat`: its
+    intermediate activations are not kept for the backward pass but
+    recomputed from the block's input, so training memory grows with the
+    number of blocks times `(B, N, D)` instead of with everything inside
+    them. Values and gradients are the same as without it.
+
+    Args:
+        blocks: list of `TransformerBlock`s (as `transformer_stack` returns).
+        x: `(B, N, D)` tokens.
+        remat: recompute each block's activations in the backward pass.
+        **kwargs: call arguments of every block (`attention_mask`, `is_causal`).
+
+    Returns:
+        `(B, N, D)`.
+
+    Example:
+    >>> blocks = transformer_stack(64, 2, 4, 256, "gelu", 1e-5, "float32")
+    >>> apply_blocks(blocks, keras.ops.ones((2, 10, 64)), remat=True).shape
+    (2, 10, 64)
+    """
+    for block in blocks:
+        call = functools.partial(block, **kwargs)
+        x = keras.remat(call)(x) if remat else call(x)
+    return x

@@ -5,7 +5,7 @@ from keras import ops
 
 from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding
 from vlzoo.layers.heads import MAPHead
-from vlzoo.layers.transformer import transformer_stack
+from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("cls", "mean", "map")
 
@@ -33,11 +33,17 @@ class VisionTransformer(keras.layers.Layer):
         patch_bias: whether the patch projection has a bias.
         projection_bias: whether the output projection has a bias.
         pos_init_std, prefix_init_std: initialisation scales.
+        remat: recompute each transformer block's activations in the
+            backward pass when training (`keras.remat`; same values and
+            gradients, less memory, about one more forward pass of compute).
+            A training setting: may be switched on a built tower by setting
+            the attribute, e.g. through `vlzoo.training.configure`.
 
     Call arguments:
         images: float `(B, H, W, 3)`, preprocessed; `H` and `W` multiples of
             `patch_size` (the position embedding is resized when they differ
             from `image_size`).
+        training: Keras' training flag (remat applies only when True).
 
     Returns:
         dict with `"pooled"` `(B, output_dim or hidden_dim)`, `"tokens"`
@@ -53,7 +59,7 @@ class VisionTransformer(keras.layers.Layer):
         self, image_size, patch_size, hidden_dim, num_layers, num_heads, intermediate_dim,
         output_dim=None, num_prefix_tokens=1, pooling="cls", activation="gelu",
         layer_norm_epsilon=1e-5, use_pre_norm=True, patch_bias=False, projection_bias=False,
-        pos_init_std=None, prefix_init_std=None, **kwargs,
+        pos_init_std=None, prefix_init_std=None, remat=False, **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
@@ -80,6 +86,7 @@ class VisionTransformer(keras.layers.Layer):
         self.projection_bias = projection_bias
         self.pos_init_std = pos_init_std
         self.prefix_init_std = prefix_init_std
+        self.remat = remat
         self.grid_size = (image_size // patch_size,) * 2
 
         dtype = self.dtype_policy
@@ -135,7 +142,7 @@ class VisionTransformer(keras.layers.Layer):
     def pooled_dim(self):
         return self.output_dim if self.output_dim is not None else self.hidden_dim
 
-    def call(self, images):
+    def call(self, images, training=None):
         height, width = images.shape[1], images.shape[2]
         grid_size = (height // self.patch_size, width // self.patch_size)
         x = self.patch_embedding(images)
@@ -146,8 +153,7 @@ class VisionTransformer(keras.layers.Layer):
         x = self.position_embedding(x, grid_size=grid_size)
         if self.pre_norm is not None:
             x = self.pre_norm(x)
-        for block in self.blocks:
-            x = block(x)
+        x = apply_blocks(self.blocks, x, remat=bool(self.remat and training))
         tokens = self.post_norm(x)
         if self.pooling == "cls":
             pooled = tokens[:, 0]
@@ -169,6 +175,6 @@ class VisionTransformer(keras.layers.Layer):
             activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
             use_pre_norm=self.use_pre_norm, patch_bias=self.patch_bias,
             projection_bias=self.projection_bias, pos_init_std=self.pos_init_std,
-            prefix_init_std=self.prefix_init_std,
+            prefix_init_std=self.prefix_init_std, remat=self.remat,
         )
         return config

@@ -50,7 +50,8 @@ class ContrastiveModel(keras.Model):
         logit_scale_max: bound on the log-scale applied after every training
             update (`ln 100` by default, as open_clip); `None` for no bound.
         dtype: dtype policy, e.g. `"float32"`, `"bfloat16"` or
-            `"mixed_bfloat16"`; losses are always computed in float32.
+            `"mixed_bfloat16"` (towers compute in bfloat16, variables are
+            float32); the logit scale/bias and the losses are always float32.
 
     Inputs of `call`/`fit`: dict with `"images"` float `(B, H, W, 3)`,
     `"token_ids"` int `(B, T)` and `"padding_mask"` bool `(B, T)`.
@@ -73,7 +74,7 @@ class ContrastiveModel(keras.Model):
         self.vision = VisionTransformer(**self.vision_config, dtype=self.dtype_policy, name="vision")
         self.text = TextTransformer(**self.text_config, dtype=self.dtype_policy, name="text")
         self.logit_scale = self.add_weight(
-            name="logit_scale", shape=(), dtype="float32",
+            name="logit_scale", shape=(), dtype="float32", autocast=False,
             initializer=keras.initializers.Constant(init_logit_scale),
             constraint=ClampLogitScale(logit_scale_max) if logit_scale_max is not None else None,
         )
@@ -124,7 +125,7 @@ class ContrastiveModel(keras.Model):
         return ImagePreprocessor(image_size=self.vision.image_size)
 
     def logit_scale_value(self):
-        """The multiplier `exp(logit_scale)`, float32 scalar."""
+        """The multiplier `exp(logit_scale)`, float32 scalar (also under a mixed policy)."""
         return ops.exp(ops.convert_to_tensor(self.logit_scale))
 
     def _tokenize(self, texts):
@@ -224,6 +225,8 @@ class ContrastiveModel(keras.Model):
 
         Biases, norms, embedding tables, learned tokens and the logit
         scale/bias are excluded from the optimizer's weight decay.
+        `vlzoo.training.configure(model, ...)` compiles with the papers'
+        AdamW, warm-up + cosine schedule and optional remat in one call.
         """
         if kwargs.get("loss") is not None:
             raise ValueError(

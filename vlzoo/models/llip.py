@@ -113,7 +113,7 @@ class Llip(ContrastiveModel):
         self.text_projection = token_projection(
             embed_dim, self.text.hidden_dim, False, self.dtype_policy, "text_projection")
         self.logit_bias = self.add_weight(
-            name="logit_bias", shape=(), dtype="float32",
+            name="logit_bias", shape=(), dtype="float32", autocast=False,
             initializer=keras.initializers.Constant(init_logit_bias),
         )
 

@@ -46,7 +46,7 @@ class SigLIP(ContrastiveModel):
         self.init_logit_bias = init_logit_bias
         self.loss_num_chunks = loss_num_chunks
         self.logit_bias = self.add_weight(
-            name="logit_bias", shape=(), dtype="float32",
+            name="logit_bias", shape=(), dtype="float32", autocast=False,
             initializer=keras.initializers.Constant(init_logit_bias),
         )
 

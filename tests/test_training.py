@@ -1,0 +1,283 @@
+"""Training defaults: warm-up + cosine schedule, AdamW defaults and exclusions, accumulation, remat, mixed precision."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import vlzoo
+from vlzoo import training
+from vlzoo.layers import TextTransformer, VisionTransformer
+from vlzoo.models.base import LOGIT_SCALE_MAX
+
+from conftest import TINY_TEXT, TINY_VISION, tiny_batch, tiny_model, to_numpy
+
+
+def numpy_warmup_cosine(step, peak, total, warmup, alpha):
+    """open_clip's `cosine_lr` (plus the `alpha` floor), float64."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return peak * (alpha + (1 - alpha) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def weights(model):
+    return [to_numpy(v).copy() for v in model.trainable_variables]
+
+
+def sgd_gradients(model, *batches):
+    """Per batch, the gradients of one `fit` step at the current weights (restored after each):
+    SGD(1) moves w by -g. Build the model with `logit_scale_max=None` (the clamp would cut the step)."""
+    before = weights(model)
+    model.compile(optimizer=keras.optimizers.SGD(1.0))
+    grads = []
+    for batch in batches:
+        model.train_on_batch(batch)
+        grads.append([w0 - w1 for w0, w1 in zip(before, weights(model))])
+        for v, w in zip(model.trainable_variables, before):
+            v.assign(w)
+    return grads
+
+
+# ----------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("total,warmup,alpha", [(100, 10, 0.0), (50, 0, 0.0), (80, 20, 0.1), (7, 6, 0.5)])
+def test_warmup_cosine_matches_numpy(total, warmup, alpha):
+    peak = 3e-4
+    schedule = training.WarmupCosine(peak, total, warmup_steps=warmup, alpha=alpha)
+    steps = sorted({0, 1, max(warmup - 1, 0), warmup, warmup + 1, (warmup + total) // 2, total - 1, total, total + 9})
+    got = np.array([float(to_numpy(schedule(keras.ops.convert_to_tensor(s, "int32")))) for s in steps])
+    want = np.array([numpy_warmup_cosine(s, peak, total, warmup, alpha) for s in steps])
+    # float32 arithmetic: 1 + cos(pi p) near p = 1 cancels, so the tolerance is relative to the peak.
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * peak)
+
+
+def test_warmup_cosine_counts_updates_under_accumulation():
+    # Keras calls the schedule with its batch count; with N = 3 the k-th update sees batch 3k + 2.
+    plain = training.WarmupCosine(1e-3, 40, warmup_steps=5)
+    accumulated = training.WarmupCosine(1e-3, 40, warmup_steps=5, gradient_accumulation_steps=3)
+    for update in range(0, 45, 4):
+        want = float(to_numpy(plain(update)))
+        assert [float(to_numpy(accumulated(3 * update + i))) for i in range(3)] == [want] * 3
+
+
+def test_warmup_cosine_end_points():
+    schedule = training.WarmupCosine(1.0, 100, warmup_steps=10, alpha=0.25)
+    value = lambda s: float(to_numpy(schedule(s)))  # noqa: E731
+    assert value(0) == pytest.approx(0.1)  # the first update already moves the weights
+    assert value(9) == pytest.approx(1.0) and value(10) == pytest.approx(1.0)
+    assert value(100) == pytest.approx(0.25) and value(10_000) == pytest.approx(0.25)
+
+
+def test_warmup_cosine_config_round_trip():
+    schedule = training.WarmupCosine(2e-4, np.int64(500), warmup_steps=50, alpha=0.1)
+    clone = training.WarmupCosine.from_config(schedule.get_config())
+    assert clone.get_config() == schedule.get_config() == {
+        "peak_learning_rate": 2e-4, "total_steps": 500, "warmup_steps": 50, "alpha": 0.1,
+        "gradient_accumulation_steps": 1, "name": "warmup_cosine",
+    }
+    optimizer = training.training_optimizer(2e-4, total_steps=500, warmup_steps=50, alpha=0.1)
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert restored.get_config()["learning_rate"]["config"] == schedule.get_config()
+    assert float(to_numpy(restored.learning_rate)) == pytest.approx(2e-4 / 50)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(peak_learning_rate=0.0, total_steps=10), "peak_learning_rate"),
+    (dict(peak_learning_rate=1e-3, total_steps=10, warmup_steps=10), "total_steps"),
+    (dict(peak_learning_rate=1e-3, total_steps=10.5), "total_steps"),
+    (dict(peak_learning_rate=1e-3, total_steps=10, warmup_steps=-1), "warmup_steps"),
+    (dict(peak_learning_rate=1e-3, total_steps=10, alpha=1.5), "alpha"),
+    (dict(peak_learning_rate=1e-3, total_steps=10, gradient_accumulation_steps=0), "gradient_accumulation_steps"),
+])
+def test_warmup_cosine_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        training.WarmupCosine(**kwargs)
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def test_training_optimizer_defaults_are_clips():
+    optimizer = training.training_optimizer(1e-3, total_steps=100, warmup_steps=10)
+    assert isinstance(optimizer, keras.optimizers.AdamW)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon, optimizer.weight_decay) == (0.9, 0.98, 1e-6, 0.2)
+    assert optimizer.gradient_accumulation_steps is None and optimizer.clipnorm is None
+    assert float(to_numpy(optimizer.learning_rate)) == pytest.approx(1e-4)
+    constant = training.training_optimizer(1e-3, gradient_accumulation_steps=1)
+    assert float(to_numpy(constant.learning_rate)) == pytest.approx(1e-3)
+    assert constant.gradient_accumulation_steps is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(warmup_steps=10), "total_steps"),
+    (dict(alpha=0.1), "total_steps"),
+    (dict(learning_rate=keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5), total_steps=10),
+     "learning_rate"),
+    (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
+    (dict(gradient_accumulation_steps=2.0), "gradient_accumulation_steps"),
+])
+def test_training_optimizer_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        training.training_optimizer(**kwargs)
+
+
+def test_configure_keeps_the_weight_decay_exclusions():
+    model = tiny_model("siglip")
+    lr, wd = 0.1, 0.5
+    optimizer = training.configure(model, learning_rate=lr, weight_decay=wd)
+    assert optimizer is model.optimizer
+    before = weights(model)
+    # Zero gradients: AdamW then only applies its decoupled decay w <- w (1 - lr wd).
+    optimizer.apply([keras.ops.zeros(v.shape) for v in model.trainable_variables], model.trainable_variables)
+    excluded = {v.path for v in model.no_weight_decay_variables()}
+    assert {"logit_scale", "logit_bias", "bias", "gamma", "beta", "embeddings"} <= {
+        p.split("/")[-1] for p in excluded
+    }
+    for v, old in zip(model.trainable_variables, before):
+        if v.path in excluded:
+            np.testing.assert_array_equal(to_numpy(v), old, err_msg=v.path)
+        else:
+            np.testing.assert_allclose(to_numpy(v), old * (1 - lr * wd), rtol=1e-5, err_msg=v.path)
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_configure_applies_the_logit_scale_clamp(family):
+    model = tiny_model(family)
+    training.configure(model, learning_rate=1e-3, total_steps=10, warmup_steps=2)
+    model.logit_scale.assign(8.0)
+    model.train_on_batch(tiny_batch())
+    assert abs(float(to_numpy(model.logit_scale)) - LOGIT_SCALE_MAX) < 1e-6
+
+
+def test_configure_sets_jit_compile_and_remat_and_checks_its_model():
+    model = tiny_model("clip")
+    training.configure(model, learning_rate=1e-3, jit_compile=False, remat=True)
+    assert model.jit_compile is False and model.vision.remat and model.text.remat
+    training.configure(model, learning_rate=1e-3)  # remat=None keeps the towers' setting
+    assert model.vision.remat and model.text.remat
+    training.configure(model, learning_rate=1e-3, remat=False)
+    assert not model.vision.remat and not model.text.remat
+    with pytest.raises(TypeError, match="remat"):
+        training.configure(model, remat="yes")
+    with pytest.raises(TypeError, match="model"):
+        training.configure(keras.Sequential([keras.layers.Dense(1)]))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        training.configure(model, learning_rat=1e-3)
+
+
+# ----------------------------------------------------- gradient accumulation
+
+
+def test_accumulation_updates_every_n_steps_with_the_mean_gradient():
+    hyper = dict(learning_rate=1e-3, total_steps=20, warmup_steps=3, weight_decay=0.2)
+    model = tiny_model("clip", logit_scale_max=None)
+    micro = [tiny_batch(4, seed=1), tiny_batch(4, seed=2)]
+    start = weights(model)
+    grads = sgd_gradients(model, *micro)
+
+    reference = tiny_model("clip", logit_scale_max=None)
+    reference.set_weights(model.get_weights())
+    training.configure(reference, **hyper)
+    mean = [keras.ops.convert_to_tensor((a + b) / 2) for a, b in zip(*grads)]
+    reference.optimizer.apply(mean, reference.trainable_variables)
+
+    training.configure(model, gradient_accumulation_steps=2, **hyper)
+    model.train_on_batch(micro[0])
+    for v, w in zip(model.trainable_variables, start):
+        np.testing.assert_array_equal(to_numpy(v), w, err_msg=v.path)  # no update on the first micro-batch
+    model.train_on_batch(micro[1])
+    moved = 0
+    for v, want, w in zip(model.trainable_variables, weights(reference), start):
+        np.testing.assert_allclose(to_numpy(v), want, rtol=0, atol=1e-6, err_msg=v.path)
+        moved += not np.array_equal(to_numpy(v), w)
+    assert moved == len(start)
+    # The schedule and Adam's step count advance once per update, not per micro-batch.
+    assert int(to_numpy(model.optimizer.iterations)) == 1
+    assert float(to_numpy(model.optimizer.learning_rate)) == pytest.approx(numpy_warmup_cosine(1, 1e-3, 20, 3, 0.0))
+
+
+def test_accumulated_micro_batches_are_not_one_big_contrastive_batch():
+    # Documented limitation: the contrastive loss couples the samples of a batch, so the
+    # mean of micro-batch gradients is not the big batch's gradient.
+    model = tiny_model("clip", logit_scale_max=None)
+    micro = [tiny_batch(4, seed=1), tiny_batch(4, seed=2)]
+    big = {k: np.concatenate([micro[0][k], micro[1][k]]) for k in micro[0]}
+    mean = [(a + b) / 2 for a, b in zip(*sgd_gradients(model, *micro))]
+    (full,) = sgd_gradients(model, big)
+    assert max(np.abs(a - b).max() for a, b in zip(mean, full)) > 1e-3
+
+
+# --------------------------------------------------------------------- remat
+
+
+def test_towers_serialise_remat():
+    vision = VisionTransformer(**TINY_VISION, remat=True)
+    text = TextTransformer(**TINY_TEXT)
+    assert vision.get_config()["remat"] is True and text.get_config()["remat"] is False
+    assert VisionTransformer.from_config(vision.get_config()).remat is True
+    # A model built without remat keeps its config (and the presets) unchanged.
+    assert "remat" not in tiny_model("clip").get_config()["vision"]
+
+
+def test_remat_wraps_every_block_only_when_training(monkeypatch):
+    calls = []
+    remat = keras.remat
+    monkeypatch.setattr(keras, "remat", lambda f: calls.append(f) or remat(f))
+    model = tiny_model("clip", vision={"remat": True}, text={"remat": True})
+    model(tiny_batch())
+    assert calls == []
+    model(tiny_batch(), training=True)
+    assert len(calls) == TINY_VISION["num_layers"] + TINY_TEXT["num_layers"]
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_remat_gives_the_same_outputs_and_gradients(family):
+    plain = tiny_model(family, logit_scale_max=None)
+    remat = tiny_model(family, vision={"remat": True}, text={"remat": True}, logit_scale_max=None)
+    remat.set_weights(plain.get_weights())
+    batch = tiny_batch()
+    out_plain, out_remat = plain(batch, training=True), remat(batch, training=True)
+    for key in out_plain:
+        np.testing.assert_allclose(to_numpy(out_remat[key]), to_numpy(out_plain[key]), rtol=0, atol=1e-6, err_msg=key)
+    (grads_plain,), (grads_remat,) = sgd_gradients(plain, batch), sgd_gradients(remat, batch)
+    for v, a, b in zip(plain.trainable_variables, grads_plain, grads_remat):
+        # SGD(1) steps; a gradient entry of size g carries ~ulp(g) of rounding.
+        assert np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(a).max()), v.path
+
+
+# ------------------------------------------------------------ mixed precision
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_logit_scale_and_bias_stay_float32_under_mixed_precision(family):
+    model = tiny_model(family, dtype="mixed_bfloat16")
+    model.logit_scale.assign(4.6)  # 4.59375 in bfloat16
+    for training_flag in (False, True):
+        outputs = model(tiny_batch(), training=training_flag)
+        assert keras.backend.standardize_dtype(outputs["image_embeds"].dtype) == "bfloat16"
+        scale = outputs["logit_scale"]
+        assert keras.backend.standardize_dtype(scale.dtype) == "float32"
+        want = to_numpy(keras.ops.exp(keras.ops.convert_to_tensor(np.float32(4.6))))
+        assert to_numpy(scale) == want
+        if family == "siglip":
+            assert keras.backend.standardize_dtype(outputs["logit_bias"].dtype) == "float32"
+            assert to_numpy(outputs["logit_bias"]) == np.float32(-10.0)
+        loss = model.compute_loss(y_pred=outputs, training=training_flag)
+        assert keras.backend.standardize_dtype(loss.dtype) == "float32"
+
+
+@pytest.mark.parametrize("preset", ["clip_tiny", "siglip_tiny"])
+def test_fit_step_under_mixed_bfloat16(preset):
+    model = vlzoo.from_preset(preset, dtype="mixed_bfloat16")
+    training.configure(model, learning_rate=1e-3, total_steps=10, warmup_steps=2, remat=True)
+    batch = tiny_batch(4, image_size=32, sequence_length=16, vocabulary_size=model.text.vocabulary_size)
+    before = weights(model)
+    history = model.fit(batch, batch_size=4, epochs=2, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"]).all()
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in model.trainable_variables)
+    assert any(not np.array_equal(to_numpy(v), w) for v, w in zip(model.trainable_variables, before))
+    loss = model.compute_loss(y_pred=model(batch, training=True))
+    assert keras.backend.standardize_dtype(loss.dtype) == "float32" and np.isfinite(to_numpy(loss))
