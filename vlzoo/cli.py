@@ -461,15 +461,20 @@ def cmd_zeroshot(args, out):
 # ----------------------------------------------------------------------------- retrieve
 
 
-def _retrieval_pairs(data, image_key, caption_key, on_error):
-    """(image items, their sources, captions, image id of every caption) of a caption file or tar shards."""
-    from vlzoo.data import DatasetStats, read_caption_file, read_tar_samples
+def _data_source(data):
+    """`("captions" | "shards", location)` of a `--data` argument; a usage error names it."""
     from vlzoo.data.pipeline import _resolve_source
 
     try:
-        kind, location = _resolve_source(data)
+        return _resolve_source(data)
     except (ValueError, FileNotFoundError, TypeError) as error:
         raise UsageError("--data", str(error)) from None
+
+
+def _retrieval_pairs(data, image_key, caption_key, on_error):
+    """(image items, their sources, captions, image id of every caption) of a caption file or tar shards."""
+    from vlzoo.data import DatasetStats, read_caption_file, read_tar_samples
+    kind, location = _data_source(data)
     stats = DatasetStats()
     if kind == "captions":
         records = read_caption_file(location, image_key=image_key, caption_key=caption_key, on_error=on_error,
@@ -566,12 +571,7 @@ def cmd_retrieve(args, out):
 def _count_pairs(data, image_key, caption_key, on_error):
     """Records of a caption file (None for tar shards, whose length is only known by reading them)."""
     from vlzoo.data import read_caption_file
-    from vlzoo.data.pipeline import _resolve_source
-
-    try:
-        kind, location = _resolve_source(data)
-    except (ValueError, FileNotFoundError, TypeError) as error:
-        raise UsageError("--data", str(error)) from None
+    kind, location = _data_source(data)
     if kind != "captions":
         return None
     return len(read_caption_file(location, image_key=image_key, caption_key=caption_key, on_error=on_error))
