@@ -696,6 +696,11 @@ def _add_command(sub, name, help, description, examples):
     )
 
 
+def _add_report_options(p, json_help):
+    p.add_argument("--json", default=None, metavar="OUT", help=json_help)
+    p.add_argument("--verbose", action="store_true", help="show progress bars while encoding")
+
+
 def _add_preset(p, required=True):
     p.add_argument("--preset", required=required, metavar="NAME_OR_DIR",
                    help="a registered preset name (see `vlzoo list`) or a preset directory written by "
@@ -784,9 +789,7 @@ def build_parser():
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                    help="caption files: a bad row (missing image, empty label) raises an error naming the "
                    "line, or is skipped (default: %(default)s)")
-    p.add_argument("--json", default=None, metavar="OUT",
-                   help="also write the metrics, class names and settings to this JSON file")
-    p.add_argument("--verbose", action="store_true", help="show progress bars while encoding")
+    _add_report_options(p, "also write the metrics, class names and settings to this JSON file")
     p.set_defaults(func=cmd_zeroshot)
 
     # ------------------------------------------------------------------ retrieve
@@ -819,9 +822,7 @@ def build_parser():
                    help="with --query: how many images to print per query (default: %(default)s)")
     _add_caption_keys(p, "column/key of the caption (caption files), or field of a tar sample's .json when it "
                          "has no .txt (default: the first present of caption, text, title)")
-    p.add_argument("--json", default=None, metavar="OUT",
-                   help="also write the metrics (or the query results) to this JSON file")
-    p.add_argument("--verbose", action="store_true", help="show progress bars while encoding")
+    _add_report_options(p, "also write the metrics (or the query results) to this JSON file")
     p.set_defaults(func=cmd_retrieve)
 
     # ------------------------------------------------------------------ train

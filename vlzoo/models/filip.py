@@ -7,6 +7,7 @@ from keras import ops
 
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
 from vlzoo.models.clip import CLIP, clip_config
+from vlzoo.models.clip import PRESETS as CLIP_PRESETS
 from vlzoo.models.token_level import TokenContrastiveModel
 from vlzoo.tokenizers import CLIP_BPE
 
@@ -198,17 +199,7 @@ PRESETS = {
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
     ),
     "filip_tiny": dict(
-        config=dict(
-            vision=dict(
-                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
-                intermediate_dim=64, activation="quick_gelu",
-            ),
-            text=dict(
-                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
-                num_heads=4, intermediate_dim=64, activation="quick_gelu",
-            ),
-            embed_dim=16, keep_ratio=0.5,
-        ),
+        config=dict(CLIP_PRESETS["clip_tiny"]["config"], embed_dim=16, keep_ratio=0.5),
         description="Tiny FILIP for tests and examples (32 px, patch 8: P=16, 2+2 layers, width 32, "
         "embed 16, keep_ratio 0.5 in training; CLIP BPE, context 16).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
