@@ -5,7 +5,7 @@
 >>> scores = model.similarity(images, model.tokenizer(["a red circle"]))
 """
 
-from vlzoo import convert, data, evaluation, layers, losses, models, retrieval, training
+from vlzoo import convert, data, distribution, evaluation, layers, losses, models, retrieval, training
 from vlzoo.models import CLIP, FILIP, SPARC, SPARO, STAIR, ContrastiveModel, Llip, SigLIP
 from vlzoo.presets import from_preset, list_presets, preset_info, save_to_preset
 from vlzoo.version import __version__

@@ -122,6 +122,8 @@ def _merge(base, overrides):
 def _deserialize(config, path):
     try:
         return keras.saving.deserialize_keras_object(config)
+    except NotImplementedError:  # e.g. a distribution on a backend without one: not the file's fault
+        raise
     except Exception as error:
         raise ValueError(f"Could not build the model described by {path}: {error}") from error
 
@@ -219,20 +221,26 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
             stacklevel=2,
         )
 
+    # The tokenizer and preprocessor follow the model's context length and image size,
+    # which `config_overrides` may have changed.
     tokenizer_file = directory / TOKENIZER_FILE
     if tokenizer_file.is_file():
-        model.tokenizer = _load_tokenizer(tokenizer_file, directory / TOKENIZER_ASSETS, metadata)
+        model.tokenizer = _load_tokenizer(tokenizer_file, directory / TOKENIZER_ASSETS, metadata,
+                                          model.text.sequence_length)
     preprocessor_file = directory / PREPROCESSOR_FILE
     if preprocessor_file.is_file():
-        model.preprocessor = _deserialize(_read_json(preprocessor_file), preprocessor_file)
+        preprocessor = _read_json(preprocessor_file)
+        preprocessor.setdefault("config", {})["image_size"] = model.vision.image_size
+        model.preprocessor = _deserialize(preprocessor, preprocessor_file)
     return model
 
 
-def _load_tokenizer(tokenizer_file, assets, metadata):
+def _load_tokenizer(tokenizer_file, assets, metadata, sequence_length):
     """The preset's tokenizer; a stand-in that explains itself when its files are declared unbundled."""
     from vlzoo.tokenizers import UnavailableTokenizer, tokenizer_from_config
 
     config = _read_json(tokenizer_file)
+    config.setdefault("config", {})["sequence_length"] = sequence_length
     try:
         return tokenizer_from_config(config, assets)
     except FileNotFoundError as error:

@@ -1,0 +1,158 @@
+"""Training on several devices with Keras' own `keras.distribution` (JAX backend).
+
+Data parallelism needs nothing from vlzoo: set `keras.distribution.DataParallel()`
+before building the model and `fit` as usual. Each batch is split over the devices
+while the train step stays one program over the global batch, so the contrastive
+losses see every pair of the global batch: the negatives of each image are all the
+captions of all the devices, as the papers train, and the loss and gradients are
+those of one device holding the whole batch (tested for every family on 8 simulated
+CPU devices).
+
+Model parallelism shards the big presets' weights: `layout_map(model, mesh)` gives
+the `keras.distribution.LayoutMap` of a model (an instance, a preset name or a
+preset directory, built without allocating its weights): the Megatron split of
+every transformer block (query, key, value and first MLP matrices by output
+column, the attention output and second MLP matrices by input row), token and
+position tables by width, projections by input row, and each family's own large
+matrices (Llip's cross-attention, SPARC's patch head, STAIR's vocabulary-head
+transform). A dimension that the mesh's model axis does not divide is replicated
+instead; everything else (norms, biases of row-split matrices, scales) is
+replicated.
+
+```python
+import keras, vlzoo
+
+devices = keras.distribution.list_devices()                       # e.g. 8
+mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
+layouts = vlzoo.distribution.layout_map("llip_vit_g14", mesh)
+keras.distribution.set_distribution(
+    keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="batch"))
+model = vlzoo.from_preset("llip_vit_g14")                           # weights created sharded
+```
+
+Backends: in Keras 3.15 `keras.distribution` runs on JAX only (its TensorFlow
+part is an unfinished prototype; PyTorch has none). On TensorFlow and PyTorch
+vlzoo trains on one device, and building or compiling a vlzoo model while a
+distribution is set raises an error that says so (`check_backend`).
+"""
+
+import re
+
+import keras
+
+__all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]
+
+MODEL_AXIS = "model"
+_M = MODEL_AXIS  # the placeholder in the rules, replaced by the mesh's model axis
+
+# (path pattern, axes) shared by every family's towers; `re.fullmatch` on `variable.path`.
+TOWER_RULES = (
+    (r".*/attention/(query|key|value)/kernel", (None, _M)),
+    (r".*/attention/(query|key|value)/bias", (_M,)),
+    (r".*/attention/output/kernel", (_M, None)),
+    (r".*/mlp/fc1/kernel", (None, _M)),
+    (r".*/mlp/fc1/bias", (_M,)),
+    (r".*/mlp/fc2/kernel", (_M, None)),
+    (r".*/(token|position)_embedding/embeddings", (None, _M)),
+    (r".*/patch_embedding/conv/kernel", (None, None, None, _M)),
+    (r"(.*/)?\w*projection/kernel", (_M, None)),
+)
+
+
+def check_backend(what="keras.distribution"):
+    """Raises `NotImplementedError` unless the backend is JAX (see the module docstring)."""
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise NotImplementedError(
+            f"{what} needs the JAX backend: keras.distribution (DataParallel, ModelParallel) runs on JAX only "
+            f"in Keras {keras.__version__}, and vlzoo trains on one device on {backend}. Unset the distribution "
+            "(keras.distribution.set_distribution(None)) or run with KERAS_BACKEND=jax."
+        )
+
+
+def _model_for(model):
+    """`model` itself, or the preset it names built without allocating weights."""
+    from vlzoo.models.base import ContrastiveModel
+
+    if isinstance(model, ContrastiveModel):
+        return model
+    if not isinstance(model, str):
+        raise TypeError(f"`model` must be a vlzoo model, a preset name or a preset directory; "
+                        f"received {type(model).__name__}.")
+    from keras.src.backend.common import global_state
+
+    from vlzoo import presets
+
+    config = presets.model_config(model)
+    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            return keras.saving.deserialize_keras_object(config)
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", pending)
+
+
+def _axes_for(rules, path, shape, model_axis, size):
+    for pattern, axes in rules:
+        if re.fullmatch(pattern, path):
+            if len(axes) != len(shape):
+                raise ValueError(f"Layout rule {pattern!r} gives {len(axes)} axes to {path} of shape {shape}.")
+            return tuple(model_axis if axis == _M and dim % size == 0 else None
+                         for axis, dim in zip(axes, shape))
+    return None
+
+
+def layout_map(model, mesh, model_axis=MODEL_AXIS):
+    """The `keras.distribution.LayoutMap` that shards `model`'s weights over `mesh`.
+
+    Args:
+        model: a vlzoo model, or a preset name or directory (built abstractly:
+            its weights are never allocated, so any preset works).
+        mesh: a `keras.distribution.DeviceMesh` with an axis named `model_axis`
+            (e.g. shape `(2, 4)`, axes `("batch", "model")`).
+        model_axis: the mesh axis that splits the weights.
+
+    Returns:
+        A `LayoutMap` with one entry per sharded weight (its exact path);
+        weights without an entry are replicated. Pass it to
+        `keras.distribution.ModelParallel(layout_map=..., batch_dim_name=...)`
+        and build the model under that distribution.
+
+    Raises:
+        NotImplementedError: on a backend other than JAX.
+        ValueError: if `mesh` has no axis `model_axis`.
+
+    Example:
+    >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+    >>> layouts = vlzoo.distribution.layout_map("clip_vit_b16", mesh)
+    >>> layouts["vision/block_0/mlp/fc1/kernel"].axes
+    (None, 'model')
+    """
+    check_backend("vlzoo.distribution.layout_map")
+    if not isinstance(mesh, keras.distribution.DeviceMesh):
+        raise TypeError(f"`mesh` must be a keras.distribution.DeviceMesh; received {type(mesh).__name__}.")
+    if model_axis not in mesh.axis_names:
+        raise ValueError(f"`mesh` has axes {tuple(mesh.axis_names)}; `model_axis` {model_axis!r} is not one of them.")
+    size = mesh.shape[list(mesh.axis_names).index(model_axis)]
+    built = _model_for(model)
+    layouts = keras.distribution.LayoutMap(mesh)
+    for variable in built.weights:
+        axes = _axes_for(built.layout_rules(), variable.path, tuple(variable.shape), model_axis, size)
+        if axes is not None and model_axis in axes:
+            layouts[variable.path] = axes
+    return layouts
+
+
+def sharded_dimensions(model):
+    """`{path: axes}` of the weights of a built `model` that are split over devices (JAX).
+
+    Reads each weight's actual sharding, e.g. to check that a `ModelParallel`
+    build took the layouts. Replicated weights are left out.
+    """
+    check_backend("vlzoo.distribution.sharded_dimensions")
+    result = {}
+    for variable in model.weights:
+        spec = getattr(getattr(variable.value, "sharding", None), "spec", None)
+        if spec is not None and any(axis is not None for axis in spec):
+            result[variable.path] = tuple(spec) + (None,) * (len(variable.shape) - len(spec))
+    return result
