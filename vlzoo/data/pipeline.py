@@ -67,8 +67,23 @@ def _tensorflow():
     return tf
 
 
-def _resolve_source(source):
-    """`("captions", path)` or `("shards", [shard paths])`."""
+def resolve_source(source):
+    """What kind of data `source` names, as `image_text_dataset` reads it.
+
+    Args:
+        source: a caption file, a directory holding one caption file or only tar
+            shards, a shard path, a glob or brace pattern, or a list of these.
+
+    Returns:
+        `("captions", path)` for a caption file, or `("shards", [shard paths])`.
+
+    Raises:
+        ValueError: naming `source` when it is none of these (or missing).
+
+    Example:
+    >>> resolve_source("data/{000..001}.tar")
+    ('shards', ['data/000.tar', 'data/001.tar'])
+    """
     if isinstance(source, (list, tuple)):
         return "shards", R.expand_shards(source)
     if not isinstance(source, (str, os.PathLike)):
@@ -273,7 +288,7 @@ def image_text_dataset(
         shuffle_buffer = _check_int(shuffle_buffer, "shuffle_buffer", 1)
     if seed is not None:
         seed = _check_int(seed, "seed", 0)
-    kind, location = _resolve_source(source)
+    kind, location = resolve_source(source)
     tf = _tensorflow()  # before the tokenizer, whose keras_hub ops start TensorFlow
     sequence_length = _sequence_length(tokenizer)
     autotune = tf.data.AUTOTUNE

@@ -16,6 +16,12 @@ gives the same bytes on every machine and backend.
 - `classification(num_per_class, seed)`: balanced one-object images per colour-shape
   class, for zero-shot classification (`zero_shot_metrics`); what `vlzoo demo` trains
   and evaluates on.
+- `retrieval_scenes(split)`: one image of each distinct two-object scene of a split
+  (captions that no other image of the set satisfies), for retrieval recall.
+- `evaluate(model)`: the fixed held-out benchmark the bundled `*_shapes` presets report
+  (retrieval R@1/R@5, binding accuracy per swap, zero-shot accuracy).
+- `vocabulary()`: every word of the captions and of common prompt wordings, the
+  WordPiece vocabulary of the `stair_shapes` preset.
 - `class_names`, `parse_caption`, `composition_split`: the vocabulary, the caption
   grammar read back into attributes, and the split rule.
 - `model_inputs(images, captions, tokenizer, preprocessor)`: the dict `model.fit` takes.
@@ -70,17 +76,22 @@ __all__ = [
     "BACKGROUND",
     "COLORS",
     "RELATIONS",
+    "PROMPT_WORDS",
     "SHAPES",
     "SPLITS",
     "SWAPS",
+    "WORDPIECE_SPECIALS",
     "binding_accuracy",
     "binding_pairs",
     "class_names",
     "classification",
     "composition_split",
+    "vocabulary",
+    "evaluate",
     "generate",
     "model_inputs",
     "parse_caption",
+    "retrieval_scenes",
     "zero_shot_metrics",
 ]
 
@@ -96,6 +107,10 @@ SHAPES = ("circle", "square", "triangle", "cross")
 RELATIONS = ("above", "below", "to the left of", "to the right of")
 SPLITS = ("train", "test")
 SWAPS = ("color", "shape", "relation")
+# Words of prompt wordings beyond the captions' own ("a photo of a red circle.").
+PROMPT_WORDS = ("an", "the", "photo", "picture", "image", "drawing", "rendering", "of", "this", "is", "there",
+                "with", "one", "two", "small", "large", "big", "shape", "object", "colored", "coloured", ".", ",")
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BACKGROUND = (245, 245, 245)  # `classification`'s background; `generate` jitters around it
 
 _COLOR_NAMES = tuple(COLORS)
@@ -227,6 +242,32 @@ def class_names(colors=None, shapes=None, template="{}"):
     if not isinstance(template, str) or template.count("{}") != 1:
         raise ValueError(f"`template` must be a str with exactly one '{{}}'; received {template!r}.")
     return [template.format(f"{color} {shape}") for color in colors for shape in shapes]
+
+
+def vocabulary():
+    """The WordPiece vocabulary of the dataset: specials, caption words, prompt words.
+
+    Ids 0-4 are `WORDPIECE_SPECIALS` (`[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`, `[MASK]`),
+    then "a", the colours, the shapes, the words of the relations and "and" in the
+    order they first occur, then the other `PROMPT_WORDS`; 45 tokens. Any other word tokenises
+    to `[UNK]`. `presets/_assets/shapes_words/vocab.txt` holds it (written by
+    tools/build_presets.py) for the `stair_shapes` preset, whose sparse embeddings
+    are weights over exactly these words.
+
+    Returns:
+        list of str, line `i` of `vocab.txt` = id `i`.
+
+    Example:
+
+    ```python
+    vocabulary()[5:8]   # ['a', 'red', 'green']
+    ```
+    """
+    words = ["a", *COLORS, *SHAPES]
+    for relation in RELATIONS + ("and",):
+        words += relation.split()
+    words += PROMPT_WORDS
+    return list(WORDPIECE_SPECIALS) + list(dict.fromkeys(words))
 
 
 def _caption(colors, shapes, relation, style):
@@ -457,6 +498,57 @@ def binding_pairs(split, num_examples, swap="color", image_size=32, seed=0, styl
     return data
 
 
+def _scene_key(colors, shapes, relation):
+    """The scene a two-object caption describes, whatever its wording: the objects in
+    top-to-bottom or left-to-right order with the axis ("A below B" is "B above A")."""
+    objects = list(zip(colors, shapes))
+    if RELATIONS[relation] in ("below", "to the right of"):
+        objects.reverse()
+    return (RELATIONS[relation] in ("above", "below"),) + tuple(objects)
+
+
+def retrieval_scenes(split, image_size=32, seed=0):
+    """One image of each distinct two-object scene of `split`, for retrieval recall.
+
+    A scene is its two coloured shapes and their arrangement; "a red circle above a
+    blue square" and "a blue square below a red circle" are the same scene, so only
+    the first of them is kept. No caption of the set is true of another image of it,
+    which makes recall@K well posed: telling the images of a composition apart needs
+    the binding of colours to shapes and the spatial relation. `test` has 120 scenes
+    (15 held-out compositions x 2 bindings x 2 axes x 2 orders), `train` 600.
+
+    Args:
+        split, image_size, seed: as in `generate` (scenes are taken in `generate`'s
+            order, two-object scenes only, until every scene of the split is found).
+
+    Returns:
+        `generate`'s dict restricted to the kept scenes (`N` = 120 or 600), caption `i`
+        describing image `i` and no other.
+
+    Example:
+
+    ```python
+    scenes = retrieval_scenes("test")
+    len(scenes["captions"])   # 120
+    retrieval_recall(model, model.preprocessor(scenes["images"]), scenes["captions"], ks=(1, 5))
+    ```
+    """
+    # Per composition: 4 ordered object pairs x 4 relations = 8 scenes x 2 wordings.
+    total = 2 * len(_compositions(split))
+    chunk, start, kept, parts = 4 * total, 0, set(), []
+    while len(kept) < total:
+        data = generate(split, start + chunk, image_size=image_size, seed=seed, num_objects=2)
+        for i in range(start, start + chunk):
+            key = _scene_key(data["colors"][i], data["shapes"][i], data["relations"][i])
+            if key not in kept:
+                kept.add(key)
+                parts.append(i)
+        start += chunk
+    rows = np.array(parts)
+    return {key: (np.asarray(value)[rows] if key != "captions" else [value[r] for r in rows])
+            for key, value in data.items()}
+
+
 def classification(num_per_class, seed=0, image_size=32, colors=None, shapes=None):
     """Balanced one-object images for zero-shot classification, as `vlzoo demo` draws them.
 
@@ -635,3 +727,55 @@ def zero_shot_metrics(model, pixels, labels, class_names, template="a {}"):
     top_image = np.argmax(scores, axis=0)  # best image per class prompt
     recall_at_1 = float(np.mean(labels[top_image] == np.arange(len(prompts))))
     return {"zero_shot_accuracy": zero_shot, "t2i_recall@1": recall_at_1}
+
+
+def evaluate(model, image_size=None, num_pairs=300, num_per_class=10, seed=0, batch_size=64):
+    """The held-out shapes benchmark of the bundled `*_shapes` presets.
+
+    On the `test` split (compositions never seen in `train`):
+    - retrieval recall@1 and @5 in both directions over `retrieval_scenes("test")`
+      (120 distinct scenes; `vlzoo.evaluation.retrieval_recall`);
+    - `binding_accuracy` on `num_pairs` scenes per swap ("color", "shape",
+      "relation"; chance 0.5) and their mean;
+    - `zero_shot_metrics` on `classification(num_per_class)` over the 24 colour-shape
+      classes with the prompt "a {}" (chance 1/24).
+
+    Each part has its own fixed seed derived from `seed`, so a model's numbers are
+    reproducible on every backend.
+
+    Args:
+        model: a vlzoo model with `tokenizer` and `preprocessor`.
+        image_size: image side (default: the model's).
+        num_pairs: scenes per swap for binding accuracy.
+        num_per_class: images per class for zero-shot accuracy.
+        seed: base seed of the evaluation data.
+        batch_size: images per forward pass.
+
+    Returns:
+        dict of floats: `i2t_r@1`, `i2t_r@5`, `t2i_r@1`, `t2i_r@5`, `binding_color`,
+        `binding_shape`, `binding_relation`, `binding_mean`, `zero_shot_accuracy`.
+
+    Example:
+
+    ```python
+    model = vlzoo.from_preset("sparc_shapes")
+    shapes.evaluate(model)["binding_mean"]
+    ```
+    """
+    from vlzoo.evaluation import retrieval_recall
+
+    size = image_size or model.vision.image_size
+    scenes = retrieval_scenes("test", image_size=size, seed=seed)
+    metrics = retrieval_recall(model, model.preprocessor(scenes["images"]), scenes["captions"],
+                               ks=(1, 5), batch_size=batch_size)
+    for offset, swap in enumerate(SWAPS, start=1):
+        pairs = binding_pairs("test", num_pairs, swap=swap, image_size=size, seed=seed + offset)
+        metrics[f"binding_{swap}"] = binding_accuracy(
+            model, model.preprocessor(pairs["images"]), pairs["captions"], pairs["swapped_captions"],
+            batch_size=batch_size)
+    metrics["binding_mean"] = float(np.mean([metrics[f"binding_{swap}"] for swap in SWAPS]))
+    data = classification(num_per_class, seed=seed + len(SWAPS) + 1, image_size=size)
+    zero_shot = zero_shot_metrics(model, model.preprocessor(data["images"]), data["labels"],
+                                  data["class_names"])
+    metrics["zero_shot_accuracy"] = zero_shot["zero_shot_accuracy"]
+    return {key: float(value) for key, value in metrics.items()}

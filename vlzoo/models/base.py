@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo import distribution
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.losses import l2_normalize
 from vlzoo.models import validation
@@ -14,6 +15,47 @@ LOGIT_SCALE_MAX = math.log(100.0)
 # Variable names that never receive weight decay besides rank < 2 tensors
 # (biases, norms, logit scale and bias): embedding tables and learned tokens.
 _NO_DECAY_NAMES = ("embeddings", "prefix_tokens", "latent")
+
+
+SHAPES_WEIGHTS_NOTE = (
+    "Trained from scratch on the synthetic `vlzoo.data.shapes` dataset by tools/train_shapes.py "
+    "(seeded; the run's settings and held-out metrics are in training.json)."
+)
+
+
+def shapes_preset(family, config, paper, tokenizer, vocabulary_size=49408, details="", preprocessor=None):
+    """A `*_shapes` preset entry: `config` on the towers every bundled shapes model shares.
+
+    The towers: 32 px images in 4 px patches (64 positions), 4 blocks of width 64
+    (4 heads, MLP 256); text of context 16, 4 blocks of width 32 (4 heads, MLP 128)
+    over `vocabulary_size` tokens. Each family keeps its own activations and norms.
+
+    Args:
+        family: the family's display name ("CLIP", ...), for the description.
+        config: the family's own constructor arguments (`embed_dim`, heads, ...);
+            its `vision`/`text` dicts are merged over the shared geometry.
+        paper, tokenizer: as in the family's other presets.
+        vocabulary_size: the tokenizer's vocabulary size.
+        details: words appended to the description.
+        preprocessor: extra `ImagePreprocessor` arguments (e.g. `mean`, `std`).
+
+    Returns:
+        the preset dict (`config`, `description`, `tokenizer`, `preprocessor`,
+        `paper`, `weights_note`).
+    """
+    towers = dict(
+        vision=dict(image_size=32, patch_size=4, hidden_dim=64, num_layers=4, num_heads=4, intermediate_dim=256),
+        text=dict(vocabulary_size=vocabulary_size, sequence_length=16, hidden_dim=32, num_layers=4,
+                  num_heads=4, intermediate_dim=128),
+    )
+    for tower in ("vision", "text"):
+        towers[tower].update(config.get(tower, {}))
+    description = (f"Small {family} trained on vlzoo.data.shapes (32 px, patch 4, 4+4 blocks, widths 64/32"
+                   f"{', ' + details if details else ''}); a working example, not a general-purpose model.")
+    return dict(
+        config={**config, **towers}, description=description, tokenizer=tokenizer,
+        preprocessor=dict(image_size=32, **(preprocessor or {})), paper=paper, weights_note=SHAPES_WEIGHTS_NOTE,
+    )
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -60,11 +102,16 @@ class ContrastiveModel(keras.Model):
     family = None
     vision_defaults = {}
     text_defaults = {}
+    # `(path pattern, axes)` for the family's own large weights, after the towers' rules;
+    # see `layout_rules` and `vlzoo.distribution.layout_map`.
+    extra_layout_rules = ()
 
     def __init__(
         self, vision, text, embed_dim, init_logit_scale=math.log(1 / 0.07),
         logit_scale_max=LOGIT_SCALE_MAX, dtype=None, **kwargs,
     ):
+        if keras.distribution.distribution() is not None:
+            distribution.check_backend(f"Building {type(self).__name__} under a keras.distribution")
         super().__init__(dtype=dtype, **kwargs)
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
@@ -234,6 +281,8 @@ class ContrastiveModel(keras.Model):
                 "to `compile` (override `contrastive_loss` to change it)."
             )
         kwargs.pop("loss", None)
+        if keras.distribution.distribution() is not None:
+            distribution.check_backend(f"Training {type(self).__name__} under a keras.distribution")
         optimizer = keras.optimizers.get(optimizer)
         if getattr(optimizer, "weight_decay", None):
             optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
@@ -245,6 +294,11 @@ class ContrastiveModel(keras.Model):
             v for v in self.trainable_variables
             if len(v.shape) < 2 or v.name in _NO_DECAY_NAMES
         ]
+
+    def layout_rules(self):
+        """`(path pattern, axes)` rules of `vlzoo.distribution.layout_map`: the towers' Megatron
+        split, then `extra_layout_rules`; `"model"` marks the dimension split over devices."""
+        return distribution.TOWER_RULES + tuple(self.extra_layout_rules)
 
     # ------------------------------------------------------ family interface
 

@@ -5,7 +5,7 @@ import math
 import keras
 
 from vlzoo.losses import clip_logits, clip_loss
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.base import ContrastiveModel, shapes_preset
 from vlzoo.tokenizers import CLIP_BPE
 
 
@@ -103,5 +103,9 @@ PRESETS = {
         description="Tiny CLIP for tests and examples (32 px, 2+2 layers, width 32).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32),
         paper=_OPENAI["paper"], weights_note="Random initialisation; for tests.",
+    ),
+    "clip_shapes": shapes_preset(
+        "CLIP", dict(vision=dict(activation="quick_gelu"), text=dict(activation="quick_gelu"), embed_dim=64),
+        paper=_OPENAI["paper"], tokenizer=CLIP_BPE, details="QuickGELU, embed 64; CLIP BPE",
     ),
 }

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
+from vlzoo.models.base import shapes_preset
 from vlzoo.models.clip import CLIP, clip_config
 from vlzoo.models.clip import PRESETS as CLIP_PRESETS
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -204,5 +205,10 @@ PRESETS = {
         "embed 16, keep_ratio 0.5 in training; CLIP BPE, context 16).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
         weights_note="Random initialisation; for tests.",
+    ),
+    "filip_shapes": shapes_preset(
+        "FILIP", dict(vision=dict(activation="quick_gelu"), text=dict(activation="quick_gelu"), embed_dim=64,
+                      keep_ratio=1.0),
+        paper=_PAPER, tokenizer=CLIP_BPE, details="embed 64, all patches kept; CLIP BPE",
     ),
 }

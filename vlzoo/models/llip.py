@@ -8,7 +8,7 @@ from keras import ops
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.base import ContrastiveModel, shapes_preset
 from vlzoo.models.clip import CLIP
 from vlzoo.models.token_level import token_projection
 from vlzoo.tokenizers import CLIP_BPE
@@ -81,6 +81,11 @@ class Llip(ContrastiveModel):
     """
 
     family = "llip"
+    extra_layout_rules = (
+        ("cross_attention/q_proj", (None, "model")),
+        ("cross_attention/(k|v)_proj", (None, None, "model")),
+        ("cross_attention/out_proj", ("model", None)),
+    )
     vision_defaults = {**CLIP.vision_defaults, "output_dim": None, "activation": "quick_gelu"}
     text_defaults = {**CLIP.text_defaults, "output_dim": None, "activation": "quick_gelu"}
 
@@ -340,5 +345,9 @@ PRESETS = {
         "layers, width 32, D=16, M=2 heads, tau=5; CLIP BPE, context 16).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
         weights_note="Random initialisation; for tests.",
+    ),
+    "llip_shapes": shapes_preset(
+        "Llip", dict(vision=dict(num_prefix_tokens=8), embed_dim=64, num_heads=4),
+        paper=_PAPER, tokenizer=CLIP_BPE, details="K=8 mixture tokens, D=64, M=4 heads; CLIP BPE",
     ),
 }

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.base import ContrastiveModel, shapes_preset
 from vlzoo.tokenizers import CLIP_BPE
 
 
@@ -111,5 +111,9 @@ PRESETS = {
         preprocessor=dict(image_size=32, **_SIGLIP["preprocessor_stats"]),
         paper=_SIGLIP["paper"],
         weights_note="Random initialisation; for tests.",
+    ),
+    "siglip_shapes": shapes_preset(
+        "SigLIP", dict(vision=dict(output_dim=None), embed_dim=64), paper=_SIGLIP["paper"], tokenizer=CLIP_BPE,
+        details="MAP head, embed 64; CLIP BPE", preprocessor=_SIGLIP["preprocessor_stats"],
     ),
 }

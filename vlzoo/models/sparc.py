@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
+from vlzoo.models.base import shapes_preset
 from vlzoo.models.token_level import TokenContrastiveModel
 from vlzoo.tokenizers import CLIP_BPE
 
@@ -49,6 +50,7 @@ class SPARC(TokenContrastiveModel):
     """
 
     family = "sparc"
+    extra_layout_rules = (("vision_head/kernel", (None, "model")), ("vision_head/bias", ("model",)))
     vision_defaults = dict(
         num_prefix_tokens=0, pooling="mean", use_pre_norm=True, patch_bias=False,
         projection_bias=False, layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
@@ -195,5 +197,8 @@ PRESETS = {
         "embed 16, h_v head; CLIP BPE, context 16).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
         weights_note="Random initialisation; for tests.",
+    ),
+    "sparc_shapes": shapes_preset(
+        "SPARC", dict(embed_dim=64), paper=_PAPER, tokenizer=CLIP_BPE, details="embed 64; CLIP BPE",
     ),
 }

@@ -9,7 +9,7 @@ from keras import ops
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.losses import clip_loss, l2_normalize
 from vlzoo.losses._utils import check_embeds, to_float32
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.base import ContrastiveModel, shapes_preset
 from vlzoo.models.clip import CLIP, clip_config
 from vlzoo.models.validation import concrete_numpy
 from vlzoo.tokenizers import CLIP_BPE
@@ -185,6 +185,9 @@ class SPARO(ContrastiveModel):
     """
 
     family = "sparo"
+    extra_layout_rules = (
+        ("(vision|text)_readout/key/kernel", (None, "model")), ("(vision|text)_readout/key/bias", ("model",)),
+    )
     vision_defaults = {**CLIP.vision_defaults, "output_dim": None, "activation": "gelu"}
     text_defaults = {**CLIP.text_defaults, "output_dim": None, "activation": "gelu"}
 
@@ -427,5 +430,10 @@ PRESETS = {
         "per tower, L=4 slots of V=D=8 -> 32-d encoding; CLIP BPE, context 16).",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
         weights_note="Random initialisation; for tests.",
+    ),
+    "sparo_shapes": shapes_preset(
+        "SPARO", dict(vision=dict(activation="gelu"), text=dict(activation="gelu"), num_slots=8, slot_dim=8,
+                      reduce_depth=1),
+        paper=_PAPER, tokenizer=CLIP_BPE, details="3 blocks + read-out, L=8 slots of 8 -> 64-d; CLIP BPE",
     ),
 }

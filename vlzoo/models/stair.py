@@ -9,8 +9,9 @@ from keras import ops
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
-from vlzoo.models.base import ContrastiveModel
-from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE
+from vlzoo.models.base import ContrastiveModel, shapes_preset
+from vlzoo.data import shapes
+from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, SHAPES_WORDS
 
 STAGES = (1, 2, 3)
 STAGE2_IMAGE_EMBEDS = ("snapshot", "shared")
@@ -101,6 +102,11 @@ class STAIR(ContrastiveModel):
     """
 
     family = "stair"
+    extra_layout_rules = (
+        ("(image|text)_head/transform/kernel", (None, "model")),
+        ("(image|text)_head/transform/bias", ("model",)),
+        ("image_head/bridge/kernel", ("model", None)),
+    )
     vision_defaults = dict(
         num_prefix_tokens=1, pooling="cls", use_pre_norm=True, patch_bias=False, projection_bias=False,
         layer_norm_epsilon=1e-5, activation="gelu", output_dim=None,
@@ -441,5 +447,11 @@ PRESETS = {
         f"{_TOKENIZER}, context 16.",
         tokenizer=BERT_UNCASED, preprocessor=dict(image_size=32), paper=_PAPER,
         weights_note="Random initialisation; for tests.",
+    ),
+    "stair_shapes": shapes_preset(
+        "STAIR", dict(flops_warmup_steps=600, excluded_token_ids=list(range(len(shapes.WORDPIECE_SPECIALS)))),
+        paper=_PAPER, tokenizer=SHAPES_WORDS, vocabulary_size=len(shapes.vocabulary()),
+        details="FLOPs ramp 600 steps; a 45-word WordPiece vocabulary of the shapes captions and prompt words "
+        "(vlzoo.data.shapes.vocabulary) in place of BERT's 30,522, so its sparse embeddings weigh those words",
     ),
 }
