@@ -92,9 +92,9 @@ def fit(model, family, data, args):
             args.learning_rate, total_steps=steps, warmup_steps=max(1, steps // 10), alpha=0.02,
             weight_decay=args.weight_decay,
         )
-        if stage is None:
+        if stage is None or not model.compiled:
             model.compile(optimizer=optimizer)
-        else:
+        if stage is not None:
             print(f"  STAIR stage {stage}: {steps} steps", flush=True)
             model.set_stage(stage, optimizer=optimizer)
         epochs = max(1, -(-steps // steps_per_epoch))
@@ -127,7 +127,7 @@ def train(family, args, root):
     if directory.resolve() != vlzoo.presets.resolve_preset(name).resolve():
         model.save_to_preset(directory)
     else:
-        model.save_weights(directory / vlzoo.presets.WEIGHTS_FILE)
+        vlzoo.presets.save_model_weights(model, directory / vlzoo.presets.WEIGHTS_FILE)
     record = {
         "preset": name,
         "metrics": metrics,

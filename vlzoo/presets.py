@@ -296,4 +296,16 @@ def save_to_preset(model, directory, metadata=None):
             (pathlib.Path(directory) / TOKENIZER_FILE).write_text(json.dumps(tokenizer.config, indent=2) + "\n")
     else:
         write_preset(directory, config, info, tokenizer=tokenizer, preprocessor=model.preprocessor)
-    model.save_weights(str(pathlib.Path(directory) / WEIGHTS_FILE))
+    save_model_weights(model, pathlib.Path(directory) / WEIGHTS_FILE)
+
+
+def save_model_weights(model, path):
+    """`model.save_weights(path)` without the optimizer's state, which a preset does not carry.
+
+    (Keras writes a compiled model's optimizer variables into the file too: twice the
+    weights' size again for Adam, and nothing `from_preset` would use.)
+    """
+    from keras.src.saving import saving_lib
+
+    skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
+    saving_lib.save_weights_only(model, str(path), objects_to_skip=skip)
