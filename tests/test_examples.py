@@ -1,0 +1,95 @@
+"""The notebooks of examples/ execute from top to bottom on the current backend.
+
+Each notebook's code cells run in order, in one namespace, in a fresh Python
+process (a notebook kernel would do the same; no Jupyter needed), with fewer
+fine-tuning steps than a user gets (`VLZOO_EXAMPLE_STEPS`). The cross-backend
+notebook starts one process per backend itself, so it runs in the jax pass only.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+# Runs the code cells of the notebook argv[1]; a failing cell is named in the traceback.
+RUNNER = """
+import json, sys
+cells = [c for c in json.load(open(sys.argv[1]))["cells"] if c["cell_type"] == "code"]
+namespace = {"__name__": "__main__"}
+for number, cell in enumerate(cells, start=1):
+    exec(compile("".join(cell["source"]), f"{sys.argv[1]} [cell {number}]", "exec"), namespace)
+"""
+
+
+def run_notebook(name, **env):
+    path = os.path.join(EXAMPLES, name)
+    environment = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="2",
+                       MPLBACKEND="Agg", VLZOO_EXAMPLE_STEPS="8", **env)
+    done = subprocess.run([sys.executable, "-c", RUNNER, path], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout
+
+
+def test_every_notebook_is_tested_and_clean():
+    """A notebook added to examples/ needs a test here; outputs are not committed."""
+    names = sorted(name for name in os.listdir(EXAMPLES) if name.endswith(".ipynb"))
+    tested = sorted(name[len("test_"):] + ".ipynb" for name in globals() if name.startswith("test_")
+                    and os.path.exists(os.path.join(EXAMPLES, name[len("test_"):] + ".ipynb")))
+    assert names == tested
+    for name in names:
+        notebook = json.load(open(os.path.join(EXAMPLES, name)))
+        assert notebook["nbformat"] == 4
+        for cell in notebook["cells"]:
+            if cell["cell_type"] == "code":
+                assert cell["outputs"] == [] and cell["execution_count"] is None, name
+
+
+def test_quickstart():
+    out = run_notebook("quickstart.ipynb")
+    assert f"backend: {keras.backend.backend()}" in out
+    assert re.search(r"^CLIP: 1,846,081 parameters, weights bundled: True$", out, re.M), out
+    assert re.search(r"^zero-shot over 24 classes \(chance 0\.042\): \{'top1': [01]\.\d+, 'top5': [01]\.\d+\}$",
+                     out, re.M), out
+    assert re.search(r"^binding accuracy [01]\.\d{3}: 'a \w+ \w+ .+' vs 'a \w+ \w+ .+'$", out, re.M), out
+    match = re.search(r"round trip max abs diff: (\S+)", out)
+    assert match and float(match.group(1)) <= 1e-6, out
+
+
+def test_finetune_sparc():
+    out = run_notebook("finetune_sparc.ipynb")
+    before = re.search(r"binding accuracy on 'and' captions before: ([01]\.\d{3})", out)
+    after = re.search(r"binding accuracy on 'and' captions after: ([01]\.\d{3})", out)
+    assert before and after, out
+    # The callbacks' metrics are in the history, one value per epoch.
+    for key in ("loss", "val_zeroshot_top1", "val_i2t_r@1", "val_t2i_r@5"):
+        assert re.search(rf"^{re.escape(key)}\s+\[\S+ \S+\]$", out, re.M), (key, out)
+    assert re.search(r"^wrote .*alignment\.png$", out, re.M), out
+    assert "model.weights.h5" in out
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax",
+                    reason="starts a process per backend itself; executed in the jax pass")
+def test_cross_backend():
+    out = run_notebook("cross_backend.ipynb")
+    for backend in ("jax", "tensorflow", "torch"):
+        assert f"{backend} done" in out
+    assert re.search(r"^encode_image/global\s+\S+\s+\S+$", out, re.M), out  # SPARC's dict entries
+    assert re.search(r"^loss on jax: \d+\.\d+", out, re.M), out
+
+
+def test_zero_shot_evaluation():
+    out = run_notebook("zero_shot_evaluation.ipynb")
+    assert "80 ImageNet templates" in out
+    table = dict(re.findall(r"^(\w+_shapes)\s+(\w+)(?:\s+[01]\.\d{3}){4}$", out, re.M))
+    assert table == {"clip_shapes": "EmbeddingMean", "filip_shapes": "TokenSimilarityMean",
+                     "sparo_shapes": "EmbeddingMean", "llip_shapes": "ClassTextsMethod"}, out
+    assert re.search(r"^all 8 slots top1 [01]\.\d{3}$", out, re.M), out
+    assert re.search(r"^slots \[\d, \d, \d, \d\] top1 [01]\.\d{3}$", out, re.M), out
