@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m vlzoo.cli demo
 
-# The whole suite once per backend; cross-backend conformance runs in the jax pass
+# The whole suite once per backend; tests that start every backend themselves (conformance, the
+# demo, the notebooks) run once, in the torch pass (tests/backend_utils.py: run_once)
 # (it starts one subprocess per backend itself).
 test: $(STAMP)
 	@set -e; for b in $(BACKENDS); do \

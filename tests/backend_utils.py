@@ -4,6 +4,15 @@ import contextlib
 
 import keras
 import numpy as np
+import pytest
+
+# Tests that start their own process per backend, or whose subject does not depend on the
+# backend of the pass (the demo, the notebooks), run once: in the pass of the backend whose
+# own suite is fastest, which keeps `make test`'s three passes balanced.
+ONCE_BACKEND = "torch"
+run_once = pytest.mark.skipif(keras.backend.backend() != ONCE_BACKEND,
+                              reason=f"backend-independent or starts its own backend processes; runs in the "
+                                     f"{ONCE_BACKEND} pass")
 
 
 def value_and_grad(fn, *arrays, jit=False):

@@ -11,7 +11,7 @@ TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_laye
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "conformance: spawns one subprocess per backend (jax pass only)")
+    config.addinivalue_line("markers", "conformance: spawns one subprocess per backend (run once, see backend_utils.run_once)")
 
 
 def tiny_model(family="clip", **overrides):

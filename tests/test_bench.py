@@ -4,11 +4,10 @@ import json
 import subprocess
 import sys
 
-import keras
-import pytest
+from backend_utils import run_once
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="starts its own per-backend subprocesses; run once")
+@run_once
 def test_bench_quick_run_writes_results(tmp_path, repo_root):
     result = subprocess.run(
         [sys.executable, "tools/bench.py", "--quick", "--backends", "torch", "--out", str(tmp_path)],

@@ -16,8 +16,8 @@ Checked (float32, CPU or GPU with TF32 off):
   the loading backend computes for the in-memory model (and within
   `TOLERANCE` of the saving backend's outputs).
 
-The test starts all three backends itself, so it runs only in the JAX pass of
-`make test` (skipped when `KERAS_BACKEND` is not `jax`). The max differences
+The test starts all three backends itself, so it runs once, in the PyTorch
+pass of `make test` (`backend_utils.run_once`). The max differences
 are printed (`pytest -s`) and, when `$VLZOO_CONFORMANCE_REPORT` names a file,
 written there as JSON.
 """
@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 import pytest
+from backend_utils import run_once
 from conformance_worker import FAMILIES
 
 BACKENDS = ("jax", "tensorflow", "torch")
@@ -59,10 +60,7 @@ PRESET_OUTPUTS = ("encode/image", "encode/text", "similarity")
 
 pytestmark = [
     pytest.mark.conformance,
-    pytest.mark.skipif(
-        os.environ.get("KERAS_BACKEND") != "jax",
-        reason="cross-backend conformance spawns every backend itself; it runs in the KERAS_BACKEND=jax pass only",
-    ),
+    run_once,
 ]
 
 

@@ -544,7 +544,8 @@ def test_parameter_counts_match_the_authors_configs(name):
 
 
 def test_presets_use_exact_gelu_and_open_clip_layer_norm():
-    assert set(PRESETS) == {"sparo_clip_vit_b16", "sparo_clip_vit_b32", "sparo_clip_vit_b32_l128", "sparo_tiny"}
+    assert set(PRESETS) == {"sparo_clip_vit_b16", "sparo_clip_vit_b32", "sparo_clip_vit_b32_l128", "sparo_tiny",
+                            "sparo_shapes"}
     for name, preset in PRESETS.items():
         config = preset["config"]
         for tower in ("vision", "text"):
