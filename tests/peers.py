@@ -43,16 +43,16 @@ def import_torchvision():
 
 
 def import_open_clip():
-    """Returns the `open_clip` module; raises ImportError if it cannot be imported."""
-    if "open_clip" in sys.modules:
-        return sys.modules["open_clip"]
-    try:
-        import_torchvision()
-        import open_clip
-    except (ImportError, RuntimeError) as e:
-        _purge("open_clip")
-        raise ImportError(f"open_clip is not importable here: {e}") from e
-    return open_clip
+    """Returns the `open_clip` module (torchvision made importable first); raises ImportError if it
+    cannot be imported."""
+    from vlzoo.convert.checkpoints import import_open_clip as import_module
+
+    if "open_clip" not in sys.modules:
+        try:
+            import_torchvision()
+        except (ImportError, RuntimeError) as e:
+            raise ImportError(f"open_clip is not importable here: {e}") from e
+    return import_module()
 
 
 def open_clip_or_skip():
