@@ -17,7 +17,9 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert {row["backend"] for row in rows} == {"torch"}  # one backend keeps the smoke run short
     assert all(row["result"]["median_s"] > 0 for row in rows)
-    assert {row["entry"] for row in rows} == {"filip_loss", "train_step", "stair_pool"}
+    assert {row["entry"] for row in rows} == {"filip_loss", "train_step", "stair_pool", "loss_memory"}
+    memory = {(row["loss"], row["B"]) for row in rows if row["entry"] == "loss_memory"}
+    assert memory == {(loss, b) for loss in ("clip", "filip", "llip") for b in (8, 16)}
     steps = {(row["family"], row["backend"]) for row in rows if row["entry"] == "train_step"}
     assert {family for family, _ in steps} == {"sparc", "sparo", "llip"}
     for row in rows:
@@ -25,6 +27,6 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
             r = row["result"]
             assert r["vs_clip"] > 0 and r["clip_median_s"] > 0
     table = (tmp_path / "bench.md").read_text()
-    assert "| filip_loss |" in table and "| train_step |" in table and "| stair_pool |" in table
+    assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory"))
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines() if "| train_step |" in line]
     assert len(ratios) == 3 and all(float(r) > 0 for r in ratios)

@@ -17,6 +17,11 @@ Entries:
                L = V = 64, Llip with K = 32) on the towers of the clip_vit_b16
                preset, batch 8, timed alternately with CLIP's step in the same
                process: time relative to CLIP's.
+  loss_memory  peak memory against batch size B (64, 128, 256, 512) of each loss,
+               forward + backward w.r.t. its inputs: CLIP (D=512), FILIP chunked
+               by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
+               (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
+               linearly in B, not with B^2.
   stair_pool   STAIR's vocabulary-sized head pooled to (B, V), forward +
                backward, B=64 images of S=197 positions (ViT-B/16), V=30,522,
                D=768: all (B, S, V) logits at once vs 16 rematerialised
@@ -35,7 +40,8 @@ import time
 
 import numpy as np
 
-ENTRIES = ("filip_loss", "train_step", "stair_pool")
+ENTRIES = ("filip_loss", "train_step", "stair_pool", "loss_memory")
+MEMORY_LOSSES = ("clip", "filip", "llip")
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
 STEP_FAMILY_ARGS = {
@@ -133,6 +139,35 @@ def _stair_pool_step(case):
     return _grad_fn(loss, 3), (features, table, bias)
 
 
+def _loss_memory_step(case):
+    """One loss of MEMORY_LOSSES at batch `B`, forward + backward w.r.t. its inputs: `(step, args)`."""
+    import keras
+
+    from vlzoo.losses import clip_loss, filip_loss
+    from vlzoo.losses.llip import llip_loss
+
+    b, rng = case["B"], np.random.default_rng(0)
+
+    def normal(*shape):
+        return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+
+    if case["loss"] == "clip":
+        return _grad_fn(lambda i, t: clip_loss(i, t, 100.0), 2), (normal(b, case["D"]), normal(b, case["D"]))
+    if case["loss"] == "filip":
+        mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
+
+        def loss(image_tokens, text_tokens):
+            return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=case["chunk_size"])
+
+        return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
+    k, m, d = case["K"], case["M"], case["D"]
+
+    def loss(queries, keys, values, text):
+        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, chunk_size=case["chunk_size"])
+
+    return _grad_fn(loss, 4), (normal(b, m, d // m), normal(b, k, m, d // m), normal(b, k, m, d), normal(b, d))
+
+
 def same_towers_config(family, towers):
     """`family`'s constructor arguments on the tower geometry of the CLIP preset `towers`.
 
@@ -190,6 +225,7 @@ CASE_BUILDERS = {
     "filip_loss": lambda case: [_filip_loss_step(case)],
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
+    "loss_memory": lambda case: [_loss_memory_step(case)],
 }
 
 
@@ -240,6 +276,15 @@ def cases(entries, quick):
             towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
             for family in STEP_FAMILIES[1:]:
                 yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + 2)
+        elif entry == "loss_memory":
+            shapes = {"clip": dict(D=512, chunk_size=None),
+                      "filip": dict(P=196, T=77, D=256, chunk_size=8),
+                      "llip": dict(K=64, M=8, D=512, chunk_size=8)}
+            for loss in MEMORY_LOSSES:
+                for b in (8, 16) if quick else (64, 128, 256, 512):
+                    small = {k: v for k, v in dict(P=16, T=12, K=4).items() if k in shapes[loss]}
+                    size = {**shapes[loss], **small} if quick else shapes[loss]
+                    yield dict(entry=entry, loss=loss, B=b, repeats=repeats, **size)
         elif entry == "stair_pool":
             size = dict(B=4, S=17, V=512, D=32) if quick else dict(B=64, S=197, V=30522, D=768)
             for chunks in (None, 4 if quick else 16):
@@ -262,6 +307,9 @@ def describe(row):
     """Short human label of a case."""
     if row["entry"] == "filip_loss":
         return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
+    if row["entry"] == "loss_memory":
+        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
+        return f"{row['loss']} loss, B={row['B']} ({dims}), chunk {row['chunk_size'] or '-'}"
     if row["entry"] == "stair_pool":
         return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
     return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
