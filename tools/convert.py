@@ -23,59 +23,20 @@ status 1 if they exceed 1e-4 / 1e-4 / 1e-3). The Keras backend is
 `KERAS_BACKEND`'s.
 
 A thin wrapper of `vlzoo.convert.checkpoints.convert_checkpoint` (also `vlzoo convert
---from SOURCE --source CHECKPOINT --out DIR`); here the peers are imported through
-`tests/peers.py`, which works around a torchvision wheel that does not match torch.
+--from SOURCE --source CHECKPOINT --out DIR`).
 """
 
 import argparse
-import importlib.util
 import os
-import pathlib
 import sys
 import time
 
-from vlzoo.convert import checkpoints as _checkpoints
 from vlzoo.convert.checkpoints import (  # re-exported for tests and scripts
     TOLERANCES, convert_checkpoint, load_state_dict, open_clip_model_config, transformers_files,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-__all__ = ["TOLERANCES", "convert", "load_state_dict", "main", "open_clip_model_config", "open_clip_peer",
-           "transformers_files", "transformers_peer"]
-
-
-# ----------------------------------------------------------------------------- peers
-
-
-def _peers():
-    """The repository's `tests/peers.py` (imports open_clip/torchvision on CPU-only torch)."""
-    spec = importlib.util.spec_from_file_location("_vlzoo_test_peers", ROOT / "tests" / "peers.py")
-    if spec is None:
-        raise ImportError("tests/peers.py not found next to tools/")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _import_open_clip():
-    return _peers().import_open_clip()
-
-
-def _import_transformers():
-    _peers().import_torchvision()
-    import transformers
-
-    return transformers
-
-
-def open_clip_peer(config, state_dict, name=None):
-    """The open_clip model built from `config` with the given weights."""
-    return _checkpoints.open_clip_peer(config, state_dict, _import_open_clip())
-
-
-def transformers_peer(config, state_dict):
-    return _checkpoints.transformers_peer(config, state_dict, _import_transformers())
+__all__ = ["TOLERANCES", "convert", "load_state_dict", "main", "open_clip_model_config", "transformers_files"]
 
 
 # ----------------------------------------------------------------------------- main
@@ -84,8 +45,7 @@ def transformers_peer(config, state_dict):
 def convert(args):
     return convert_checkpoint(
         args.source, args.checkpoint, args.out, model_name=args.model, config=args.config, dtype=args.dtype,
-        check=not args.no_check, batch_size=args.batch_size, import_open_clip_fn=_import_open_clip,
-        import_transformers_fn=_import_transformers,
+        check=not args.no_check, batch_size=args.batch_size,
     )
 
 

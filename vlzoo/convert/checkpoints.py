@@ -117,30 +117,64 @@ def transformers_files(checkpoint, config, log=print):
 # ----------------------------------------------------------------------------- peers
 
 
+# torchvision's PyPI wheel is a CUDA build whose compiled ops do not load next to the CPU torch wheel
+# (`RuntimeError: operator torchvision::nms does not exist`); open_clip and transformers import it. Defining
+# the op schemas its Python side registers kernels for lets everything but those compiled ops import and run.
+_TORCHVISION_SCHEMAS = (
+    ("torchvision::nms", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"),
+    ("torchvision::qnms", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"),
+)
+
+
 def _purge(prefix):
     for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
         del sys.modules[name]
 
 
-def import_open_clip():
-    """`import open_clip`; ImportError (not a half-imported module) if it cannot be imported here."""
-    if "open_clip" in sys.modules:
-        return sys.modules["open_clip"]
+def import_torchvision():
+    """`import torchvision`, defining its missing op schemas if its ops library does not load (see above)."""
+    if "torchvision" in sys.modules and hasattr(sys.modules["torchvision"], "transforms"):
+        return sys.modules["torchvision"]
+    import torch
+
     try:
-        import open_clip
+        import torchvision  # works where torchvision matches torch
+
+        return torchvision
+    except RuntimeError:
+        _purge("torchvision")
+    for name, schema in _TORCHVISION_SCHEMAS:
+        try:
+            torch.library.define(name, schema)
+        except RuntimeError:  # already defined
+            pass
+    import torchvision
+
+    return torchvision
+
+
+def _import_peer(name):
+    """`import name` after torchvision (when installed); ImportError, not a half-imported module, on failure."""
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        if importlib.util.find_spec("torchvision") is not None:
+            import_torchvision()
+        module = importlib.import_module(name)
     except (ImportError, RuntimeError) as error:
-        _purge("open_clip")
-        raise ImportError(f"open_clip is not importable here: {error}") from error
-    return open_clip
+        _purge(name)
+        raise ImportError(f"{name} is not importable here: {error}") from error
+    return module
+
+
+def import_open_clip():
+    """`import open_clip` (torchvision made importable first); ImportError if it cannot be imported here."""
+    return _import_peer("open_clip")
 
 
 def import_transformers():
-    """`import transformers`; ImportError if it cannot be imported here."""
-    try:
-        import transformers
-    except (ImportError, RuntimeError) as error:
-        raise ImportError(f"transformers is not importable here: {error}") from error
-    return transformers
+    """`import transformers` (torchvision made importable first); ImportError if it cannot be imported here."""
+    return _import_peer("transformers")
 
 
 def open_clip_peer(config, state_dict, open_clip=None):
@@ -196,8 +230,7 @@ def progress_bar():
 
 
 def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None, dtype=None, check=True,
-                       peer_check=True, batch_size=2, log=print, progress=True, import_open_clip_fn=None,
-                       import_transformers_fn=None):
+                       peer_check=True, batch_size=2, log=print, progress=True):
     """Converts a local checkpoint to a vlzoo preset directory; returns the exit status (0 OK, 1 mismatch).
 
     Args:
@@ -217,8 +250,6 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         batch_size: random inputs of the checks.
         log: `log(str)` for the messages.
         progress: show a progress bar while assigning.
-        import_open_clip_fn, import_transformers_fn: how to import the peers
-            (default: a plain import, the check is skipped if it fails).
 
     Raises:
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
@@ -241,8 +272,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         model = vc.from_open_clip_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
 
         def peer_factory():
-            module = (import_open_clip_fn or import_open_clip)()
-            return open_clip_peer(config_dict, C.strip_prefix(dict(state_dict)), module)
+            return open_clip_peer(config_dict, C.strip_prefix(dict(state_dict)))
 
         peer_name = "open_clip"
     elif source == "transformers":
@@ -251,7 +281,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         model = vc.from_transformers_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
 
         def peer_factory():
-            return transformers_peer(config_dict, state_dict, (import_transformers_fn or import_transformers)())
+            return transformers_peer(config_dict, state_dict)
 
         peer_name = "transformers"
     else:
