@@ -4,9 +4,11 @@ import keras
 import numpy as np
 import pytest
 import reference_towers as ref
+from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
+from vlzoo.layers.transformer import _scannable, apply_blocks, transformer_stack
 
 
 def _randomise(layer, seed=0, scale=0.2):
@@ -37,6 +39,57 @@ def test_transformer_block_matches_numpy(activation, causal):
     got = to_numpy(block(x, is_causal=causal))
     mask = np.tril(np.ones((5, 5), bool))[None].repeat(2, 0) if causal else None
     np.testing.assert_allclose(got, ref.block(x.astype(np.float64), block, mask), atol=2e-5)
+
+
+def _stack(num_layers=3, seed=0):
+    blocks = transformer_stack(16, num_layers, 4, 32, "quick_gelu", 1e-5, "float32")
+    for i, block in enumerate(blocks):
+        block.build((None, 5, 16))
+        _randomise(block, seed=seed + i)
+    return blocks
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"mask": True}])
+@pytest.mark.parametrize("remat", [False, True])
+def test_scanned_blocks_match_unrolled_values_and_gradients(kwargs, remat):
+    # `apply_blocks(scan=True)` runs one block over the stacked weights with keras.ops.scan (JAX's default):
+    # the same function as the blocks one after another, with the same gradients for every block's weights.
+    blocks = _stack()
+    variables = [v for block in blocks for v in block.trainable_variables]
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    probe = keras.ops.convert_to_tensor(rng.normal(size=(2, 5, 16)).astype("float32"))
+    if kwargs.get("mask"):
+        lengths = np.array([5, 3])
+        kwargs = {"attention_mask": keras.ops.convert_to_tensor(
+            (np.arange(5)[None, None, :] < lengths[:, None, None]).repeat(5, 1))}
+
+    def loss(scan, remat):
+        def fn(x, *weights):
+            with keras.StatelessScope(state_mapping=list(zip(variables, weights))):
+                return keras.ops.sum(apply_blocks(blocks, x, remat=remat, scan=scan, **kwargs) * probe)
+        return fn
+
+    weights = [to_numpy(v) for v in variables]
+    value, grads = value_and_grad(loss(False, False), x, *weights)  # the reference: unrolled, no remat
+    scanned_value, scanned_grads = value_and_grad(loss(True, remat), x, *weights)
+    np.testing.assert_allclose(scanned_value, value, rtol=1e-5)
+    assert len(grads) == 1 + 3 * len(blocks[0].trainable_variables)
+    for got, want in zip(scanned_grads, grads):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_that_differ_are_not_scanned():
+    blocks = _stack()
+    assert _scannable(blocks)
+    blocks[1].trainable = False  # a frozen block: its weights are not the others' kind
+    assert not _scannable(blocks)
+    assert not _scannable(blocks[:1])
+    x = np.random.default_rng(2).normal(size=(2, 5, 16)).astype("float32")
+    want = x
+    for block in blocks:
+        want = to_numpy(block(want))
+    np.testing.assert_allclose(to_numpy(apply_blocks(blocks, x, scan=True)), want, atol=1e-6)
 
 
 def test_layer_norm_epsilon_is_used():

@@ -119,7 +119,8 @@ class TextTransformer(keras.layers.Layer):
                 causal = ops.tril(ops.ones((length, length), dtype="bool"))
                 mask, is_causal = ops.logical_and(mask, causal[None]), False
         x = apply_blocks(
-            self.blocks, x, remat=bool(self.remat and training), attention_mask=mask, is_causal=is_causal
+            self.blocks, x, remat=bool(self.remat and training), training=training, attention_mask=mask,
+            is_causal=is_causal,
         )
         tokens = self.post_norm(x)
         if self.pooling == "eot":

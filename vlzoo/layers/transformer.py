@@ -234,7 +234,7 @@ def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activ
     ]
 
 
-def apply_blocks(blocks, x, remat=False, **kwargs):
+def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
     """Runs `x` through `blocks` in order, each optionally under `keras.remat`.
 
     With `remat=True` every block's call is wrapped in `keras.remat`: its
@@ -243,10 +243,25 @@ def apply_blocks(blocks, x, remat=False, **kwargs):
     number of blocks times `(B, N, D)` instead of with everything inside
     them. Values and gradients are the same as without it.
 
+    With `scan=True` the blocks' weights are stacked and one block's
+    computation runs over them with `keras.ops.scan` (as big_vision and
+    MaxText scan their layers): the same function, compiled once instead of
+    once per block. `scan=None` scans when training on JAX, where the train
+    step is compiled: given the unrolled stack, XLA's CPU compiler fuses the
+    residual stream's gradient sums over all later blocks into every
+    block's backward pass, so a ViT-B/16 training step costs about 1.6x the
+    sum of its blocks; scanned, it costs their sum and compiles about twice
+    as fast. Inference and the other backends run the blocks one after
+    another (an eager scan would be traced again at every call). Blocks
+    that differ in configuration or trainability always run one after
+    another.
+
     Args:
         blocks: list of `TransformerBlock`s (as `transformer_stack` returns).
         x: `(B, N, D)` tokens.
         remat: recompute each block's activations in the backward pass.
+        scan: scan the stacked blocks (`None`: when `training` on JAX).
+        training: whether this is a training call (for `scan=None`).
         **kwargs: call arguments of every block (`attention_mask`, `is_causal`).
 
     Returns:
@@ -257,7 +272,35 @@ def apply_blocks(blocks, x, remat=False, **kwargs):
     >>> apply_blocks(blocks, keras.ops.ones((2, 10, 64)), remat=True).shape
     (2, 10, 64)
     """
+    if scan is None:
+        scan = bool(training) and keras.backend.backend() == "jax"
+    if scan and _scannable(blocks):
+        return _scan_blocks(blocks, x, remat, **kwargs)
     for block in blocks:
         call = functools.partial(block, **kwargs)
         x = keras.remat(call)(x) if remat else call(x)
+    return x
+
+
+def _scannable(blocks):
+    """Whether `blocks` are alike (configuration, trainability, built) so one can run on all their weights."""
+    def signature(block):
+        config = {k: v for k, v in block.get_config().items() if k != "name"}
+        return config, [v.trainable for v in block.weights], block.built
+
+    return len(blocks) > 1 and all(signature(b) == signature(blocks[0]) for b in blocks[1:]) and blocks[0].built
+
+
+def _scan_blocks(blocks, x, remat, **kwargs):
+    """`apply_blocks` as a `keras.ops.scan` of `blocks[0]`'s stateless call over the stacked weights."""
+    template = blocks[0]
+    trainable = [ops.stack(values) for values in zip(*[[v.value for v in b.trainable_variables] for b in blocks])]
+    frozen = [ops.stack(values) for values in zip(*[[v.value for v in b.non_trainable_variables] for b in blocks])]
+
+    def step(carry, weights):
+        trainable_values, frozen_values = weights
+        return template.stateless_call(trainable_values, frozen_values, carry, **kwargs)[0]
+
+    step = keras.remat(step) if remat else step
+    x, _ = ops.scan(lambda carry, weights: (step(carry, weights), None), x, (trainable, frozen))
     return x

@@ -153,7 +153,7 @@ class VisionTransformer(keras.layers.Layer):
         x = self.position_embedding(x, grid_size=grid_size)
         if self.pre_norm is not None:
             x = self.pre_norm(x)
-        x = apply_blocks(self.blocks, x, remat=bool(self.remat and training))
+        x = apply_blocks(self.blocks, x, remat=bool(self.remat and training), training=training)
         tokens = self.post_norm(x)
         if self.pooling == "cls":
             pooled = tokens[:, 0]

@@ -94,8 +94,8 @@ class FILIP(TokenContrastiveModel):
 
     # ------------------------------------------------------------- features
 
-    def _image_features(self, images):
-        tokens = self.vision(images)["tokens"]
+    def _image_features(self, images, training=None):
+        tokens = self.vision(images, training=training)["tokens"]
         if not self.interaction_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         tokens = self.image_projection(tokens)

@@ -134,13 +134,13 @@ class Llip(ContrastiveModel):
 
     # ------------------------------------------------------------- features
 
-    def _image_features(self, images):
-        tokens = self.vision(images)["tokens"][:, : self.num_mixture_tokens]
+    def _image_features(self, images, training=None):
+        tokens = self.vision(images, training=training)["tokens"][:, : self.num_mixture_tokens]
         keys, values = self.cross_attention.image_keys_values(tokens)
         return {"tokens": tokens, "keys": keys, "values": values}
 
-    def _text_features(self, inputs):
-        pooled = super()._text_features(inputs)  # g: end-token feature after ln_final
+    def _text_features(self, inputs, training=None):
+        pooled = super()._text_features(inputs, training=training)  # g: end-token feature after ln_final
         return {"queries": self.cross_attention.text_queries(pooled), "embeds": self.text_projection(pooled)}
 
     def _normalize_embeds(self, embeds):
@@ -148,8 +148,8 @@ class Llip(ContrastiveModel):
 
     def call(self, inputs, training=False):
         self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"])
-        text = self._text_features(inputs)
+        image = self._image_features(inputs["images"], training=training)
+        text = self._text_features(inputs, training=training)
         return {
             "image_keys": image["keys"], "image_values": image["values"],
             "text_queries": text["queries"], "text_embeds": text["embeds"],

@@ -94,8 +94,8 @@ class SPARC(TokenContrastiveModel):
 
     # ------------------------------------------------------------- features
 
-    def _image_features(self, images):
-        features = self.vision(images)["tokens"]  # (B, P, W): no prefix tokens
+    def _image_features(self, images, training=None):
+        features = self.vision(images, training=training)["tokens"]  # (B, P, W): no prefix tokens
         tokens = self.image_projection(features)
         if self.vision_head is None:
             return {"global": ops.mean(tokens, axis=1), "tokens": tokens}

@@ -235,22 +235,22 @@ class SPARO(ContrastiveModel):
 
     # ------------------------------------------------------------- features
 
-    def _image_readout(self, images):
-        return self.vision_readout(self.vision(images)["tokens"])
+    def _image_readout(self, images, training=None):
+        return self.vision_readout(self.vision(images, training=training)["tokens"])
 
-    def _text_readout(self, inputs):
+    def _text_readout(self, inputs, training=None):
         ids = inputs["token_ids"]
-        tokens = self.text(ids, self._padding_mask(inputs))["tokens"]
+        tokens = self.text(ids, self._padding_mask(inputs), training=training)["tokens"]
         return self.text_readout(tokens, end_index=end_token_index(ids, self.end_token_id))
 
     def _flatten(self, slots):
         return ops.reshape(slots, (-1, self.embed_dim))
 
-    def _image_features(self, images):
-        return self._flatten(self._image_readout(images)["slots"])
+    def _image_features(self, images, training=None):
+        return self._flatten(self._image_readout(images, training=training)["slots"])
 
-    def _text_features(self, inputs):
-        return self._flatten(self._text_readout(inputs)["slots"])
+    def _text_features(self, inputs, training=None):
+        return self._flatten(self._text_readout(inputs, training=training)["slots"])
 
     def _normalize_embeds(self, embeds):
         return normalize_slots(embeds, self.slot_dim)

@@ -247,15 +247,15 @@ class STAIR(ContrastiveModel):
     def _restrict(self, embeds):
         return embeds * ops.convert_to_tensor(self._keep) if self.zero_excluded else embeds
 
-    def _image_features(self, images):
-        tokens = self.vision(images)["tokens"]
+    def _image_features(self, images, training=None):
+        tokens = self.vision(images, training=training)["tokens"]
         if not self.pool_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         return self._restrict(self.image_head(tokens, self._image_table()))
 
-    def _text_features(self, inputs):
+    def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text(inputs["token_ids"], mask)["tokens"]
+        tokens = self.text(inputs["token_ids"], mask, training=training)["tokens"]
         return self._restrict(self.text_head(tokens, self.token_embeddings, mask))
 
     def image_token_logits(self, images):

@@ -52,9 +52,9 @@ class TokenContrastiveModel(ContrastiveModel):
     def _pool_text(self, tokens, mask):
         return masked_mean(tokens, mask)
 
-    def _text_features(self, inputs):
+    def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text_projection(self.text(inputs["token_ids"], mask)["tokens"])
+        tokens = self.text_projection(self.text(inputs["token_ids"], mask, training=training)["tokens"])
         return {"global": self._pool_text(tokens, mask), "tokens": tokens, "mask": mask}
 
     def _normalize_embeds(self, embeds):
@@ -62,8 +62,8 @@ class TokenContrastiveModel(ContrastiveModel):
 
     def call(self, inputs, training=False):
         self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"])
-        text = self._text_features(inputs)
+        image = self._image_features(inputs["images"], training=training)
+        text = self._text_features(inputs, training=training)
         return {
             "image_embeds": image["global"], "text_embeds": text["global"],
             "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
