@@ -9,6 +9,7 @@ import reference
 import reference_towers as ref
 from conftest import fit_and_measure, tiny_batch, tiny_model, to_numpy
 
+import vlzoo
 from vlzoo.models.base import LOGIT_SCALE_MAX
 
 
@@ -225,3 +226,27 @@ class TestBadInputs:
         model = tiny_model("clip", text=dict(vocabulary_size=49408))
         out = model.encode_text(["a red circle", "two dogs"])
         assert tuple(out.shape) == (2, 16)
+
+
+@pytest.mark.parametrize("preset", ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes",
+                                    "llip_shapes", "stair_shapes"])
+def test_predict_returns_the_embeddings_of_the_given_inputs(preset):
+    # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give, batched.
+    model = vlzoo.from_preset(preset)
+    batch = tiny_batch(batch_size=5, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
+                       vocabulary_size=model.text.vocabulary_size)
+    texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
+    want = {"image_embeds": model.encode_image(batch["images"]), "text_embeds": model.encode_text(texts)}
+    both = model.predict(batch, batch_size=2, verbose=0)  # 2 + 2 + 1 rows
+    images = model.predict({"images": batch["images"]}, batch_size=2, verbose=0)
+    text = model.predict_on_batch(texts)
+    assert set(both) == {"image_embeds", "text_embeds"} and set(images) == {"image_embeds"} and set(text) == {"text_embeds"}
+    for got, key in ((both, "image_embeds"), (both, "text_embeds"), (images, "image_embeds"), (text, "text_embeds")):
+        for a, b in zip(keras.tree.flatten(got[key]), keras.tree.flatten(want[key])):
+            np.testing.assert_allclose(np.asarray(a, "float32"), to_numpy(b).astype("float32"), atol=2e-5, err_msg=key)
+
+
+def test_predict_names_the_inputs_it_takes():
+    model = tiny_model("clip")
+    with pytest.raises(ValueError, match="`images`.*`token_ids`"):
+        model.predict_on_batch({"pixels": np.zeros((2, 32, 32, 3), "float32")})

@@ -4,11 +4,24 @@
     python tools/bench.py --entries filip_loss --backends jax torch
     python tools/bench.py --quick               # tiny sizes (a smoke run, used by the tests)
 
-Each case runs in a fresh process so that its peak memory (the process's
-resident-set high-water mark, minus the mark after building the inputs)
-belongs to it alone. Results go to `--out` as JSON and a Markdown table.
+Each case runs in a fresh process so that its peak memory (the peak resident
+memory of its calls above the resident set once its inputs are built) belongs
+to it alone. Results go to `--out` as JSON and a Markdown table.
 
 Entries:
+  open_clip    vlzoo against open_clip on the same weights (open_clip's
+               ViT-B-16-quickgelu, random init, converted with
+               `vlzoo.convert.from_open_clip`), batch 16, float32:
+               `encode_image`, `encode_text` (eager calls, both frameworks in their
+               no-gradient mode: torch.no_grad / inference_mode on torch; JAX and TF
+               record no gradients outside a transform or tape), `predict_images` /
+               `predict_texts` (vlzoo's compiled `model.predict_on_batch` on one
+               input kind, against the same open_clip calls) and a training step
+               (vlzoo's `train_on_batch` with AdamW against open_clip's forward,
+               ClipLoss, backward and AdamW step), alternated in one process per
+               Keras backend: throughput ratio, compile time (first call above
+               the median), agreement of the first outputs; peak memory of each
+               framework alone, in processes of their own.
   filip_loss   FILIP loss forward + backward at B=256, P=196, T=77, D=256,
                unchunked vs chunked (16 or 8 captions per block, rematerialised): median
                time, peak memory.
@@ -18,7 +31,8 @@ Entries:
                preset, batch 8, timed alternately with CLIP's step in the same
                process: time relative to CLIP's.
   loss_memory  peak memory against batch size B (64, 128, 256, 512) of each loss,
-               forward + backward w.r.t. its inputs: CLIP (D=512), FILIP chunked
+               forward + backward w.r.t. its inputs, one timed call after the
+               first: CLIP (D=512), FILIP chunked
                by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
                (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
                linearly in B, not with B^2.
@@ -36,11 +50,17 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 
-ENTRIES = ("filip_loss", "train_step", "stair_pool", "loss_memory")
+ENTRIES = ("open_clip", "filip_loss", "train_step", "stair_pool", "loss_memory")
+# vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
+PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
+# Throughput targets on the CPU machine, as vlzoo's images/s over open_clip's, per (task, backend).
+PEER_TARGETS = {"train_step": {"jax": 1.0, "tensorflow": 0.9, "torch": 0.9}}
+INFERENCE_TARGET = 0.95
 MEMORY_LOSSES = ("clip", "filip", "llip")
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
@@ -49,10 +69,48 @@ STEP_FAMILY_ARGS = {
     "llip": dict(vision=dict(num_prefix_tokens=32)),  # K = 32 mixture tokens (the issue's target)
 }
 BACKENDS = ("jax", "tensorflow", "torch")
+# open_clip config of the --quick peer runs (the full runs use open_clip's ViT-B-16-quickgelu).
+TINY_OPEN_CLIP = dict(
+    embed_dim=24, quick_gelu=True,
+    vision_cfg=dict(image_size=32, patch_size=8, width=64, layers=2, head_width=32),
+    text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=4, layers=2),
+)
 
 
-def _rss_mb():
+def _max_rss_mb():
+    """The process's resident-set high-water mark."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _current_rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class PeakMemory:
+    """Peak resident memory above the resident set at entry, while the `with` block runs (MB).
+
+    Exact (from the high-water mark) when the block raises the process's
+    high-water mark, as when a step needs more than building its inputs did;
+    otherwise the maximum of the resident set sampled every millisecond.
+    """
+
+    def __enter__(self):
+        self.start, self.start_max = _current_rss_mb(), _max_rss_mb()
+        self.sampled, self._done = self.start, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(0.001):
+            self.sampled = max(self.sampled, _current_rss_mb())
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        end_max = _max_rss_mb()
+        self.peak_mb = (end_max if end_max > self.start_max else self.sampled) - self.start
 
 
 def _grad_fn(loss, num_args):
@@ -86,9 +144,11 @@ def _grad_fn(loss, num_args):
 
 
 def _block(result):
+    """Waits for `result` (any backend's tensors, torch's too): its leaves as numpy arrays."""
     import keras
 
-    return [keras.ops.convert_to_numpy(x) for x in keras.tree.flatten(result)]
+    return [x.detach().numpy() if hasattr(x, "detach") else keras.ops.convert_to_numpy(x)
+            for x in keras.tree.flatten(result)]
 
 
 def _filip_loss_step(case):
@@ -221,7 +281,97 @@ def _train_steps(case):
     return [_family_step(family, case["towers"], case["batch_size"]) for family in (case["family"], "clip")]
 
 
+def _peer_batch(batch_size, image_size, context, vocabulary_size, seed=0):
+    """Random images (NHWC) and captions whose end token is the largest id (open_clip pools at the argmax)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(4, context + 1, size=batch_size)
+    ids = rng.integers(1, vocabulary_size - 1, size=(batch_size, context))
+    ids[np.arange(batch_size), lengths - 1] = vocabulary_size - 1
+    mask = np.arange(context)[None] < lengths[:, None]
+    return {
+        "images": rng.normal(size=(batch_size, image_size, image_size, 3)).astype("float32"),
+        "token_ids": np.where(mask, ids, 0).astype("int32"),
+        "padding_mask": mask,
+    }
+
+
+def _open_clip_steps(case):
+    """`case["task"]` of vlzoo and of open_clip on the same weights and batch: `[(step, args)]`.
+
+    The peer is open_clip's `CLIP` for `case["peer"]` (a name of its model
+    configs, or a config dict), random init; the vlzoo model is converted from
+    it (`vlzoo.convert.from_open_clip`), so both compute the same function.
+    Inference: vlzoo's `encode_image` / `encode_text` against open_clip's under
+    `torch.inference_mode()` in eval mode. Training: vlzoo's `train_on_batch`
+    against open_clip's forward, `ClipLoss`, backward and `AdamW.step()`, both
+    AdamW with the same learning rate and weight decay. `case["only"]` keeps one
+    side, "vlzoo" or "open_clip" (the memory runs: one framework per process).
+    """
+    import keras
+    import torch
+
+    from vlzoo.convert import from_open_clip
+    from vlzoo.convert.checkpoints import import_open_clip, open_clip_model_config
+
+    open_clip = import_open_clip()
+    config = case["peer"] if isinstance(case["peer"], dict) else open_clip_model_config(case["peer"])
+    torch.manual_seed(0)
+    peer = open_clip.CLIP(**config)
+    text_cfg = config["text_cfg"]
+    batch = _peer_batch(case["batch_size"], config["vision_cfg"]["image_size"], text_cfg["context_length"],
+                        text_cfg["vocab_size"])
+    images = torch.from_numpy(batch["images"]).permute(0, 3, 1, 2).contiguous()
+    ids = torch.from_numpy(batch["token_ids"]).long()
+    task, steps = case["task"], {}
+    if case.get("only") != "open_clip":
+        model = from_open_clip(peer)
+        if task == "train_step":
+            model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5, weight_decay=0.1))
+            steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (batch,)
+        else:
+            texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
+            if task.startswith("predict"):
+                steps["vlzoo"] = model.predict_on_batch, ({"images": batch["images"]} if "image" in task else texts,)
+            else:
+                encode, arg = ((model.encode_image, batch["images"]) if task == "encode_image" else
+                               (model.encode_text, texts))
+                if keras.backend.backend() == "torch":  # as open_clip's: no autograd graph at inference
+                    def encode_no_grad(x, encode=encode):
+                        with torch.no_grad():
+                            return encode(x)
+
+                    steps["vlzoo"] = encode_no_grad, (arg,)
+                else:
+                    steps["vlzoo"] = encode, (arg,)
+    if case.get("only") != "vlzoo":
+        if task == "train_step":
+            loss_fn = open_clip.ClipLoss()
+            optimizer = torch.optim.AdamW(peer.parameters(), lr=1e-5, weight_decay=0.1)
+            peer.train()
+
+            def peer_step(images, ids):
+                image_features, text_features, logit_scale = peer(images, ids)[:3]
+                loss = loss_fn(image_features, text_features, logit_scale)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                return loss.detach()
+
+            steps["open_clip"] = peer_step, (images, ids)
+        else:
+            peer.eval()
+            encode, arg = (peer.encode_image, images) if "image" in task else (peer.encode_text, ids)
+
+            def peer_infer(x):
+                with torch.inference_mode():
+                    return encode(x)
+
+            steps["open_clip"] = peer_infer, (arg,)
+    return [steps[side] for side in ("vlzoo", "open_clip") if side in steps]
+
+
 CASE_BUILDERS = {
+    "open_clip": _open_clip_steps,
     "filip_loss": lambda case: [_filip_loss_step(case)],
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
@@ -230,45 +380,70 @@ CASE_BUILDERS = {
 
 
 def _timed(step, args):
+    """`(seconds, outputs as numpy)` of one call, waiting for its results."""
     start = time.perf_counter()
-    _block(step(*args))
-    return time.perf_counter() - start
+    outputs = _block(step(*args))
+    return time.perf_counter() - start, outputs
 
 
 def run_case(case):
     """Runs one case in this process; returns its measurements.
 
-    A case is one step function, or (train_step) the family's and CLIP's:
-    after a first call each, they run alternately `repeats` times, so that
-    a load change on the machine hits both alike; `vs_clip` is the median
-    over the repeats of the ratio of the two neighbouring steps. Peak memory is the whole case's (both models for
-    train_step).
+    A case is one step function, or two: the measured one and its baseline
+    (train_step: CLIP's step on the same towers; open_clip: open_clip's
+    equivalent). After a first call each, they run alternately `repeats`
+    times, so that a load change on the machine hits both alike; the ratio
+    (`vs_<baseline>`: time over the baseline's time) is the median over the
+    repeats of the ratio of neighbouring calls. `compile_s` is the first
+    call's time above the median (tracing and compilation). `peak_mb` is the
+    peak resident memory of all the calls above the resident set once the
+    inputs are built (`PeakMemory`): it is one framework's only in
+    single-step cases.
     """
     if case["entry"] not in CASE_BUILDERS:
         raise ValueError(f"Unknown entry {case['entry']!r}; expected one of {ENTRIES}.")
     steps = CASE_BUILDERS[case["entry"]](case)
-    baseline = _rss_mb()
-    first = [_timed(step, args) for step, args in steps]
-    times = [[] for _ in steps]
-    for _ in range(case["repeats"]):
-        for (step, args), record in zip(steps, times):
-            record.append(_timed(step, args))
+    with PeakMemory() as memory:
+        first = [_timed(step, args) for step, args in steps]
+        times = [[] for _ in steps]
+        for _ in range(case["repeats"]):
+            for (step, args), record in zip(steps, times):
+                record.append(_timed(step, args)[0])
     medians = [statistics.median(t) for t in times]
     result = {
-        "first_call_s": round(first[0], 3),
+        "first_call_s": round(first[0][0], 3),
+        "compile_s": round(max(first[0][0] - medians[0], 0.0), 3),
         "median_s": round(medians[0], 4),
-        "peak_mb": round(_rss_mb() - baseline, 1),
+        "peak_mb": round(memory.peak_mb, 1),
     }
     if len(steps) == 2:
+        name = "open_clip" if case["entry"] == "open_clip" else "clip"
         ratios = [a / b for a, b in zip(*times)]
-        result.update(clip_median_s=round(medians[1], 4), vs_clip=round(statistics.median(ratios), 3))
+        result.update({
+            f"{name}_median_s": round(medians[1], 4),
+            f"{name}_compile_s": round(max(first[1][0] - medians[1], 0.0), 3),
+            f"vs_{name}": round(statistics.median(ratios), 3),
+        })
+        if case["entry"] == "open_clip":  # same weights and batch: the first outputs agree
+            ours, theirs = (np.concatenate([np.ravel(x) for x in outputs]) for _, outputs in first)
+            result["max_abs_diff"] = float(np.max(np.abs(ours - theirs)))
     return result
 
 
 def cases(entries, quick):
     repeats = 2 if quick else 3
     for entry in entries:
-        if entry == "filip_loss":
+        if entry == "open_clip":
+            peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
+            for task in PEER_TASKS:
+                common = dict(entry=entry, task=task, peer=peer, batch_size=batch_size)
+                yield dict(common, repeats=repeats + (0 if task == "train_step" else 2))
+                # Each framework's memory alone: for images (the inference figure) and training; the smoke
+                # run measures it for training only.
+                if task == "train_step" or (task == "encode_image" and not quick):
+                    yield dict(common, only="vlzoo", repeats=1)
+                    yield dict(common, only="open_clip", repeats=1, once=True)
+        elif entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
             for chunk in (None, 4) if quick else (None, 16, 8):
                 yield dict(entry=entry, chunk_size=chunk, repeats=repeats, **size)
@@ -284,7 +459,7 @@ def cases(entries, quick):
                 for b in (8, 16) if quick else (64, 128, 256, 512):
                     small = {k: v for k, v in dict(P=16, T=12, K=4).items() if k in shapes[loss]}
                     size = {**shapes[loss], **small} if quick else shapes[loss]
-                    yield dict(entry=entry, loss=loss, B=b, repeats=repeats, **size)
+                    yield dict(entry=entry, loss=loss, B=b, repeats=1, **size)  # a memory figure: one timed call
         elif entry == "stair_pool":
             size = dict(B=4, S=17, V=512, D=32) if quick else dict(B=64, S=197, V=30522, D=768)
             for chunks in (None, 4 if quick else 16):
@@ -305,6 +480,9 @@ def run_in_subprocess(case, backend, timeout):
 
 def describe(row):
     """Short human label of a case."""
+    if row["entry"] == "open_clip":
+        peer = row["peer"] if isinstance(row["peer"], str) else "tiny CLIP"
+        return f"{row['task']}, {peer}, batch {row['batch_size']}" + (f", {row['only']} alone" if "only" in row else "")
     if row["entry"] == "filip_loss":
         return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
     if row["entry"] == "loss_memory":
@@ -315,11 +493,60 @@ def describe(row):
     return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
 
 
+def peer_target(task, backend):
+    """vlzoo's required throughput over open_clip's for `task` on `backend` (issue 8's CPU targets)."""
+    return PEER_TARGETS.get(task, {}).get(backend, INFERENCE_TARGET)
+
+
+def open_clip_table(rows):
+    """Markdown rows of the open_clip comparison: throughput, ratio, compile time, memory, agreement."""
+    paired = [row for row in rows if row["entry"] == "open_clip" and "only" not in row]
+    if not paired:
+        return []
+    alone = {(row["task"], row["only"], row["only"] == "open_clip" or row["backend"]): row["result"]
+             for row in rows if row["entry"] == "open_clip" and "only" in row}
+    out = ["| task | backend | vlzoo items/s | open_clip items/s | vlzoo / open_clip | target | compile (s) "
+           "| peak MB: vlzoo | open_clip | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in paired:
+        r, b = row["result"], row["batch_size"]
+        if "error" in r:
+            out.append(f"| {row['task']} | {row['backend']} | error: {r['error']} | | | | | | | |")
+            continue
+        memory = [alone.get((row["task"], side, key), {}).get("peak_mb", "")
+                  for side, key in (("vlzoo", row["backend"]), ("open_clip", True))]
+        ratio = 1 / r["vs_open_clip"]
+        target = peer_target(row["task"], row["backend"])
+        out.append(
+            f"| {row['task']} | {row['backend']} | {b / r['median_s']:.2f} | {b / r['open_clip_median_s']:.2f} "
+            f"| {ratio:.2f}x {'(met)' if ratio >= target else '(short)'} | {target}x | {r['compile_s']} "
+            f"| {memory[0]} | {memory[1]} | {r['max_abs_diff']:.1e} |"
+        )
+    return out + [""]
+
+
+def memory_table(rows):
+    """Markdown rows of `loss_memory`: peak MB per loss and backend (rows) against batch size (columns)."""
+    memory = [row for row in rows if row["entry"] == "loss_memory" and "error" not in row["result"]]
+    sizes = sorted({row["B"] for row in memory})
+    if not memory:
+        return []
+    out = ["| loss (forward + backward) | backend | " + " | ".join(f"B={b}" for b in sizes) + " |",
+           "|---|---|" + "---:|" * len(sizes)]
+    for key in dict.fromkeys((row["loss"], row["backend"]) for row in memory):
+        peaks = {row["B"]: row["result"]["peak_mb"] for row in memory if (row["loss"], row["backend"]) == key}
+        first = next(row for row in memory if (row["loss"], row["backend"]) == key)
+        label = describe(first).replace(f", B={first['B']}", "")
+        out.append(f"| {label} | {key[1]} | " + " | ".join(f"{peaks.get(b, '')} MB" for b in sizes) + " |")
+    return out + [""]
+
+
 def markdown(rows, machine):
-    out = [f"Machine: {machine}", "",
-           "| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
-           "|---|---|---|---:|---:|---:|---:|---:|"]
+    out = [f"Machine: {machine}", ""] + open_clip_table(rows) + memory_table(rows)
+    out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
+            "|---|---|---|---:|---:|---:|---:|---:|"]
     for row in rows:
+        if row["entry"] == "open_clip":
+            continue
         r = row["result"]
         head = f"| {row['entry']} | {row['backend']} | {describe(row)} |"
         if "error" in r:
@@ -344,7 +571,9 @@ def main(argv=None):
         return 0
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
     rows = []
-    todo = [(case, backend) for case in cases(args.entries, args.quick) for backend in args.backends]
+    # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
+    todo = [(case, backend) for case in cases(args.entries, args.quick)
+            for backend in (args.backends[:1] if case.get("once") else args.backends)]
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         rows.append(dict(case, backend=backend, result=run_in_subprocess(case, backend, args.timeout)))

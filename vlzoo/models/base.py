@@ -210,6 +210,43 @@ class ContrastiveModel(keras.Model):
         embeds = self._text_features(inputs)
         return self._normalize_embeds(embeds) if normalize else embeds
 
+    def predict_step(self, *args):
+        """`model.predict` / `predict_on_batch`: the embeddings of whichever inputs are given.
+
+        The compiled, batched inference path (jitted on JAX, a `tf.function`
+        on TensorFlow, no autograd graph on PyTorch), with `predict`'s
+        progress bar: `model.predict({"images": x}, batch_size=64)` returns
+        `{"image_embeds": encode_image(x)}` as numpy, `model.predict(tokens)`
+        (the tokenizer's dict) `{"text_embeds": ...}`, both keys when both
+        inputs are given. `encode_image` / `encode_text` remain the eager,
+        differentiable calls.
+
+        Keras' JAX trainer calls `predict_step(state, data)` with the
+        variables' values as `state`; the other backends `predict_step(data)`.
+        """
+        if len(args) == 2:  # JAX: `state` = (trainable, non-trainable values); returns them back
+            (trainable, non_trainable), data = args
+            mapping = list(zip(self.trainable_variables, trainable))
+            mapping += list(zip(self.non_trainable_variables, non_trainable))
+            with keras.StatelessScope(state_mapping=mapping):
+                return self._predict_embeddings(data), non_trainable
+        return self._predict_embeddings(args[0])
+
+    def _predict_embeddings(self, data):
+        x = keras.utils.unpack_x_y_sample_weight(data)[0]
+        if not isinstance(x, dict) or not {"images", "token_ids"} & set(x):
+            raise ValueError(
+                "`predict` takes a dict with `images` (B, H, W, 3) and/or the tokenizer's `token_ids` (B, T) "
+                "and `padding_mask` (B, T); received "
+                + (f"a dict with keys {sorted(x)}." if isinstance(x, dict) else f"{type(x).__name__}.")
+            )
+        outputs = {}
+        if "images" in x:
+            outputs["image_embeds"] = self.encode_image(x["images"])
+        if "token_ids" in x:
+            outputs["text_embeds"] = self.encode_text({k: x[k] for k in ("token_ids", "padding_mask") if k in x})
+        return outputs
+
     def similarity(self, images, texts):
         """Scores of every image against every text, `(N_images, N_texts)` float32."""
         return self.score(self.encode_image(images), self.encode_text(texts))
@@ -234,11 +271,11 @@ class ContrastiveModel(keras.Model):
             mask = ops.ones_like(inputs["token_ids"], dtype="bool")
         return mask
 
-    def _image_features(self, images):
-        return self.vision(images)["pooled"]
+    def _image_features(self, images, training=None):
+        return self.vision(images, training=training)["pooled"]
 
-    def _text_features(self, inputs):
-        return self.text(inputs["token_ids"], self._padding_mask(inputs))["pooled"]
+    def _text_features(self, inputs, training=None):
+        return self.text(inputs["token_ids"], self._padding_mask(inputs), training=training)["pooled"]
 
     def _check_training_inputs(self, inputs):
         if not isinstance(inputs, dict) or not {"images", "token_ids"} <= set(inputs):
@@ -254,8 +291,8 @@ class ContrastiveModel(keras.Model):
     def call(self, inputs, training=False):
         self._check_training_inputs(inputs)
         return {
-            "image_embeds": self._image_features(inputs["images"]),
-            "text_embeds": self._text_features(inputs),
+            "image_embeds": self._image_features(inputs["images"], training=training),
+            "text_embeds": self._text_features(inputs, training=training),
             "logit_scale": self.logit_scale_value(),
         }
 
