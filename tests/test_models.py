@@ -228,22 +228,38 @@ class TestBadInputs:
         assert tuple(out.shape) == (2, 16)
 
 
+def _batch_for(model, batch_size):
+    return tiny_batch(batch_size=batch_size, image_size=model.vision.image_size,
+                      sequence_length=model.text.sequence_length, vocabulary_size=model.text.vocabulary_size)
+
+
+def _assert_embeddings_equal(got, want, key):
+    for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(want)):
+        np.testing.assert_allclose(np.asarray(a, "float32"), to_numpy(b).astype("float32"), atol=2e-5, err_msg=key)
+
+
 @pytest.mark.parametrize("preset", ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes",
                                     "llip_shapes", "stair_shapes"])
-def test_predict_returns_the_embeddings_of_the_given_inputs(preset):
-    # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give, batched.
+def test_predict_returns_what_encode_returns(preset):
+    # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give.
     model = vlzoo.from_preset(preset)
-    batch = tiny_batch(batch_size=5, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
-                       vocabulary_size=model.text.vocabulary_size)
+    batch = _batch_for(model, 3)
+    got = model.predict_on_batch(batch)
+    assert set(got) == {"image_embeds", "text_embeds"}
+    _assert_embeddings_equal(got["image_embeds"], model.encode_image(batch["images"]), "image_embeds")
+    _assert_embeddings_equal(got["text_embeds"], model.encode_text({k: batch[k] for k in ("token_ids", "padding_mask")}),
+                             "text_embeds")
+
+
+def test_predict_batches_one_input_kind():
+    model = vlzoo.from_preset("clip_shapes")
+    batch = _batch_for(model, 5)
     texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
-    want = {"image_embeds": model.encode_image(batch["images"]), "text_embeds": model.encode_text(texts)}
-    both = model.predict(batch, batch_size=2, verbose=0)  # 2 + 2 + 1 rows
-    images = model.predict({"images": batch["images"]}, batch_size=2, verbose=0)
-    text = model.predict_on_batch(texts)
-    assert set(both) == {"image_embeds", "text_embeds"} and set(images) == {"image_embeds"} and set(text) == {"text_embeds"}
-    for got, key in ((both, "image_embeds"), (both, "text_embeds"), (images, "image_embeds"), (text, "text_embeds")):
-        for a, b in zip(keras.tree.flatten(got[key]), keras.tree.flatten(want[key])):
-            np.testing.assert_allclose(np.asarray(a, "float32"), to_numpy(b).astype("float32"), atol=2e-5, err_msg=key)
+    images = model.predict({"images": batch["images"]}, batch_size=2, verbose=0)  # 2 + 2 + 1 rows
+    text = model.predict(texts, batch_size=2, verbose=0)
+    assert set(images) == {"image_embeds"} and set(text) == {"text_embeds"}
+    _assert_embeddings_equal(images["image_embeds"], model.encode_image(batch["images"]), "image_embeds")
+    _assert_embeddings_equal(text["text_embeds"], model.encode_text(texts), "text_embeds")
 
 
 def test_predict_names_the_inputs_it_takes():
