@@ -12,6 +12,7 @@ import pytest
 
 import vlzoo
 import vlzoo.convert as vc
+from vlzoo.convert.checkpoints import import_transformers
 
 try:
     import peers
@@ -26,8 +27,7 @@ VOCAB, LENGTH, SIZE = 64, 12, 32
 @pytest.fixture(scope="module")
 def hf():
     try:
-        peers.import_torchvision()  # transformers imports torchvision when it is installed
-        import transformers
+        transformers = import_transformers()  # torchvision (which transformers imports) made importable first
         from transformers import CLIPModel  # noqa: F401  (fails if the torch side cannot load)
     except (ImportError, RuntimeError) as error:
         pytest.skip(f"transformers is not importable here: {error}")
