@@ -30,7 +30,7 @@ Entries:
                L = V = 64, Llip with K = 32) on the towers of the clip_vit_b16
                preset, batch 8, timed alternately with CLIP's step in the same
                process: time relative to CLIP's.
-  loss_memory  peak memory against batch size B (64, 128, 256, 512) of each loss,
+  loss_memory  peak memory against batch size B (32, 64, 128, 256) of each loss,
                forward + backward w.r.t. its inputs, one timed call after the
                first: CLIP (D=512), FILIP chunked
                by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
@@ -448,7 +448,7 @@ def cases(entries, quick):
                       "filip": dict(P=196, T=77, D=256, chunk_size=8),
                       "llip": dict(K=64, M=8, D=512, chunk_size=8)}
             for loss in MEMORY_LOSSES:
-                for b in (8, 16) if quick else (64, 128, 256, 512):
+                for b in (8, 16) if quick else (32, 64, 128, 256):
                     small = {k: v for k, v in dict(P=16, T=12, K=4).items() if k in shapes[loss]}
                     size = {**shapes[loss], **small} if quick else shapes[loss]
                     yield dict(entry=entry, loss=loss, B=b, repeats=1, **size)  # a memory figure: one timed call
