@@ -5,6 +5,17 @@ import os
 import keras
 import numpy as np
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings
+
+# Property tests (tests/test_properties.py): the same generated cases on every run, none stored.
+# JAX compiles every drawn case (a new shape), so it draws fewer by default.
+_EXAMPLES = os.environ.get("VLZOO_HYPOTHESIS_EXAMPLES", "8" if keras.backend.backend() == "jax" else "20")
+settings.register_profile(
+    "vlzoo", max_examples=int(_EXAMPLES), deadline=None,
+    derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("vlzoo")
 
 TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)

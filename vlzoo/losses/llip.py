@@ -123,7 +123,11 @@ def _prepare(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
 
 def _attention_weights(queries, keys, temperature):
-    logits = ops.einsum("jmd,ikmd->ijmk", queries, keys) / temperature
+    # 1/tau scales the queries, not the logits: XLA recomputes an elementwise
+    # producer inside each consumer fusion, and a divide rounded differently
+    # in the softmax's max than in its exp gives exp(+ulp) = inf for logits
+    # beyond ~1e9 (NaN weights); a matmul's output is computed once.
+    logits = ops.einsum("jmd,ikmd->ijmk", queries / temperature, keys)
     with warnings.catch_warnings():
         # K = 1 is meaningful (Llip without mixture, a SigLIP-style model):
         # the weights are exactly 1 and W_Q, W_K get zero gradient.

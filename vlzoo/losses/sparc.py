@@ -65,17 +65,22 @@ def _alignment(patch_embeds, token_embeds, threshold, alignment, epsilon):
     if alignment == "softmax":
         # Ablation of the paper's Table 6 (softmax over the raw similarities).
         return ops.softmax(sim, axis=-1)
+    # Divided by the largest possible |s_lp| = |t_l| * max_p |v_p| (a constant
+    # of the gradient), the similarities lie in [-1, 1] at any input scale:
+    # for tiny inputs the min-max scaling's backward pass would otherwise
+    # square a span below float32's normal range (flushed to 0 by XLA on CPU).
+    bound = ops.stop_gradient(
+        ops.norm(token_embeds, axis=-1, keepdims=True)
+        * ops.max(ops.norm(patch_embeds, axis=-1), axis=-1)[:, None, None])
+    sim = sim / ops.where(ops.greater(bound, 0.0), bound, 1.0)
     lo = ops.min(sim, axis=-1, keepdims=True)
     hi = ops.max(sim, axis=-1, keepdims=True)
     span = hi - lo
     # Degenerate rows (zero token, identical patches, P = 1): the spread is
-    # within rounding of the largest possible |s_lp| = |t_l| * max_p |v_p|.
-    # They get s = 1 everywhere, i.e. uniform weights 1/P. The double
-    # `where` keeps the unused branch's 0/0 out of the gradient.
-    bound = ops.stop_gradient(
-        ops.norm(token_embeds, axis=-1, keepdims=True)
-        * ops.max(ops.norm(patch_embeds, axis=-1), axis=-1)[:, None, None])
-    ok = ops.greater(span, epsilon * bound)
+    # within rounding of that bound. They get s = 1 everywhere, i.e. uniform
+    # weights 1/P. The double `where` keeps the unused branch's 0/0 out of
+    # the gradient.
+    ok = ops.greater(span, epsilon)
     scaled = (sim - lo) / ops.where(ok, span, 1.0)
     scaled = ops.where(ok, scaled, 1.0)
     if threshold is None:
