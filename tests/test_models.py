@@ -167,9 +167,14 @@ class TestBadInputs:
         with pytest.raises(ValueError, match="channels last"):
             self.model.encode_image(np.zeros((2, 3, 32, 32), "float32"))
 
+    def test_images_of_another_size(self):
+        with pytest.raises(ValueError, match=r"`images` must be 32 x 32 pixels.*\(1, 40, 40, 3\)"):
+            self.model.encode_image(np.zeros((1, 40, 40, 3), "float32"))
+
     def test_images_not_multiple_of_patch(self):
+        model = tiny_model("clip", vision=dict(dynamic_image_size=True))
         with pytest.raises(ValueError, match="multiple of the patch size"):
-            self.model.encode_image(np.zeros((1, 30, 30, 3), "float32"))
+            model.encode_image(np.zeros((1, 30, 30, 3), "float32"))
 
     def test_images_uint8_rejected_with_hint(self):
         with pytest.raises(TypeError, match="preprocessor"):

@@ -38,11 +38,16 @@ class VisionTransformer(keras.layers.Layer):
             gradients, less memory, about one more forward pass of compute).
             A training setting: may be switched on a built tower by setting
             the attribute, e.g. through `vlzoo.training.configure`.
+        dynamic_image_size: accept images of any size that is a multiple of
+            `patch_size`, resizing the position embedding bicubically to
+            their patch grid (for fine-tuning or evaluating at another
+            resolution). False (default): the models reject any other size
+            than `image_size`, so that unresized images fail loudly instead of
+            giving quietly different embeddings.
 
     Call arguments:
-        images: float `(B, H, W, 3)`, preprocessed; `H` and `W` multiples of
-            `patch_size` (the position embedding is resized when they differ
-            from `image_size`).
+        images: float `(B, H, W, 3)`, preprocessed; `H = W = image_size`, or
+            with `dynamic_image_size` any multiples of `patch_size`.
         training: Keras' training flag (remat applies only when True).
 
     Returns:
@@ -59,7 +64,7 @@ class VisionTransformer(keras.layers.Layer):
         self, image_size, patch_size, hidden_dim, num_layers, num_heads, intermediate_dim,
         output_dim=None, num_prefix_tokens=1, pooling="cls", activation="gelu",
         layer_norm_epsilon=1e-5, use_pre_norm=True, patch_bias=False, projection_bias=False,
-        pos_init_std=None, prefix_init_std=None, remat=False, **kwargs,
+        pos_init_std=None, prefix_init_std=None, remat=False, dynamic_image_size=False, **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
@@ -87,6 +92,7 @@ class VisionTransformer(keras.layers.Layer):
         self.pos_init_std = pos_init_std
         self.prefix_init_std = prefix_init_std
         self.remat = remat
+        self.dynamic_image_size = dynamic_image_size
         self.grid_size = (image_size // patch_size,) * 2
 
         dtype = self.dtype_policy
@@ -176,5 +182,6 @@ class VisionTransformer(keras.layers.Layer):
             use_pre_norm=self.use_pre_norm, patch_bias=self.patch_bias,
             projection_bias=self.projection_bias, pos_init_std=self.pos_init_std,
             prefix_init_std=self.prefix_init_std, remat=self.remat,
+            dynamic_image_size=self.dynamic_image_size,
         )
         return config

@@ -253,8 +253,13 @@ class ContrastiveModel(keras.Model):
 
     # --------------------------------------------------------------- training
 
+    def _check_image_shape(self, images):
+        vision = self.vision
+        image_size = None if vision.dynamic_image_size else vision.image_size
+        validation.check_images(images, patch_size=vision.patch_size, image_size=image_size)
+
     def _check_image_inputs(self, images):
-        validation.check_images(images, patch_size=self.vision.patch_size)
+        self._check_image_shape(images)
         validation.check_images_values(images)
 
     def _check_text_inputs(self, inputs):
@@ -284,7 +289,7 @@ class ContrastiveModel(keras.Model):
                 f"`padding_mask` (B, T); received {type(inputs).__name__}"
                 + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "") + "."
             )
-        validation.check_images(inputs["images"], patch_size=self.vision.patch_size)
+        self._check_image_shape(inputs["images"])
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs")
         validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
 

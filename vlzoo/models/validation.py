@@ -22,12 +22,20 @@ def concrete_numpy(x):
         return None
 
 
-def check_images(images, num_channels=3, patch_size=None, name="images"):
+def check_images(images, num_channels=3, patch_size=None, image_size=None, name="images"):
+    """Static shape of `images`: `(B, H, W, num_channels)`, `H = W = image_size` when given,
+    else `H` and `W` multiples of `patch_size` when given."""
     shape = _static_shape(images)
     if len(shape) != 4 or shape[-1] != num_channels:
         raise ValueError(
             f"`{name}` must be a float tensor of shape (B, H, W, {num_channels}), channels last; "
             f"received shape {shape}."
+        )
+    if image_size is not None and any(size is not None and size != image_size for size in shape[1:3]):
+        raise ValueError(
+            f"`{name}` must be {image_size} x {image_size} pixels, the image tower's resolution; received "
+            f"shape {shape}. Resize with the model's preprocessor (`model.preprocessor(images)`), or set "
+            "`dynamic_image_size=True` in the vision config to resize the position embedding instead."
         )
     if patch_size is not None:
         for axis, size in zip(("height", "width"), shape[1:3]):

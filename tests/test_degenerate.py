@@ -1,0 +1,196 @@
+"""Degenerate inputs, for every family's tiny preset: each test states the expected outcome.
+
+- constant batches (every image the same constant, every caption the same, empty captions):
+  a finite loss with finite gradients; where every pair scores the same, the loss is the one
+  that a constant score matrix gives (log B for the softmax losses);
+- zero embeddings (every weight zero): finite loss and gradients;
+- a batch of one pair: finite loss and gradients (the softmax losses are exactly 0);
+- all-padding captions inside a batch: finite loss and gradients;
+- captions longer than the context: truncated by the tokenizer with the end token kept, so the
+  model sees the words that fit;
+- images of the wrong size: resized by the preprocessor, rejected by the model with an error
+  naming `images` and the expected size (unless the vision tower has `dynamic_image_size`);
+- non-finite pixels: rejected with an error naming `images`.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import vlzoo
+
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+# Families whose loss is a softmax cross-entropy over the batch alone at the first step
+# (STAIR's FLOPs regularisers ramp up from a weight of 0 at step 0).
+SOFTMAX = ("clip", "filip", "sparo", "stair")
+SIGMOID = ("siglip", "llip")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """`tiny(family)`: the family's tiny preset, compiled for one SGD(0.1) step, built once per
+    module and restored to its initial weights (step counters included) on every call."""
+    built = {}
+
+    def restore(family):
+        if family not in built:
+            keras.utils.set_random_seed(7)
+            model = vlzoo.from_preset(f"{family}_tiny")
+            model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1))
+            built[family] = model, model.get_weights()
+        model, weights = built[family]
+        model.set_weights(weights)
+        if model.optimizer.built:
+            model.optimizer.iterations.assign(0)
+        if family == "stair":
+            assert [float(to_numpy(w)) for w in model.flops_weights()] == [0.0, 0.0]
+        return model
+
+    return restore
+
+
+def _batch(model, images, captions):
+    tokens = model.tokenizer(captions)
+    return {"images": np.asarray(images, "float32"), "token_ids": np.asarray(tokens["token_ids"]),
+            "padding_mask": np.asarray(tokens["padding_mask"])}
+
+
+def _train_step(model, batch, learns=True):
+    """One compiled SGD step through Keras' own train step: the loss before it, after checking
+    that the loss and every updated weight are finite (a non-finite gradient makes weights
+    non-finite) and, with `learns`, that some weight moved (where the loss is stationary, none may)."""
+    before = [to_numpy(v).copy() for v in model.trainable_variables]
+    loss = model.train_on_batch(batch, return_dict=True)["loss"]
+    assert np.isfinite(loss), loss
+    after = [to_numpy(v) for v in model.trainable_variables]
+    for variable, value in zip(model.trainable_variables, after):
+        assert np.isfinite(value).all(), f"non-finite weights in {variable.path} after one step"
+    # SGD(0.1): a step of at most 1e-6 is a gradient of 1e-5, float32 rounding of a zero one.
+    step = max(float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(after, before))
+    assert (step > 1e-6) == learns, f"largest weight change {step:.3g}: the gradient should be {'non' if learns else ''}zero"
+    return loss
+
+
+def _constant_score_loss(family, logit, batch_size):
+    """The loss of a batch whose B x B scores all equal `logit`."""
+    if family in SOFTMAX:
+        return math.log(batch_size)
+    # Sigmoid loss, normalised by B: one positive and B - 1 negatives per row.
+    softplus = lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))  # noqa: E731
+    return softplus(-logit) + (batch_size - 1) * softplus(logit)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_constant_batch_gives_the_constant_score_loss(tiny, family):
+    # Four copies of one constant image and one empty caption: every pair scores the same.
+    model = tiny(family)
+    size = model.vision.image_size
+    batch = _batch(model, np.full((4, size, size, 3), 0.5), [""] * 4)
+    logits = to_numpy(model.similarity(batch["images"], {k: batch[k] for k in ("token_ids", "padding_mask")}))
+    np.testing.assert_allclose(logits, np.full((4, 4), logits[0, 0]), rtol=1e-5, atol=1e-5)
+    # Constant scores: the softmax losses' gradients vanish, the sigmoid losses' bias moves.
+    loss = _train_step(model, batch, learns=family not in SOFTMAX)
+    if family in SOFTMAX + SIGMOID:
+        assert loss == pytest.approx(_constant_score_loss(family, float(logits[0, 0]), 4), rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_constant_images_empty_and_all_padding_captions_train_finitely(tiny, family):
+    # Black, white and constant images; an empty caption and an all-padding row next to real ones.
+    model = tiny(family)
+    size = model.vision.image_size
+    images = np.stack([np.full((size, size, 3), value) for value in (0.0, 1.0, -1.0, 0.0)])
+    batch = _batch(model, images, ["", "a photo of a cat", "a red circle", "two dogs"])
+    batch["padding_mask"][3] = False
+    _train_step(model, batch)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_embeddings_train_finitely(tiny, family):
+    # Every weight zero: every embedding (and every normalised one) is the zero vector.
+    model = tiny(family)
+    for variable in model.trainable_variables:
+        variable.assign(np.zeros(variable.shape, variable.dtype))
+    size = model.vision.image_size
+    batch = _batch(model, np.random.default_rng(0).normal(size=(4, size, size, 3)), ["a cat", "a dog", "", "a red circle"])
+    image_embeds = model.encode_image(batch["images"])
+    for value in keras.tree.flatten(image_embeds):
+        assert not to_numpy(value).any()
+    # A stationary point: every score is 0, so only the sigmoid losses' bias has a gradient.
+    loss = _train_step(model, batch, learns=family in SIGMOID)
+    if family in SOFTMAX:
+        assert loss == pytest.approx(math.log(4), rel=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_of_one(tiny, family):
+    # One pair: its own only negative-free row; the softmax losses are exactly 0.
+    model = tiny(family)
+    size = model.vision.image_size
+    batch = _batch(model, np.random.default_rng(0).normal(size=(1, size, size, 3)), ["a red circle"])
+    logit = float(to_numpy(model.similarity(batch["images"], {k: batch[k] for k in ("token_ids", "padding_mask")}))[0, 0])
+    loss = _train_step(model, batch, learns=family not in SOFTMAX)
+    if family in SOFTMAX + SIGMOID:
+        assert loss == pytest.approx(_constant_score_loss(family, logit, 1), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_captions_longer_than_the_context_are_truncated(tiny, family):
+    # The tokenizer keeps the first T - 2 tokens and the end token; the model sees those words.
+    model = tiny(family)
+    tokenizer = model.tokenizer
+    length = model.text.sequence_length
+    words = ["cat", "dog", "red", "blue"] * length
+    long = tokenizer([" ".join(words)])
+    ids, mask = np.asarray(long["token_ids"])[0], np.asarray(long["padding_mask"])[0]
+    assert ids.shape == (length,) and mask.all()
+    fitting = tokenizer([" ".join(words[: length - 2])])
+    np.testing.assert_array_equal(ids, np.asarray(fitting["token_ids"])[0])
+    for got, want in zip(keras.tree.flatten(model.encode_text(long)), keras.tree.flatten(model.encode_text(fitting))):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_images_of_the_wrong_size_are_resized_by_the_preprocessor_and_rejected_by_the_model(tiny, family):
+    model = tiny(family)
+    size, patch = model.vision.image_size, model.vision.patch_size
+    photo = np.random.default_rng(0).integers(0, 256, size=(2, 3 * size // 2, 2 * size, 3), dtype=np.uint8)
+    pixels = to_numpy(model.preprocessor(photo))
+    assert pixels.shape == (2, size, size, 3) and np.isfinite(pixels).all()
+    wrong = np.zeros((2, size + patch, size + patch, 3), "float32")
+    message = rf"`images` must be {size} x {size} pixels.*\(2, {size + patch}, {size + patch}, 3\).*preprocessor"
+    with pytest.raises(ValueError, match=message):
+        model.encode_image(wrong)
+    texts = model.tokenizer(["a cat", "a dog"])
+    with pytest.raises(ValueError, match=message):
+        model({"images": wrong, **texts})
+
+
+def test_dynamic_image_size_resizes_the_position_embedding(tiny):
+    # Opting in: another multiple of the patch size is accepted, the native size is unchanged.
+    fixed = tiny("clip")
+    config = fixed.get_config()
+    config["vision"] = {**config["vision"], "dynamic_image_size": True}
+    dynamic = type(fixed).from_config(config)
+    dynamic.set_weights(fixed.get_weights())
+    size, patch = fixed.vision.image_size, fixed.vision.patch_size
+    images = np.random.default_rng(0).normal(size=(2, size, size, 3)).astype("float32")
+    np.testing.assert_array_equal(to_numpy(dynamic.encode_image(images)), to_numpy(fixed.encode_image(images)))
+    bigger = np.random.default_rng(1).normal(size=(2, size + 2 * patch, size, 3)).astype("float32")
+    assert np.isfinite(to_numpy(dynamic.encode_image(bigger))).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_pixels_are_rejected(tiny, family, value):
+    model = tiny(family)
+    size = model.vision.image_size
+    images = np.zeros((2, size, size, 3), "float32")
+    images[1, size // 2, 3, 2] = value
+    with pytest.raises(ValueError, match="`images` contains non-finite values"):
+        model.encode_image(images)
+    with pytest.raises(ValueError, match="`images` contains non-finite values"):
+        model.similarity(images, ["a cat", "a dog"])
