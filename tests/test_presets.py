@@ -139,6 +139,70 @@ def test_corrupt_files_are_named(saved, tmp_path):
         vlzoo.from_preset(str(broken))
 
 
+def _copy(directory, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    return broken
+
+
+def _edit_json(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_weights_truncated_inside_an_array_are_named(saved, tmp_path):
+    # Cut in the middle of the data: the HDF5 index is intact, an array's bytes are not.
+    broken = _copy(saved[1], tmp_path)
+    data = (broken / "model.weights.h5").read_bytes()
+    (broken / "model.weights.h5").write_bytes(data[: len(data) - 4096])
+    with pytest.raises(ValueError, match=r"weights file .*broken/model.weights.h5"):
+        vlzoo.from_preset(str(broken))
+
+
+@pytest.mark.parametrize("override", [{"vision": {"num_layers": 1}}, {"vision": {"num_layers": 3}},
+                                      {"text": {"hidden_dim": 48}}, {"text": {"output_dim": 8}}])
+def test_config_that_does_not_match_the_weights_is_refused(saved, override):
+    # Fewer layers than the file holds used to load silently, ignoring the rest of the file.
+    with pytest.raises(ValueError, match=r"(?s)model.weights.h5.*(match|config.json)"):
+        vlzoo.from_preset(str(saved[1]), **override)
+
+
+def test_weights_file_with_an_array_missing_is_refused(saved, tmp_path):
+    h5py = pytest.importorskip("h5py")
+    broken = _copy(saved[1], tmp_path)
+    with h5py.File(broken / "model.weights.h5", "a") as file:
+        del file["layers/text_transformer/post_norm/vars/1"]
+    with pytest.raises(ValueError, match=r"model.weights.h5.*post_norm"):
+        vlzoo.from_preset(str(broken))
+
+
+def test_unknown_family_is_named(saved, tmp_path):
+    broken = _copy(saved[1], tmp_path)
+    _edit_json(broken / "metadata.json", family="clap")
+    with pytest.raises(ValueError, match=r"metadata.json says family 'clap'.*CLIP, a 'clip' model"):
+        vlzoo.from_preset(str(broken))
+    _edit_json(broken / "metadata.json", family="clap")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "class_name": "CLAP", "registered_name": "vlzoo>CLAP"}))
+    with pytest.raises(ValueError, match=r"config.json describes a model of class 'CLAP'.*neither a vlzoo family"):
+        vlzoo.from_preset(str(broken))
+
+
+@pytest.mark.parametrize("version, problem", [("9.0.0", "newer than the installed"), ("0.1.1.dev1", "newer"),
+                                              ("latest", "not a version number")])
+def test_preset_from_a_newer_vlzoo_is_refused(saved, tmp_path, version, problem):
+    broken = _copy(saved[1], tmp_path)
+    _edit_json(broken / "metadata.json", vlzoo_version=version)
+    with pytest.raises(ValueError, match=rf"metadata.json.*{problem}"):
+        vlzoo.from_preset(str(broken))
+
+
+def test_older_or_equal_versions_load(saved, tmp_path):
+    copy = _copy(saved[1], tmp_path)
+    for version in ("0.0.9", vlzoo.__version__):
+        _edit_json(copy / "metadata.json", vlzoo_version=version)
+        vlzoo.from_preset(str(copy))
+
+
 def test_missing_tokenizer_asset_is_named(saved, tmp_path):
     _, directory = saved
     broken = tmp_path / "broken"

@@ -20,8 +20,11 @@ import os
 import pathlib
 import warnings
 
+import h5py
 import keras
 import numpy as np
+from packaging.version import InvalidVersion
+from packaging.version import Version
 
 from vlzoo.version import __version__
 
@@ -128,6 +131,65 @@ def _deserialize(config, path):
         raise ValueError(f"Could not build the model described by {path}: {error}") from error
 
 
+def _check_version(metadata, path):
+    """Refuses a preset written by a newer vlzoo (its config may use what this one lacks)."""
+    written = metadata.get("vlzoo_version")
+    if written is None:
+        return
+    try:
+        newer = Version(str(written)) > Version(__version__)
+    except InvalidVersion as error:
+        raise ValueError(f"Preset file {path}: `vlzoo_version` {written!r} is not a version number.") from error
+    if newer:
+        raise ValueError(
+            f"Preset file {path} was written by vlzoo {written}, newer than the installed vlzoo {__version__}; "
+            "upgrade vlzoo to load it."
+        )
+
+
+def _check_family(config, metadata, directory):
+    """The config's model class must be a vlzoo family (or a registered subclass) and agree with
+    the metadata's family."""
+    families = {cls.__name__: family for family, (cls, _) in _family_modules().items()}
+    class_name, family = config["class_name"], metadata.get("family")
+    if class_name in families:
+        if family is not None and family != families[class_name]:
+            raise ValueError(
+                f"Preset files disagree: {directory / METADATA_FILE} says family {family!r} but "
+                f"{directory / CONFIG_FILE} describes a {class_name}, a {families[class_name]!r} model "
+                f"(vlzoo's families: {', '.join(sorted(families.values()))})."
+            )
+    elif keras.saving.get_registered_object(config.get("registered_name") or class_name) is None:
+        raise ValueError(
+            f"Preset file {directory / CONFIG_FILE} describes a model of class {class_name!r} (family {family!r} "
+            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(sorted(families))}) nor a "
+            "registered Keras class. For your own subclass, import the module that registers it before calling "
+            "`from_preset`."
+        )
+
+
+def _load_weights(model, path):
+    """Loads `path` into `model`, using every array in the file (optimizer state aside) exactly once."""
+    try:
+        model.load_weights(str(path))
+    except Exception as error:
+        raise ValueError(
+            f"Could not load the weights file {path}: {error}. "
+            "Is it complete, and does config.json (with your overrides) match it?"
+        ) from error
+    # Keras raises for a variable the file lacks but ignores arrays the model does not use
+    # (a config with fewer layers than the weights): count them.
+    with h5py.File(path, "r") as file:
+        arrays = []
+        file.visititems(lambda name, obj: arrays.append(name) if isinstance(obj, h5py.Dataset) else None)
+    arrays = [name for name in arrays if not name.startswith("optimizer/")]
+    if len(arrays) != len(model.weights):
+        raise ValueError(
+            f"The weights file {path} holds {len(arrays)} arrays but the model that config.json (with your "
+            f"overrides) describes has {len(model.weights)} weights: they do not match."
+        )
+
+
 def model_config(preset):
     """The Keras-serialised config dict of `preset` (name or directory)."""
     return _read_json(resolve_preset(preset) / CONFIG_FILE)
@@ -198,6 +260,10 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     metadata = _read_json(directory / METADATA_FILE)
     if not isinstance(config, dict) or "config" not in config or "class_name" not in config:
         raise ValueError(f"Preset file {directory / CONFIG_FILE} is not a serialised Keras model config.")
+    if not isinstance(metadata, dict):
+        raise ValueError(f"Preset file {directory / METADATA_FILE} is not a JSON object.")
+    _check_version(metadata, directory / METADATA_FILE)
+    _check_family(config, metadata, directory)
     inner = _merge(config["config"], config_overrides)
     if dtype is not None:
         inner["dtype"] = dtype
@@ -205,13 +271,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
 
     weights = directory / WEIGHTS_FILE
     if load_weights and weights.is_file():
-        try:
-            model.load_weights(str(weights))
-        except Exception as error:
-            raise ValueError(
-                f"Could not load the weights file {weights}: {error}. "
-                "Is it complete, and does config.json (with your overrides) match it?"
-            ) from error
+        _load_weights(model, weights)
     elif load_weights and str(directory) not in _warned_random:
         _warned_random.add(str(directory))
         warnings.warn(
