@@ -34,7 +34,6 @@ dtype, numpy or backend tensors accepted, `logit_scale` is the multiplier
 (`exp` of the learned log-scale).
 """
 
-import warnings
 
 from keras import ops
 
@@ -128,11 +127,13 @@ def _attention_weights(queries, keys, temperature):
     # in the softmax's max than in its exp gives exp(+ulp) = inf for logits
     # beyond ~1e9 (NaN weights); a matmul's output is computed once.
     logits = ops.einsum("jmd,ikmd->ijmk", queries / temperature, keys)
-    with warnings.catch_warnings():
+    if logits.shape[-1] == 1:
         # K = 1 is meaningful (Llip without mixture, a SigLIP-style model):
-        # the weights are exactly 1 and W_Q, W_K get zero gradient.
-        warnings.filterwarnings("ignore", "You are using a softmax over axis")
-        return ops.softmax(logits, axis=-1)
+        # the weights are exactly 1 and W_Q, W_K get exactly zero gradient.
+        # exp(x - x) is both on every backend; a softmax kernel need not be
+        # (TensorFlow's AVX2 kernel returns 1 - ulp for one element).
+        return ops.exp(logits - logits)
+    return ops.softmax(logits, axis=-1)
 
 
 def _contextualize(queries, keys, values, temperature):
