@@ -5,8 +5,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vlzoo-installed
 BACKENDS := jax tensorflow torch
 PYTEST_ARGS ?=
+# Two pytest-xdist workers (CI has 2 cores; most test time is single-threaded compilation).
+WORKERS ?= 2
+# JAX (also in the other passes' subprocesses): compiled programs go to an on-disk cache, so a
+# program of the same shapes compiled by another test or worker is loaded, not compiled again.
+# The size cap turns on the cache's file lock (safe between workers). `make clean` empties it.
+JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(VENV)/jax-cache JAX_COMPILATION_CACHE_MAX_SIZE=2000000000 \
+	JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+PYTEST := $(JAX_CACHE) $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) $(PYTEST_ARGS) tests
 
-.PHONY: venv demo test test-jax test-tensorflow test-torch bench presets clean
+.PHONY: venv demo test $(addprefix test-,$(BACKENDS)) bench presets clean
 
 venv: $(STAMP)
 
@@ -20,16 +28,16 @@ demo: $(STAMP)
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m vlzoo.cli demo
 
 # The whole suite once per backend; tests that start every backend themselves (conformance, the
-# demo, the notebooks) run once, in the torch pass (tests/backend_utils.py: run_once)
-# (it starts one subprocess per backend itself).
+# demo, the notebooks) run once, in the torch pass (tests/backend_utils.py: run_once).
 test: $(STAMP)
 	@set -e; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
-	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests; \
+	  KERAS_BACKEND=$$b $(PYTEST); \
 	done
 
-test-%: $(STAMP)
-	KERAS_BACKEND=$* $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests
+# One backend's pass: make test-jax, test-tensorflow or test-torch.
+$(addprefix test-,$(BACKENDS)): test-%: $(STAMP)
+	KERAS_BACKEND=$* $(PYTEST)
 
 bench: $(STAMP)
 	$(PY) tools/bench.py
