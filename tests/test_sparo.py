@@ -503,10 +503,13 @@ def test_save_load_round_trip_and_config(tmp_path):
     np.testing.assert_array_equal(to_numpy(loaded.similarity(batch["images"], batch, slots=[0, 2])),
                                   to_numpy(model.similarity(batch["images"], batch, slots=[0, 2])))
     overrides = dict(num_slots=8, slot_dim=4, key_dim=6, group_size=4, share_key_value=False, reduce_depth=2,
-                     end_token_id=None, embed_dim=32)
+                     end_token_id=None)
     rebuilt = SPARO.from_config({**model.get_config(), **overrides})
     assert rebuilt.get_config() == {**model.get_config(), **overrides}
     assert len(rebuilt.vision.blocks) == 1 and rebuilt.text_readout.value is not None
+    # The embedding width is derived, not stored, so slot overrides of a preset cannot contradict it.
+    assert "embed_dim" not in model.get_config() and rebuilt.embed_dim == 32
+    assert vlzoo.from_preset("sparo_tiny", load_weights=False, num_slots=8, slot_dim=2).embed_dim == 16
 
 
 def test_model_rejects_inconsistent_arguments():

@@ -367,6 +367,7 @@ class SPARO(ContrastiveModel):
 
     def get_config(self):
         config = super().get_config()
+        del config["embed_dim"]  # derived: num_slots * slot_dim
         for tower in ("vision", "text"):
             config[tower]["num_layers"] += self.reduce_depth
         config.update(
@@ -391,7 +392,9 @@ def sparo_clip_config(patch, num_slots=64, slot_dim=64, image_size=224):
 _PAPER = ("Vani et al. 2024, SPARO: Selective Attention for Robust and Compositional Transformer "
           "Encodings for Vision")
 _WEIGHTS = ("SPARO released no checkpoints; the model is randomly initialised (architecture config). "
-            "Convert a local checkpoint of the authors' open_clip fork if you have one.")
+            "A checkpoint you trained with the authors' open_clip fork (ankitkv/sparo-clip) converts with "
+            "`vlzoo convert --from sparo --source FILE --preset PRESET --out DIR` "
+            "(`vlzoo.convert.from_sparo_checkpoint`).")
 _COMMON = dict(tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS)
 
 PRESETS = {
