@@ -334,7 +334,7 @@ def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     print(printed)
     assert status == 0
     assert "parity vs open_clip" in printed and "-> OK" in printed
-    assert "preset reload: identical embeddings" in printed
+    assert "preset reload: identical similarities" in printed
     model = vlzoo.from_preset(str(out))
     assert_parity(torch, model, peer, "tools/convert.py preset")
 

@@ -68,6 +68,8 @@ def preset_files(name, family, cls, preset, directory):
         "tokenizer_note": spec.get("note") or LICENCES.get(spec.get("assets"), ""),
         "licence": "Apache-2.0 (code and configs); tokenizer assets carry their own licence notes.",
     }
+    if "upstream_weights" in preset:  # weights published elsewhere, with the command that converts them
+        metadata["upstream_weights"] = preset["upstream_weights"]
     presets.write_preset(
         directory, config, metadata, tokenizer=tokenizer,
         preprocessor=ImagePreprocessor(**preset["preprocessor"]),

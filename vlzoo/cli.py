@@ -7,6 +7,7 @@
     vlzoo retrieve --preset P --data CAPTIONFILE_OR_SHARDS [--ks 1 5 10] [--query TEXT ...] [--json OUT]
     vlzoo train    --preset P --data SOURCE --out DIR [--epochs E] [--batch-size B] [--learning-rate LR] ...
     vlzoo convert  --from open_clip|transformers|keras_hub --source PATH --out DIR [--model NAME | --config F]
+    vlzoo convert  --from llip|sparo --source PATH --preset P --out DIR
     vlzoo demo     [--preset sparc_shapes] [--steps N] [--second-backend B] [--out DIR]
 
 `vlzoo COMMAND --help` documents every option, with examples. Also runs as
@@ -21,7 +22,7 @@
   file or tar shards, or the best images for `--query` texts.
 * `train`: fine-tunes with `model.fit` on `vlzoo.data.image_text_dataset(...,
   training=True)`, then `save_to_preset(--out)`.
-* `convert`: a local open_clip / transformers / keras-hub checkpoint -> a preset
+* `convert`: a local open_clip / transformers / keras-hub / Llip / SPARO checkpoint -> a preset
   directory (`vlzoo.convert.convert_checkpoint`).
 * `demo`: the whole workflow on a bundled shapes model (`sparc_shapes`, trained
   on the synthetic `vlzoo.data.shapes` dataset): held-out zero-shot accuracy,
@@ -697,8 +698,17 @@ def cmd_train(args, out):
 
 
 def cmd_convert(args, out):
-    from vlzoo.convert.checkpoints import convert_checkpoint
+    from vlzoo.convert.checkpoints import AUTHOR_SOURCES, convert_checkpoint
 
+    if args.from_ in AUTHOR_SOURCES:
+        if args.model or args.config:
+            raise UsageError("--config" if args.config else "--model", f"does not apply to --from {args.from_}; "
+                             "name the architecture with --preset")
+        if not args.preset:
+            raise UsageError("--preset", f"--from {args.from_} needs --preset NAME, the vlzoo preset of the "
+                                         f"checkpoint's architecture (e.g. {AUTHOR_SOURCES[args.from_]})")
+    elif args.preset:
+        raise UsageError("--preset", "applies to --from llip and --from sparo only")
     if args.from_ == "open_clip" and not (args.model or args.config):
         raise UsageError("--model", "--from open_clip needs --model NAME (open_clip's model config) "
                                     "or --config model.json")
@@ -715,8 +725,8 @@ def cmd_convert(args, out):
 
     start = time.perf_counter()
     status = convert_checkpoint(
-        args.from_, args.source, args.out, model_name=args.model, config=args.config, dtype=args.dtype,
-        check=not args.no_check, peer_check=not args.no_peer_check, batch_size=args.batch_size, log=log,
+        args.from_, args.source, args.out, model_name=args.model, config=args.config, preset=args.preset,
+        dtype=args.dtype, check=not args.no_check, peer_check=not args.no_peer_check, batch_size=args.batch_size, log=log,
         progress=not args.quiet,
     )
     log(f"done in {time.perf_counter() - start:.1f} s")
@@ -936,7 +946,7 @@ def build_parser():
 
     # ------------------------------------------------------------------ convert
     p = _add_command(
-        sub, "convert", "convert a local open_clip / transformers / keras-hub checkpoint to a preset",
+        sub, "convert", "convert a local open_clip / transformers / keras-hub / Llip / SPARO checkpoint to a preset",
         "Convert a checkpoint you have on disk to a vlzoo preset directory (nothing is\n"
         "downloaded; vlzoo.convert.convert_checkpoint):\n"
         "  * open_clip: a .pt/.pth/.bin/.safetensors state dict (a training checkpoint's\n"
@@ -945,16 +955,20 @@ def build_parser():
         "    must be installed) or --config model.json;\n"
         "  * transformers: a CLIPModel / SiglipModel directory (config.json + model.safetensors or\n"
         "    pytorch_model.bin), or a weights file with --config config.json;\n"
-        "  * keras_hub: a local keras-hub CLIPBackbone / SigLIPBackbone preset directory.\n"
+        "  * keras_hub: a local keras-hub CLIPBackbone / SigLIPBackbone preset directory;\n"
+        "  * llip, sparo: a checkpoint of the authors' code (facebookresearch/Llip,\n"
+        "    ankitkv/sparo-clip), with the architecture from --preset (a vlzoo preset).\n"
         "The preset is then reloaded and its embeddings checked to be identical, and, when the\n"
         "peer package imports, compared with the peer built from the same weights on random\n"
         "inputs (exit status 1 above 1e-4 on embeddings or 1e-3 on logits).",
         ["vlzoo convert --from open_clip --source ViT-B-32.pt --model ViT-B-32 --out presets/my_b32",
          "vlzoo convert --from open_clip --source ckpt.safetensors --config my_model.json --out my_preset",
          "vlzoo convert --from transformers --source ./clip-vit-base-patch32 --out my_hf_clip",
-         "vlzoo convert --from keras_hub --source ./keras_hub_siglip --out my_siglip"],
+         "vlzoo convert --from keras_hub --source ./keras_hub_siglip --out my_siglip",
+         "vlzoo convert --from llip --source llip_b16_k32.pt --preset llip_vit_b16 --out my_llip"],
     )
-    p.add_argument("--from", dest="from_", required=True, choices=("open_clip", "transformers", "keras_hub"),
+    p.add_argument("--from", dest="from_", required=True,
+                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo"),
                    help="the checkpoint's library")
     p.add_argument("--source", required=True, metavar="PATH",
                    help="checkpoint file or directory (see above for each library)")
@@ -965,6 +979,9 @@ def build_parser():
     p.add_argument("--config", default=None, metavar="FILE",
                    help="open_clip: model config JSON (instead of --model); transformers: config.json "
                    "(default: next to the weights)")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="llip, sparo: the vlzoo preset (name or directory) of the checkpoint's architecture, "
+                   "e.g. llip_vit_b16, llip_vit_g14, sparo_clip_vit_b32")
     p.add_argument("--dtype", default=None, metavar="POLICY",
                    help="dtype policy of the converted model, e.g. float32, bfloat16 (default: float32)")
     p.add_argument("--batch-size", type=_positive_int, default=2,

@@ -217,6 +217,10 @@ def count_parameters_abstractly(config):
 def preset_info(name):
     """Family, parameter count, paper, weights availability and description of a preset.
 
+    Presets whose weights are published upstream (Llip's released B/16 and
+    G/14) also give `upstream_weights`: the repository, the checkpoint file
+    and the `vlzoo convert` command that turns it into a preset directory.
+
     The parameter count is computed from the config without allocating the
     model's weights, so it works for presets too large for this machine.
     """
@@ -229,6 +233,8 @@ def preset_info(name):
         "params": count_parameters_abstractly(config),
         "paper": metadata.get("paper"),
         "weights_available": (directory / WEIGHTS_FILE).is_file(),
+        "weights_note": metadata.get("weights_note"),
+        **({"upstream_weights": metadata["upstream_weights"]} if "upstream_weights" in metadata else {}),
         "description": metadata.get("description"),
         "directory": str(directory),
     }

@@ -5,6 +5,11 @@
 - `from_transformers(model)` / `from_transformers_state_dict(state_dict, config)`:
   Hugging Face `CLIPModel` and `SiglipModel`.
 - `from_keras_hub(backbone)`: keras-hub `CLIPBackbone` and `SigLIPBackbone`.
+- `from_llip_checkpoint(path_or_state_dict, preset)`: the Llip authors'
+  checkpoints (facebookresearch/Llip; released ViT-B/16 K=32 and ViT-bigG/14
+  K=64 -> presets `llip_vit_b16`, `llip_vit_g14`).
+- `from_sparo_checkpoint(path_or_state_dict, preset)`: checkpoints of the SPARO
+  authors' open_clip fork (ankitkv/sparo-clip) -> `sparo_clip_vit_b16/b32`.
 - `to_open_clip_state_dict(model)`: vlzoo -> open_clip state dict (exact round
   trip); `open_clip_config(model)` describes the open_clip model to load it into.
 - `parity(model, peer)`: max abs differences against the peer on random inputs.
@@ -34,6 +39,7 @@ model.save_to_preset("clip_b32")
 from vlzoo.convert import checkpoints
 from vlzoo.convert._common import parity, peer_outputs, random_inputs, vlzoo_variables
 from vlzoo.convert.keras_hub import from_keras_hub
+from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.open_clip import (
     from_open_clip,
     from_open_clip_state_dict,
@@ -41,6 +47,7 @@ from vlzoo.convert.open_clip import (
     to_open_clip_state_dict,
 )
 from vlzoo.convert.checkpoints import convert_checkpoint, load_state_dict
+from vlzoo.convert.sparo import from_sparo_checkpoint
 from vlzoo.convert.transformers import from_transformers, from_transformers_state_dict
 
 __all__ = [
@@ -51,6 +58,8 @@ __all__ = [
     "from_transformers",
     "from_transformers_state_dict",
     "from_keras_hub",
+    "from_llip_checkpoint",
+    "from_sparo_checkpoint",
     "parity",
     "peer_outputs",
     "random_inputs",

@@ -13,6 +13,7 @@ round trip is exact.
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -47,11 +48,41 @@ def numpy_state_dict(state_dict):
 
 
 def strip_prefix(state_dict, prefixes=("module.", "_orig_mod.")):
-    """Drops DDP/compile wrappers' key prefixes (`module.`, `_orig_mod.`) when every key has them."""
-    for prefix in prefixes:
-        if state_dict and all(k.startswith(prefix) for k in state_dict):
-            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+    """Drops DDP/compile wrappers' key prefixes (`module.`, `_orig_mod.`) when every key has them.
+
+    Nested wrappers are peeled in any order (`torch.compile` of a DDP model
+    gives `_orig_mod.module.`).
+    """
+    stripped = True
+    while stripped and state_dict:
+        stripped = False
+        for prefix in prefixes:
+            if all(k.startswith(prefix) for k in state_dict):
+                state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+                stripped = True
     return state_dict
+
+
+def read_state_dict(path_or_state_dict):
+    """`{key: tensor}` of a checkpoint file or mapping, training-checkpoint wrapper and prefixes removed.
+
+    Args:
+        path_or_state_dict: a `.pt`/`.pth`/`.bin`/`.safetensors` path, a bare
+            state dict, or a training checkpoint `{"state_dict": ..., ...}`.
+    """
+    if isinstance(path_or_state_dict, (str, os.PathLike)):
+        from vlzoo.convert.checkpoints import load_state_dict
+
+        return strip_prefix(numpy_state_dict(load_state_dict(path_or_state_dict)))
+    if not hasattr(path_or_state_dict, "items"):
+        raise TypeError(
+            "`path_or_state_dict` must be a checkpoint file path or a state dict mapping keys to tensors; "
+            f"received {type(path_or_state_dict).__name__}."
+        )
+    state_dict = path_or_state_dict
+    if "state_dict" in state_dict and hasattr(state_dict["state_dict"], "items"):
+        state_dict = state_dict["state_dict"]
+    return strip_prefix(numpy_state_dict(state_dict))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -209,11 +240,32 @@ def _blocks(out, prefix, blocks):
         _mlp(out, f"{name}/mlp", block.mlp)
 
 
+def _family_heads(out, model):
+    """The heads some families add after the towers (Llip's cross-attention, SPARO's read-outs)."""
+    head = getattr(model, "cross_attention", None)  # Llip
+    if head is not None:
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            out[f"cross_attention/{name}"] = getattr(head, name)
+        for name in ("q_norm", "k_norm", "v_norm"):
+            if getattr(head, name) is not None:
+                _norm(out, f"cross_attention/{name}", getattr(head, name))
+        _dense(out, "text_projection", model.text_projection)
+    for name in ("vision_readout", "text_readout"):  # SPARO
+        readout = getattr(model, name, None)
+        if readout is not None:
+            out[f"{name}/queries"] = readout.queries
+            _dense(out, f"{name}/key", readout.key)
+            if readout.value is not None:
+                _dense(out, f"{name}/value", readout.value)
+            _dense(out, f"{name}/output", readout.output_dense)
+
+
 def vlzoo_variables(model):
     """`{name: variable}` for every weight of a vlzoo contrastive model, under stable names.
 
     Names follow the layers (`vision/block_0/attention/query/kernel`,
-    `text/token_embedding/embeddings`, `logit_scale`, ...) and do not depend
+    `text/token_embedding/embeddings`, `cross_attention/k_proj`,
+    `vision_readout/queries`, `logit_scale`, ...) and do not depend
     on Keras' name scopes. Raises `NotImplementedError` if the model holds a
     variable this walk does not know (a converter would otherwise miss it).
     """
@@ -246,6 +298,7 @@ def vlzoo_variables(model):
     if text.projection is not None:
         _dense(out, "text/projection", text.projection)
 
+    _family_heads(out, model)
     out["logit_scale"] = model.logit_scale
     if getattr(model, "logit_bias", None) is not None:
         out["logit_bias"] = model.logit_bias

@@ -9,7 +9,9 @@
 - `open_clip_peer` / `transformers_peer`: the peer model rebuilt from the same
   weights, for the parity check.
 - `convert_checkpoint(source, checkpoint, out, ...)`: read, convert, save with
-  `save_to_preset`, reload and (optionally) compare against the peer.
+  `save_to_preset`, reload and (optionally) compare against the peer
+  (open_clip, transformers, keras-hub; the Llip and SPARO authors' checkpoints
+  with the vlzoo `preset` of their architecture).
 
 Nothing is downloaded.
 """
@@ -22,11 +24,13 @@ import sys
 
 from vlzoo.convert import _common as C
 
-SOURCES = ("open_clip", "transformers", "keras_hub")
+SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo")
+# The authors' checkpoints of these families carry no architecture: a vlzoo preset names it.
+AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16"}
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
 __all__ = [
-    "SOURCES", "TOLERANCES", "convert_checkpoint", "load_state_dict", "open_clip_model_config",
+    "AUTHOR_SOURCES", "SOURCES", "TOLERANCES", "convert_checkpoint", "load_state_dict", "open_clip_model_config",
     "open_clip_peer", "transformers_files", "transformers_peer",
 ]
 
@@ -229,20 +233,27 @@ def progress_bar():
     return update
 
 
-def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None, dtype=None, check=True,
-                       peer_check=True, batch_size=2, log=print, progress=True):
+def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None, preset=None, dtype=None,
+                       check=True, peer_check=True, batch_size=2, log=print, progress=True):
     """Converts a local checkpoint to a vlzoo preset directory; returns the exit status (0 OK, 1 mismatch).
 
     Args:
-        source: `"open_clip"`, `"transformers"` or `"keras_hub"`.
-        checkpoint: open_clip: a `.pt`/`.pth`/`.bin`/`.safetensors` state dict;
-            transformers: a directory (`config.json` + `model.safetensors` or
-            `pytorch_model.bin`) or a weights file; keras_hub: a preset directory.
+        source: `"open_clip"`, `"transformers"`, `"keras_hub"`, or the
+            authors' code of a family: `"llip"` (facebookresearch/Llip),
+            `"sparo"` (ankitkv/sparo-clip).
+        checkpoint: open_clip, llip, sparo: a `.pt`/`.pth`/`.bin`/`.safetensors`
+            state dict or training checkpoint; transformers: a directory
+            (`config.json` + `model.safetensors` or `pytorch_model.bin`) or a
+            weights file; keras_hub: a preset directory.
         out: the preset directory to write.
         model_name: open_clip model name whose `model_configs/<name>.json` describes
             the architecture (open_clip must be installed, not imported).
         config: open_clip model config JSON path (instead of `model_name`), or the
             transformers `config.json` path (default: next to the weights).
+        preset: llip and sparo: the vlzoo preset of the checkpoint's
+            architecture (e.g. `"llip_vit_b16"`, `"llip_vit_g14"`,
+            `"sparo_clip_vit_b32"`); it gives what the weights do not show
+            (head counts, Llip's tau) and the tokenizer and preprocessor.
         dtype: dtype policy of the vlzoo model (default float32).
         check: reload the preset and check the embeddings are identical.
         peer_check: also rebuild the peer from the same weights (when importable)
@@ -261,6 +272,12 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
 
     if source not in SOURCES:
         raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(SOURCES)}.")
+    if (source in AUTHOR_SOURCES) != (preset is not None):
+        raise ValueError(
+            f"{source} checkpoints need `preset`, the vlzoo preset of their architecture (e.g. "
+            f"{AUTHOR_SOURCES[source]!r})." if source in AUTHOR_SOURCES
+            else f"`preset` applies to the authors' checkpoints ({', '.join(AUTHOR_SOURCES)}), not to {source}."
+        )
     bar = progress_bar() if progress else None
     log(f"Reading {checkpoint} ...")
     if source == "open_clip":
@@ -284,6 +301,12 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
             return transformers_peer(config_dict, state_dict)
 
         peer_name = "transformers"
+    elif source in AUTHOR_SOURCES:
+        state_dict = load_state_dict(checkpoint, log)
+        log(f"Assigning {len(state_dict)} tensors to {preset}:")
+        convert = vc.from_llip_checkpoint if source == "llip" else vc.from_sparo_checkpoint
+        model = convert(state_dict, preset, dtype=dtype, progress=bar)
+        peer_factory = peer_name = None
     else:
         if not pathlib.Path(checkpoint).is_dir():
             raise FileNotFoundError(f"keras-hub preset directory not found: {checkpoint}.")
@@ -306,13 +329,16 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     reloaded = vlzoo.from_preset(str(out))
     images, ids, mask = vc.random_inputs(model, batch_size, seed=0)
     texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
-    for what, fn in (("image", lambda m: m.encode_image(images)), ("text", lambda m: m.encode_text(texts))):
-        a, b = C.to_numpy(fn(model)), C.to_numpy(fn(reloaded))
-        if not np.array_equal(a, b):
-            log(f"preset reload: {what} embeddings differ (max {np.max(np.abs(a - b)):.3g})")
-            return 1
-    log("preset reload: identical embeddings")
+    a, b = (C.to_numpy(m.similarity(images, texts)) for m in (model, reloaded))
+    if not np.array_equal(a, b):
+        log(f"preset reload: the similarities differ (max {np.max(np.abs(a - b)):.3g})")
+        return 1
+    log("preset reload: identical similarities")
     if not peer_check:
+        return 0
+    if peer_factory is None:
+        log(f"parity check: none here (the {source} authors' code is not an installable package); vlzoo's "
+            "test suite checks this converter against outputs of their code")
         return 0
     try:
         peer = peer_factory()

@@ -216,24 +216,49 @@ def _block_rules(src, dst, timm):
     ]
 
 
+def vit_tower_rules(v, p="visual."):
+    """Rules for an open_clip `VisionTransformer` under key prefix `p` -> vlzoo's `vision/*` (no projection).
+
+    The class embedding may hold several prefix tokens (`(K, width)`; `(width,)` when K = 1), as in
+    the Llip fork.
+    """
+    width, prefix = v["hidden_dim"], v["num_prefix_tokens"]
+    source_shape = (width,) if prefix == 1 else (prefix, width)
+    rules = [
+        C.transpose(f"{p}conv1.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)),
+        C.reshape(f"{p}class_embedding", "vision/prefix_tokens", (prefix, width), source_shape),
+        C.copy(f"{p}positional_embedding", "vision/position_embedding/embeddings"),
+    ]
+    if v["use_pre_norm"]:
+        rules += C.torch_layer_norm(f"{p}ln_pre", "vision/pre_norm")
+    for i in range(v["num_layers"]):
+        rules += _block_rules(f"{p}transformer.resblocks.{i}", f"vision/block_{i}", timm=False)
+    rules += C.torch_layer_norm(f"{p}ln_post", "vision/post_norm")
+    return rules
+
+
+def text_tower_rules(t, q=""):
+    """Rules for open_clip's causal text tower under key prefix `q` -> vlzoo's `text/*` (no projection)."""
+    rules = [
+        C.copy(f"{q}token_embedding.weight", "text/token_embedding/embeddings"),
+        C.copy(f"{q}positional_embedding", "text/position_embedding/embeddings"),
+    ]
+    for i in range(t["num_layers"]):
+        rules += _block_rules(f"{q}transformer.resblocks.{i}", f"text/block_{i}", timm=False)
+    rules += C.torch_layer_norm(f"{q}ln_final", "text/post_norm")
+    return rules
+
+
 def _rules(spec):
     v, t = spec["vision"], spec["text"]
     width, prefix = v["hidden_dim"], v["num_prefix_tokens"]
     grid = (v["image_size"] // v["patch_size"]) ** 2
-    rules = []
     if spec["vision_layout"] == "vit":
-        p = "visual."
-        rules.append(C.transpose(f"{p}conv1.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)))
-        rules.append(C.reshape(f"{p}class_embedding", "vision/prefix_tokens", (1, width), (width,)))
-        rules.append(C.copy(f"{p}positional_embedding", "vision/position_embedding/embeddings"))
-        if v["use_pre_norm"]:
-            rules += C.torch_layer_norm(f"{p}ln_pre", "vision/pre_norm")
-        for i in range(v["num_layers"]):
-            rules += _block_rules(f"{p}transformer.resblocks.{i}", f"vision/block_{i}", timm=False)
-        rules += C.torch_layer_norm(f"{p}ln_post", "vision/post_norm")
+        rules = vit_tower_rules(v)
         if spec["vision_proj"] == "param":
-            rules.append(C.copy(f"{p}proj", "vision/projection/kernel"))
+            rules.append(C.copy("visual.proj", "vision/projection/kernel"))
     else:
+        rules = []
         p = "visual.trunk."
         rules.append(C.transpose(f"{p}patch_embed.proj.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)))
         if v["patch_bias"]:
@@ -263,11 +288,7 @@ def _rules(spec):
             rules += C.torch_linear("visual.head.proj", "vision/projection", bias=v["projection_bias"])
 
     q = spec["text_prefix"]
-    rules.append(C.copy(f"{q}token_embedding.weight", "text/token_embedding/embeddings"))
-    rules.append(C.copy(f"{q}positional_embedding", "text/position_embedding/embeddings"))
-    for i in range(t["num_layers"]):
-        rules += _block_rules(f"{q}transformer.resblocks.{i}", f"text/block_{i}", timm=False)
-    rules += C.torch_layer_norm(f"{q}ln_final", "text/post_norm")
+    rules += text_tower_rules(t, q)
     if spec["text_proj"] == "param":
         rules.append(C.copy(f"{q}text_projection", "text/projection/kernel"))
     elif spec["text_proj"] == "linear":

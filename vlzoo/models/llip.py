@@ -283,9 +283,18 @@ def llip_config(
 
 _PAPER = ("Lavoie et al. 2024, Modeling Caption Diversity in Contrastive Vision-Language Pretraining "
           "(Llip, ICML)")
-_RELEASED = ("The authors released weights for this geometry (facebookresearch/Llip); they are not bundled "
-             "(no downloads at run time): convert a local checkpoint with `vlzoo.convert`. "
-             "Without it the model is randomly initialised.")
+
+
+def _released(preset, checkpoint, accuracy):
+    """`weights_note` and `upstream_weights` metadata of a geometry whose weights the authors released."""
+    command = f"vlzoo convert --from llip --source {checkpoint} --preset {preset} --out DIR"
+    note = (f"The authors released weights for this geometry ({checkpoint} in facebookresearch/Llip's README, "
+            f"{accuracy} average zero-shot accuracy); they are not bundled (no downloads at run time). Convert a "
+            f"local copy with `{command}` (or `vlzoo.convert.from_llip_checkpoint(path, {preset!r})`) and load "
+            "DIR with `vlzoo.from_preset`. Without it the model is randomly initialised.")
+    upstream = dict(repository="https://github.com/facebookresearch/Llip", checkpoint=checkpoint, convert=command)
+    return dict(weights_note=note, upstream_weights=upstream)
+
 _UNRELEASED = "No released weights for this geometry; the model is randomly initialised (architecture config)."
 _TOWERS = ("QuickGELU, LayerNorm eps 1e-5, CLIP BPE (vocabulary 49408)")
 
@@ -300,7 +309,8 @@ PRESETS = {
         config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=32),
         description="Llip32 ViT-B/16 (the authors' released B/16 geometry): 224 px, P=196 + K=32 mixture "
         "tokens, 12/512/8 causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_RELEASED,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
+        **_released("llip_vit_b16", "llip_b16_k32.pt", "69.6%"),
     ),
     "llip_vit_b16_k64": dict(
         config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
@@ -327,7 +337,8 @@ PRESETS = {
         description="Llip64 ViT-bigG/14 (the authors' released G/14 geometry): 224 px, P=256 + K=64 mixture "
         "tokens (16 heads of width 104, MLP 8192), 32/1280/20 causal text (context 77), D=1280, M=8, "
         "tau=5, qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_RELEASED,
+        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
+        **_released("llip_vit_g14", "llip_G14_k64.pt", "79.3%"),
     ),
     "llip_tiny": dict(
         config=dict(

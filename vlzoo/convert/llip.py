@@ -1,0 +1,170 @@
+"""The Llip authors' checkpoints (facebookresearch/Llip) -> `vlzoo.Llip`.
+
+The authors' model (`CMP` in their open_clip fork) stores the towers with
+open_clip's key names and the head as bare matrices:
+
+    visual.class_embedding        (K, W_v)   K mixture tokens ((W_v,) when K = 1)
+    visual.positional_embedding   (K + P, W_v), tokens first
+    visual.conv1.weight, visual.ln_pre.*, visual.transformer.resblocks.{i}.*, visual.ln_post.*
+    token_embedding.weight, positional_embedding, transformer.resblocks.{i}.*, ln_final.*
+    text_projection               (W_t, D)
+    q_proj (W_t, D), k_proj (K, W_v, D), v_proj (K, W_v, D), pred.out_proj (D, D)
+    Q_norm.*, K_norm.*, V_norm.*  (D,) each, with `use_norm` (the H/14 and G/14 models)
+    logit_scale ()  the log of the multiplier (their forward returns its exp), as vlzoo's
+    logit_bias ()
+
+All of them map one to one onto vlzoo's variables (no transposes besides the
+towers' torch layouts): every head matrix is applied as `x @ W` on both sides.
+The attention temperature tau, the head counts and the activation are not in
+the checkpoint; the vlzoo preset supplies them.
+"""
+
+import re
+
+import numpy as np
+
+from vlzoo.convert import _common as C
+from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
+
+_ALIASES = {"out_proj": "pred.out_proj"}  # some exports keep the head's output matrix at the top level
+
+
+def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=None, **config_overrides):
+    """Builds the vlzoo Llip preset `preset` holding the weights of an authors' checkpoint.
+
+    Args:
+        path_or_state_dict: a `.pt` / `.pth` / `.bin` / `.safetensors` file,
+            or its contents: a training checkpoint
+            `{"epoch", "state_dict", "optimizer", ...}` or a bare state dict
+            `{key: torch tensor or numpy array}`. `module.` and `_orig_mod.`
+            key prefixes (DDP, `torch.compile`), a top-level `out_proj` (for
+            `pred.out_proj`) and a `(W_v,)` `visual.class_embedding` (K = 1)
+            are accepted.
+        preset: the vlzoo preset of the checkpoint's architecture, a name or
+            a directory: `"llip_vit_b16"` for the released ViT-B/16 (K = 32),
+            `"llip_vit_g14"` for the released ViT-bigG/14 (K = 64). It gives
+            what the weights do not show: head counts, tau, the activation,
+            and the tokenizer and preprocessor attached to the result.
+        dtype: dtype policy of the model (default: the preset's, float32).
+        progress: optional `progress(done, total)` callback while assigning.
+        **config_overrides: constructor arguments replacing the preset's, as
+            in `vlzoo.from_preset` (e.g. `temperature=1.0`, `vision=dict(...)`).
+
+    Returns:
+        A `vlzoo.Llip` whose `similarity(images, texts)` gives the authors'
+        `logit_scale.exp() * cos(z_ij, t_j) + logit_bias` for images
+        `(B, H, W, 3)` (channels last; the authors' are `(B, 3, H, W)`).
+
+    Raises:
+        ValueError: the checkpoint's geometry (K, widths, layer counts,
+            vocabulary, context length, D, `qkv_norm`) differs from the
+            preset's (every mismatch named with its key, shape and the
+            preset), or a tensor's shape differs from its vlzoo variable's.
+        KeyError: a key is missing or has no vlzoo counterpart (named).
+        Nothing is assigned unless every key and variable matched.
+
+    Example:
+    >>> model = vlzoo.convert.from_llip_checkpoint("llip_b16_k32.pt", "llip_vit_b16")
+    >>> model.similarity(images, ["a dog", "two dogs"]).shape  # images: (B, 224, 224, 3), preprocessed
+    (B, 2)
+    """
+    from vlzoo.presets import from_preset
+
+    state_dict = _canonical(C.read_state_dict(path_or_state_dict))
+    model = C._without_initialization(
+        lambda: from_preset(preset, load_weights=False, dtype=dtype, **config_overrides))
+    if getattr(model, "family", None) != "llip":
+        raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a Llip preset.")
+    _check_geometry(state_dict, model, preset)
+    C.load_rules(_rules(model), state_dict, model, progress=progress)
+    C.warn_logit_scale(C.to_numpy(model.logit_scale), "Llip checkpoint")
+    return model
+
+
+# =============================================================================== keys
+
+
+def _canonical(state_dict):
+    """Renames the aliases (a top-level `out_proj` for `pred.out_proj`)."""
+    for alias, key in _ALIASES.items():
+        if alias in state_dict:
+            if key in state_dict:
+                raise KeyError(f"The checkpoint holds both {alias!r} and {key!r}, two names of the same matrix.")
+            state_dict[key] = state_dict.pop(alias)
+    return state_dict
+
+
+def _rules(model):
+    """The authors' keys -> the `vlzoo_variables` names of the vlzoo Llip `model`."""
+    rules = vit_tower_rules(model.vision.get_config()) + text_tower_rules(model.text.get_config())
+    rules += [
+        C.copy("text_projection", "text_projection/kernel"),
+        C.copy("q_proj", "cross_attention/q_proj"),
+        C.copy("k_proj", "cross_attention/k_proj"),
+        C.copy("v_proj", "cross_attention/v_proj"),
+        C.copy("pred.out_proj", "cross_attention/out_proj"),
+    ]
+    if model.cross_attention.use_qkv_norm:
+        for name in ("Q", "K", "V"):
+            rules += C.torch_layer_norm(f"{name}_norm", f"cross_attention/{name.lower()}_norm")
+    return rules + [C.scalar("logit_scale", "logit_scale"), C.scalar("logit_bias", "logit_bias")]
+
+
+# =============================================================================== geometry
+
+
+def _layers(state_dict, prefix):
+    pattern = re.compile(re.escape(prefix) + r"transformer\.resblocks\.(\d+)\.")
+    indices = {int(m.group(1)) for key in state_dict for m in [pattern.match(key)] if m}
+    return max(indices) + 1 if indices else None
+
+
+def _check_geometry(state_dict, model, preset):
+    """Raises ValueError naming every architecture number where the checkpoint and the preset differ.
+
+    Shapes the towers would also catch one at a time; this names what they
+    mean (K, widths, layer counts, ...) and the preset, all at once.
+    """
+    vision, text = model.vision, model.text
+    grid = (vision.image_size // vision.patch_size) ** 2
+
+    def shape(key):
+        return tuple(int(d) for d in np.shape(state_dict[key])) if key in state_dict else None
+
+    def dim(key, axis):
+        found = shape(key)
+        return found[axis] if found else None
+
+    tokens = shape("visual.class_embedding")
+    checks = [
+        ("mixture tokens K", "visual.class_embedding",
+         None if tokens is None else (1 if len(tokens) == 1 else tokens[0]), vision.num_prefix_tokens),
+        ("vision width", "visual.class_embedding", dim("visual.class_embedding", -1), vision.hidden_dim),
+        ("patch size", "visual.conv1.weight", dim("visual.conv1.weight", -1), vision.patch_size),
+        ("image positions K + P", "visual.positional_embedding", dim("visual.positional_embedding", 0),
+         vision.num_prefix_tokens + grid),
+        ("vision layers", "visual.transformer.resblocks.*", _layers(state_dict, "visual."), vision.num_layers),
+        ("vision MLP width", "visual.transformer.resblocks.0.mlp.c_fc.weight",
+         dim("visual.transformer.resblocks.0.mlp.c_fc.weight", 0), vision.intermediate_dim),
+        ("vocabulary", "token_embedding.weight", dim("token_embedding.weight", 0), text.vocabulary_size),
+        ("text width", "token_embedding.weight", dim("token_embedding.weight", -1), text.hidden_dim),
+        ("context length", "positional_embedding", dim("positional_embedding", 0), text.sequence_length),
+        ("text layers", "transformer.resblocks.*", _layers(state_dict, ""), text.num_layers),
+        ("text MLP width", "transformer.resblocks.0.mlp.c_fc.weight",
+         dim("transformer.resblocks.0.mlp.c_fc.weight", 0), text.intermediate_dim),
+        ("embed dim D", "text_projection", dim("text_projection", -1), model.embed_dim),
+        ("qkv_norm", "Q_norm.weight", "Q_norm.weight" in state_dict, model.cross_attention.use_qkv_norm),
+    ]
+    problems = []
+    for what, key, found, expected in checks:
+        if found is not None and found != expected:
+            if isinstance(found, bool):
+                evidence = f"{key!r} {'present' if found else 'absent'}"
+            else:
+                evidence = f"{key!r} {shape(key)}" if shape(key) is not None else key
+            problems.append(f"{what}: checkpoint {found} ({evidence}), preset {expected}")
+    if problems:
+        raise ValueError(
+            f"The checkpoint does not match preset {preset!r}: " + "; ".join(problems)
+            + ". Pick the preset of the checkpoint's architecture, or override the preset's config."
+        )
