@@ -7,12 +7,7 @@ BACKENDS := jax tensorflow torch
 PYTEST_ARGS ?=
 # Two pytest-xdist workers (CI has 2 cores; most test time is single-threaded compilation).
 WORKERS ?= 2
-# JAX (also in the other passes' subprocesses): compiled programs go to an on-disk cache, so a
-# program of the same shapes compiled by another test or worker is loaded, not compiled again.
-# The size cap turns on the cache's file lock (safe between workers). `make clean` empties it.
-JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/$(VENV)/jax-cache JAX_COMPILATION_CACHE_MAX_SIZE=2000000000 \
-	JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-PYTEST := $(JAX_CACHE) $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) $(PYTEST_ARGS) tests
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --durations=25 $(PYTEST_ARGS) tests
 
 .PHONY: venv demo test $(addprefix test-,$(BACKENDS)) bench presets clean
 
