@@ -127,13 +127,13 @@ def _attention_weights(queries, keys, temperature):
     # in the softmax's max than in its exp gives exp(+ulp) = inf for logits
     # beyond ~1e9 (NaN weights); a matmul's output is computed once.
     logits = ops.einsum("jmd,ikmd->ijmk", queries / temperature, keys)
-    if logits.shape[-1] == 1:
-        # K = 1 is meaningful (Llip without mixture, a SigLIP-style model):
-        # the weights are exactly 1 and W_Q, W_K get exactly zero gradient.
-        # exp(x - x) is both on every backend; a softmax kernel need not be
-        # (TensorFlow's AVX2 kernel returns 1 - ulp for one element).
-        return ops.exp(logits - logits)
-    return ops.softmax(logits, axis=-1)
+    # exp(log_softmax): where one token takes all the weight (K = 1, a
+    # SigLIP-style Llip, or a saturated row) its log-weight is exactly 0, so
+    # the weight is exactly 1 and the logits get exactly zero gradient on
+    # every backend. A softmax kernel need not give 1 there (TensorFlow's
+    # AVX2 kernel returns 1 - 2**-24), which leaves 6e-8 of the upstream
+    # gradient on W_Q and W_K.
+    return ops.exp(ops.log_softmax(logits, axis=-1))
 
 
 def _contextualize(queries, keys, values, temperature):
