@@ -41,8 +41,10 @@ def l2_normalize(x, axis=-1, epsilon=1e-12):
     zero vector maps to a zero vector with a finite value and a finite
     gradient (`1 / epsilon` times the upstream one; the convention of
     `torch.nn.functional.normalize`).
-    The result has the dtype of `x` when `x` is floating, float32
-    otherwise.
+    The result is float32 whatever the dtype of `x`: under a bfloat16
+    policy the towers' outputs are normalised and scored in float32, since
+    rounding unit vectors back to bfloat16 would put a relative error of
+    2**-9 on every cosine.
 
     Args:
         x: tensor of any shape, e.g. `(B, D)` embeddings.
@@ -50,7 +52,7 @@ def l2_normalize(x, axis=-1, epsilon=1e-12):
         epsilon: lower bound on the norm.
 
     Returns:
-        Tensor of the same shape as `x`.
+        float32 tensor of the same shape as `x`.
 
     Example:
 
@@ -61,10 +63,7 @@ def l2_normalize(x, axis=-1, epsilon=1e-12):
     dtype = keras.backend.standardize_dtype(x.dtype)
     x32 = ops.cast(x, "float32") if dtype != "float32" else x
     sq = ops.sum(ops.square(x32), axis=axis, keepdims=True)
-    y = x32 * ops.rsqrt(ops.maximum(sq, float(epsilon) ** 2))
-    if "float" in dtype and dtype != "float32":
-        y = ops.cast(y, dtype)
-    return y
+    return x32 * ops.rsqrt(ops.maximum(sq, float(epsilon) ** 2))
 
 
 def _cosine(image_embeds, text_embeds):
