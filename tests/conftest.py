@@ -25,6 +25,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "conformance: spawns one subprocess per backend (run once, see backend_utils.run_once)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests (learning runs, big builds: nothing backend-specific) run in one pass only.
+
+    Every backend's own numerics are checked by the conformance test and by the fast tests of
+    each pass; a learning test costs 20-60 s of compilation on JAX and TensorFlow, seconds on
+    PyTorch's eager path. `@pytest.mark.slow(backend=...)` names another pass where that one
+    is cheapest.
+    """
+    from backend_utils import ONCE_BACKEND
+
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is None:
+            continue
+        backend = marker.kwargs.get("backend", ONCE_BACKEND)
+        if keras.backend.backend() != backend:
+            item.add_marker(pytest.mark.skip(reason=f"slow: runs in the {backend} pass only"))
+
+
 def tiny_model(family="clip", **overrides):
     """A tiny model of `family` with a 64-token vocabulary (fast to build and train)."""
     from vlzoo.models import CLIP, SigLIP

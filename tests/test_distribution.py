@@ -41,8 +41,9 @@ def test_data_parallel_equals_one_device_on_the_global_batch(worker, family):
     assert abs(result["loss_data_parallel"] - result["loss_single"]) <= 1e-5 * max(1.0, result["loss_single"])
     assert result["weights_after_step_max_diff"] <= 1e-5
     assert result["step_changed_weights"] > 1e-2  # the step did move the weights
-    # The negatives span the global batch: a loss over each device's 2 pairs alone differs.
-    assert abs(result["loss_device_local_negatives"] - result["loss_eval"]) > 1e-3
+    # The negatives span the global batch: a loss over each device's 2 pairs alone differs (the
+    # single-device step's loss is the global batch's at the same weights, before the update).
+    assert abs(result["loss_device_local_negatives"] - result["loss_single"]) > 1e-3
 
 
 @JAX_ONLY

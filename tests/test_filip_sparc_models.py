@@ -138,6 +138,7 @@ def test_padding_content_does_not_change_scores_or_loss(family):
     assert abs(a - b) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["filip", "sparc"])
 def test_fit_lowers_the_loss(family):
     keras.utils.set_random_seed(0)

@@ -431,6 +431,7 @@ def test_zero_shot_accepts_prompt_strings():
         model.encode_class_texts([["a", "b"], ["c"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_chunks", [None, 3])
 def test_fit_lowers_the_loss(num_chunks):
     keras.utils.set_random_seed(0)

@@ -45,6 +45,7 @@ def test_forward_and_loss_match_numpy(family):
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)), expected_sim, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["clip", "siglip"])
 def test_fit_lowers_the_loss(family):
     keras.utils.set_random_seed(0)

@@ -473,6 +473,7 @@ def test_logit_scale_init_and_clamp():
     assert abs(float(to_numpy(model.logit_scale)) - LOGIT_SCALE_MAX) < 1e-6
 
 
+@pytest.mark.slow
 def test_fit_lowers_the_loss():
     keras.utils.set_random_seed(0)
     model = _model()

@@ -372,6 +372,7 @@ def test_step_counters_and_flops_ramp_survive_recompiles():
         model.set_stage(4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_fit_lowers_the_loss_in_each_stage(stage):
     keras.utils.set_random_seed(0)
