@@ -1,6 +1,7 @@
 """tools/bench.py runs every entry (tiny sizes) and writes its table."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -16,8 +17,10 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert {row["backend"] for row in rows} == {"torch"}  # one backend keeps the smoke run short
-    assert all(row["result"]["median_s"] > 0 for row in rows)
-    assert {row["entry"] for row in rows} == {"open_clip", "filip_loss", "train_step", "stair_pool", "loss_memory"}
+    # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
+    assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
+    assert {row["entry"] for row in rows} == {"open_clip", "precision", "filip_loss", "train_step", "stair_pool",
+                                              "loss_memory"}
     peer = {(row["task"], row.get("only")): row["result"] for row in rows if row["entry"] == "open_clip"}
     tasks = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
     assert set(peer) == {(task, None) for task in tasks} | {
@@ -34,9 +37,30 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         if row["entry"] == "train_step":
             r = row["result"]
             assert r["vs_clip"] > 0 and r["clip_median_s"] > 0
+    precision = {(row["task"], row["dtype"]): row["result"] for row in rows if row["entry"] == "precision"}
+    assert set(precision) == {("matmul", "float32"), ("matmul", "bfloat16"), ("encode_image", "float32"),
+                              ("encode_image", "bfloat16"), ("train_step", "float32"), ("train_step", "mixed_bfloat16")}
+    roofline = {dtype: precision[("matmul", dtype)]["gflops"] for dtype in ("float32", "bfloat16")}
+    assert min(roofline.values()) > 0
+    bf16_usable = roofline["bfloat16"] >= 0.1 * roofline["float32"]  # not on CPUs without AVX512-BF16 / AMX
+    for (task, dtype), r in precision.items():
+        if task == "matmul":
+            continue
+        if dtype != "float32" and not bf16_usable:
+            assert "torch's bfloat16 matmul runs at" in r["skipped"], r
+            continue
+        assert r["gflops"] > 0 and r["vs_open_clip_float32"] > 0, (task, dtype, r)
+        assert ("vs_open_clip_bfloat16" in r) == bf16_usable, (task, dtype, r)
+        # vlzoo's first output against open_clip float32's on the same weights and batch.
+        assert r["max_abs_diff"] < (1e-4 if dtype == "float32" else 0.1), (task, dtype, r)
     table = (tmp_path / "bench.md").read_text()
-    assert sum(line.startswith(tuple(f"| {task} | torch |" for task in tasks)) and " towers, batch " not in line
-               for line in table.splitlines()) == len(tasks)  # the open_clip comparison's rows
+    # The open_clip comparison's rows: task, backend, then vlzoo's items/s (a number; the precision
+    # table's rows have a dtype there).
+    assert sum(bool(re.match(rf"\| ({'|'.join(tasks)}) \| torch \| [0-9]", line))
+               for line in table.splitlines()) == len(tasks)
+    assert "| matmul (roofline) | backend | GFLOP/s |" in table
+    assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
+               for line in table.splitlines()) == 4  # the precision table's rows
     assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory"))
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines()
               if line.startswith("| train_step |") and " towers, batch " in line]
