@@ -54,6 +54,8 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         # vlzoo's first output against open_clip float32's on the same weights and batch.
         assert r["max_abs_diff"] < (1e-4 if dtype == "float32" else 0.1), (task, dtype, r)
     table = (tmp_path / "bench.md").read_text()
+    assert table.startswith("Machine: ") and "cores" in table.splitlines()[0]  # the ratios depend on the CPU
+    assert "CPU flags: " in table.splitlines()[0]
     # The open_clip comparison's rows: task, backend, then vlzoo's items/s (a number; the precision
     # table's rows have a dtype there).
     assert sum(bool(re.match(rf"\| ({'|'.join(tasks)}) \| torch \| [0-9]", line))
