@@ -61,7 +61,6 @@ PRESET_OUTPUTS = ("encode/image", "encode/text", "similarity")
 pytestmark = [
     pytest.mark.conformance,
     run_once,
-    pytest.mark.xdist_group("conformance"),  # one xdist worker runs the module's fixture, once
 ]
 
 

@@ -19,8 +19,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
-# The 8-device worker (a few minutes) runs once: every test here goes to the same xdist worker.
-pytestmark = pytest.mark.xdist_group("distribution")
 
 
 @pytest.fixture(scope="module")
