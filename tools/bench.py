@@ -671,19 +671,23 @@ def memory_table(rows):
     return out + [""]
 
 
+def rooflines(rows):
+    """`{(backend, dtype): GFLOP/s}` of the plain matmul rows (no XLA flags) that ran among `rows`."""
+    return {(row["backend"], row["dtype"]): row["result"]["gflops"] for row in rows
+            if row["entry"] == "precision" and row["task"] == "matmul" and not row.get("xla_flags")
+            and "gflops" in row["result"]}
+
+
 def precision_table(rows):
     """Markdown rows of `precision`: the matmul roofline per backend and dtype, then vlzoo's encode_image
     and training step in each precision against open_clip in float32 and in bfloat16 (autocast)."""
     done = [row for row in rows if row["entry"] == "precision"]
     if not done:
         return []
-    roofline = {}
+    roofline = rooflines(done)
     out = ["| matmul (roofline) | backend | GFLOP/s |", "|---|---|---:|"]
     for row in (row for row in done if row["task"] == "matmul"):
-        r = row["result"]
-        value = "error" if "error" in r else r["gflops"]
-        if not row.get("xla_flags") and "error" not in r:
-            roofline[(row["backend"], row["dtype"])] = r["gflops"]
+        value = "error" if "error" in row["result"] else row["result"]["gflops"]
         out.append(f"| {describe(row)} | {row['backend']} | {value} |")
     out += ["", "| task | backend | vlzoo dtype | vlzoo items/s | GFLOP/s | % of matmul roofline "
                 "| / open_clip float32 | / open_clip bfloat16 | max abs diff vs open_clip float32 |",
@@ -758,12 +762,11 @@ def main(argv=None):
     todo = [(case, backend) for case in cases(args.entries, args.quick)
             for backend in (args.backends[:1] if case.get("once") else args.backends)
             if not case.get("jax_only") or backend == "jax"]
-    roofline = {}  # (backend, dtype) -> GFLOP/s of the precision entry's plain matmuls, measured first
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         note = None
         if case["entry"] == "precision" and case["task"] != "matmul":
-            case, note = bf16_plan(case, backend, roofline)
+            case, note = bf16_plan(case, backend, rooflines(rows))  # the matmuls run first
         if case is None:
             result = {"skipped": note}
         else:
@@ -771,9 +774,6 @@ def main(argv=None):
             if note:
                 result["note"] = note
         rows.append(dict(case or todo[i - 1][0], backend=backend, result=result))
-        if rows[-1]["entry"] == "precision" and rows[-1]["task"] == "matmul" and not rows[-1].get("xla_flags") \
-                and "gflops" in result:
-            roofline[(backend, rows[-1]["dtype"])] = result["gflops"]
         print(f"    {result}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
