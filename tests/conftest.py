@@ -2,7 +2,8 @@
 
 import os
 
-import keras
+import vlzoo  # noqa: F401  (before Keras, as in a user's program: it sets TensorFlow's CPU defaults)
+import keras  # noqa: I001
 import numpy as np
 import pytest
 from hypothesis import HealthCheck
