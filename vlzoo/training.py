@@ -23,10 +23,14 @@ What each switch does:
   bfloat16, the logit scale/bias and every loss stay float32.
 - gradient accumulation: Keras' own `gradient_accumulation_steps`.
 - remat: the towers' `remat` flag (`keras.remat` around every block).
+- host memory on CPU: `retain_host_memory()` keeps the memory a step frees
+  for the next step instead of faulting it in again.
 """
 
+import ctypes
 import math
 import numbers
+import warnings
 
 import keras
 from keras import ops
@@ -222,3 +226,53 @@ def configure(model, *, remat=None, jit_compile="auto", **optimizer_args):
         model.text.remat = remat
     model.compile(optimizer=training_optimizer(**optimizer_args), jit_compile=jit_compile)
     return model.optimizer
+
+
+# glibc's mallopt(3) parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+
+
+def retain_host_memory():
+    """Keeps the host memory a training step frees for the next step (glibc's malloc, Linux).
+
+    A compiled training step on the CPU frees its temporaries (activations,
+    gradients: 6.3 GB for CLIP ViT-B/16 at batch 16 on JAX) when it ends and
+    allocates them again when the next one starts. glibc's malloc hands such
+    blocks back to the kernel (large blocks are mapped and unmapped, and each
+    thread's arena releases its emptied heaps), so every step faults them in
+    again, zero-filled page by page. This sets, through `mallopt(3)`, one
+    malloc arena (`M_ARENA_MAX=1`), no mapped blocks (`M_MMAP_MAX=0`) and no
+    trimming (`M_TRIM_THRESHOLD` at its maximum): freed memory stays in the
+    process and the next step reuses it. The same as starting Python with
+    `GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=18446744073709551615`.
+
+    Measured (CLIP ViT-B/16, batch 16, float32, JAX, 2-core AMD EPYC): 7.1 GB
+    of page faults and 18.2-19.0 s per training step before; none and
+    16.1-17.1 s after.
+
+    Call it first, before the backend's first computation (building a model
+    is one): threads that have already allocated keep their own arenas. The
+    cost: the process's resident memory stays at its peak instead of
+    shrinking between steps, and all threads allocate from one arena (more
+    lock contention for many small allocations on many cores).
+
+    Returns:
+        True when the settings were applied; False, with a warning, where
+        the C library is not glibc (macOS, Windows, musl): nothing changes.
+
+    Example:
+    >>> import vlzoo
+    >>> vlzoo.training.retain_host_memory()  # first thing, then build and fit
+    True
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018  (glibc only)
+    except (OSError, AttributeError, TypeError):
+        warnings.warn("retain_host_memory: the C library is not glibc; host memory is left as it is.", stacklevel=2)
+        return False
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # A trim threshold of -1 is SIZE_MAX for glibc (the value is taken as a size_t): never trim.
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+    return all([mallopt(parameter, value) == 1 for parameter, value in settings])
