@@ -21,11 +21,12 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
     assert {row["entry"] for row in rows} == {"open_clip", "precision", "filip_loss", "train_step", "stair_pool",
                                               "loss_memory"}
-    peer = {(row["task"], row.get("only")): row["result"] for row in rows if row["entry"] == "open_clip"}
+    peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
+            for row in rows if row["entry"] == "open_clip"}
     tasks = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
     assert set(peer) == {(task, None) for task in tasks} | {
-        ("train_step", "vlzoo"), ("train_step", "open_clip")}
-    for (task, only), r in peer.items():
+        ("train_step", "vlzoo"), ("train_step", "open_clip"), ("train_step", None, "retained")}
+    for (task, only, *_), r in peer.items():
         assert r["median_s"] > 0 and r["peak_mb"] >= 0
         if only is None:  # converted weights, same batch: both frameworks compute the same outputs
             assert r["vs_open_clip"] > 0 and r["open_clip_median_s"] > 0 and r["max_abs_diff"] < 1e-4, (task, r)
@@ -60,6 +61,8 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     # table's rows have a dtype there).
     assert sum(bool(re.match(rf"\| ({'|'.join(tasks)}) \| torch \| [0-9]", line))
                for line in table.splitlines()) == len(tasks)
+    assert sum(bool(re.match(r"\| train_step \(host memory retained\) \| torch \| [0-9]", line))
+               for line in table.splitlines()) == 1
     assert "| matmul (roofline) | backend | GFLOP/s |" in table
     assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
                for line in table.splitlines()) == 4  # the precision table's rows
