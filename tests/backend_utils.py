@@ -1,6 +1,9 @@
 """Backend-agnostic test helpers (the tests may import the backends)."""
 
 import contextlib
+import fcntl
+import json
+import os
 
 import keras
 import numpy as np
@@ -116,3 +119,24 @@ def finite_difference(f, args, i, h=1e-6):
         minus[i][idx] -= h
         grad[idx] = (f(*plus) - f(*minus)) / (2 * h)
     return grad
+
+
+def shared_result(tmp_path_factory, name, compute):
+    """`compute()`'s result (JSON-able), computed once per test run however many xdist workers ask.
+
+    The first worker to ask computes it under a file lock in the run's shared temporary
+    directory; the others wait on the lock and read the stored result. For fixtures that start
+    minutes-long subprocesses, which a module- or session-scoped fixture would otherwise run once
+    per worker.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own basetemp under the run's
+        root = root.parent
+    path = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compute()
+        path.write_text(json.dumps(result))
+        return result

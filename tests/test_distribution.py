@@ -11,6 +11,7 @@ import sys
 
 import keras
 import pytest
+from backend_utils import shared_result
 
 import vlzoo
 from vlzoo import distribution
@@ -19,16 +20,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
+# One xdist worker takes this module (`--dist loadgroup`), so the other does not wait on the shared result.
+pytestmark = pytest.mark.xdist_group("distribution")
 
 
-@pytest.fixture(scope="module")
-def worker():
+def _run_worker():
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "distribution_worker.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-5000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def worker(tmp_path_factory):
+    # A few minutes of 8-device runs: once per test run, whichever xdist worker asks first.
+    return shared_result(tmp_path_factory, "distribution_worker", _run_worker)
 
 
 @JAX_ONLY
