@@ -20,8 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
-# One xdist worker takes this module (`--dist loadgroup`), so the other does not wait on the shared result.
-pytestmark = pytest.mark.xdist_group("distribution")
 
 
 def _run_worker():
