@@ -21,7 +21,8 @@ Entries:
                ClipLoss, backward and AdamW step), alternated in one process per
                Keras backend: throughput ratio, compile time (first call above
                the median), agreement of the first outputs; peak memory of each
-               framework alone, in processes of their own.
+               framework alone, in processes of their own; the training step once
+               more with `vlzoo.training.retain_host_memory()` in the process.
   precision    bfloat16 against float32: each backend's own N x N matmul in
                float32 and bfloat16 (N = 2048; the roofline, as GFLOP/s; on JAX also
                with the XLA:CPU options of JAX_CPU_FLAGS), then, on the open_clip
