@@ -275,4 +275,5 @@ def retain_host_memory():
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # A trim threshold of -1 is SIZE_MAX for glibc (the value is taken as a size_t): never trim.
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+    # A list, not a generator: every setting is applied even if an earlier one is refused.
     return all([mallopt(parameter, value) == 1 for parameter, value in settings])
