@@ -4,6 +4,9 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
+import subprocess
+import time
 
 import keras
 import numpy as np
@@ -121,22 +124,39 @@ def finite_difference(f, args, i, h=1e-6):
     return grad
 
 
-def shared_result(tmp_path_factory, name, compute):
-    """`compute()`'s result (JSON-able), computed once per test run however many xdist workers ask.
+def shared_subprocess(tmp_path_factory, name, argv, env, timeout):
+    """Starts `argv` once per test run, in the background; returns a function that waits for its JSON.
 
-    The first worker to ask computes it under a file lock in the run's shared temporary
-    directory; the others wait on the lock and read the stored result. For fixtures that start
-    minutes-long subprocesses, which a module- or session-scoped fixture would otherwise run once
-    per worker.
+    The first xdist worker to call this starts the process (under a file lock in the run's
+    shared temporary directory); later calls, from any worker, only get the waiting function.
+    Calling it early (a session fixture, `conftest._start_background_subprocesses`) lets a
+    minutes-long subprocess run while both workers go on with other tests, instead of one
+    worker computing it and the other waiting on the lock. The returned function blocks until
+    the process has exited and returns its last stdout line parsed as JSON, failing with the
+    end of its stderr if it exited with an error or ran past `timeout` seconds.
     """
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own basetemp under the run's
         root = root.parent
-    path = root / f"{name}.json"
+    out, err, status = (root / f"{name}.{suffix}" for suffix in ("out", "err", "status"))
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return json.loads(path.read_text())
-        result = compute()
-        path.write_text(json.dumps(result))
-        return result
+        if not out.exists():
+            script = f'{shlex.join(argv)} > {shlex.quote(str(out))} 2> {shlex.quote(str(err))}; ' \
+                     f'echo $? > {shlex.quote(str(status))}.tmp && mv {shlex.quote(str(status))}.tmp ' \
+                     f'{shlex.quote(str(status))}'
+            out.touch()
+            _BACKGROUND.append(subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True))
+
+    def wait():
+        deadline = time.monotonic() + timeout
+        while not status.exists():
+            assert time.monotonic() < deadline, f"{name}: no result after {timeout} s"
+            time.sleep(0.5)
+        assert status.read_text().strip() == "0", err.read_text()[-5000:]
+        return json.loads(out.read_text().strip().splitlines()[-1])
+
+    return wait
+
+
+_BACKGROUND = []  # started processes, kept so that they are reaped

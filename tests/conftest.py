@@ -45,6 +45,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"slow: runs in the {backend} pass only"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _start_background_subprocesses(request, tmp_path_factory):
+    """Starts the minutes-long subprocesses of the selected test modules when the run begins.
+
+    A module opts in with a function `start_background_subprocesses(tmp_path_factory)` (see
+    `backend_utils.shared_subprocess`): its subprocess then runs while the xdist workers go on
+    with other tests, and the tests that need its result wait for it at most for what is left.
+    """
+    for module in {item.module for item in request.session.items}:
+        start = getattr(module, "start_background_subprocesses", None)
+        if start is not None:
+            start(tmp_path_factory)
+
+
 def tiny_model(family="clip", **overrides):
     """A tiny model of `family` with a 64-token vocabulary (fast to build and train)."""
     from vlzoo.models import CLIP, SigLIP

@@ -4,14 +4,12 @@ The 8-device part runs `tests/distribution_worker.py` in a subprocess (the devic
 is fixed when JAX starts) in the jax pass; see the worker for what it computes.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 import keras
 import pytest
-from backend_utils import shared_result
+from backend_utils import shared_subprocess
 
 import vlzoo
 from vlzoo import distribution
@@ -22,19 +20,22 @@ JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
 
 
-def _run_worker():
+def start_background_subprocesses(tmp_path_factory):
+    """Starts the 8-device worker (a few minutes) once per run; returns the function that waits for its JSON.
+
+    `conftest` calls this at the start of a JAX run that selected these tests, so that the worker
+    runs while the xdist workers go on with other tests."""
+    if keras.backend.backend() != "jax":
+        return None
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "distribution_worker.py")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-5000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    argv = [sys.executable, os.path.join(ROOT, "tests", "distribution_worker.py")]
+    return shared_subprocess(tmp_path_factory, "distribution_worker", argv, env, timeout=1200)
 
 
 @pytest.fixture(scope="session")
 def worker(tmp_path_factory):
-    # A few minutes of 8-device runs: once per test run, whichever xdist worker asks first.
-    return shared_result(tmp_path_factory, "distribution_worker", _run_worker)
+    return start_background_subprocesses(tmp_path_factory)()
 
 
 @JAX_ONLY
