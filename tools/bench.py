@@ -6,7 +6,8 @@
 
 Each case runs in a fresh process so that its peak memory (the peak resident
 memory of its calls above the resident set once its inputs are built) belongs
-to it alone. Results go to `--out` as JSON and a Markdown table.
+to it alone (a `--quick` smoke run shares one process among consecutive cases of
+a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown table.
 
 Entries:
   open_clip    vlzoo against open_clip on the same weights (open_clip's
@@ -592,18 +593,37 @@ def bf16_plan(case, backend, roofline):
     return case, None
 
 
-def run_in_subprocess(case, backend, timeout):
+def run_in_subprocess(cases, backend, timeout):
+    """Runs `cases` (a list) one after another in one fresh process of `backend`: their results, in order.
+
+    `timeout` is per case. A case that fails, and those after it, get `{"error": [last line]}`.
+    """
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-    if case.get("xla_flags"):
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + case["xla_flags"]).strip()
+    flags = {case.get("xla_flags") for case in cases} - {None}
+    if flags:
+        (flag,) = flags  # process-wide: cases with XLA flags run alone (`shares_process`)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
     proc = subprocess.run(
-        [sys.executable, __file__, "--case", json.dumps(case)],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, __file__, "--cases", json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=timeout * len(cases),
     )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-    return json.loads(lines[-1][len("RESULT "):])
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    error = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    return results + [error] * (len(cases) - len(results))
+
+
+def shares_process(case, other):
+    """Whether a `--quick` run may run `other` in the process that runs `case`.
+
+    The smoke run starts one process per backend and run of consecutive cases rather than one
+    per case (seconds of imports each); their peak memory is then not theirs alone, which is
+    not what a smoke run checks. Cases with a process-wide setting (XLA flags, retained host
+    memory) still get a process of their own.
+    """
+    def alone(c):
+        return bool(c.get("xla_flags") or c.get("retain_host_memory"))
+
+    return case["backend"] == other["backend"] and not alone(case) and not alone(other)
 
 
 def describe(row):
@@ -758,15 +778,16 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that every entry runs")
     parser.add_argument("--out", default="out/bench", help="directory for bench.json and bench.md")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per case")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.case:
+    if args.cases:
         import vlzoo  # first, as in a user's program: it sets TensorFlow's CPU defaults
 
-        case = json.loads(args.case)
-        if case.get("retain_host_memory"):  # before the first computation, for both frameworks alike
+        cases_here = json.loads(args.cases)
+        if any(case.get("retain_host_memory") for case in cases_here):  # before the first computation
             vlzoo.training.retain_host_memory()
-        print("RESULT " + json.dumps(run_case(case)), flush=True)
+        for case in cases_here:
+            print("RESULT " + json.dumps(run_case(case)), flush=True)
         return 0
     machine = describe_machine()
     rows = []
@@ -774,19 +795,35 @@ def main(argv=None):
     todo = [(case, backend) for case in cases(args.entries, args.quick)
             for backend in (args.backends[:1] if case.get("once") else args.backends)
             if not case.get("jax_only") or backend == "jax"]
+    pending = []  # (row, case) waiting for their process: one case, or a --quick run of several
+
+    def run_pending():
+        if pending:
+            results = run_in_subprocess([case for _, case in pending], pending[0][0]["backend"], args.timeout)
+            for (row, _), result in zip(pending, results):
+                row["result"] = dict(result, **row["result"])
+                rows.append(row)
+                print(f"    {row['entry']} {row['backend']}: {row['result']}", flush=True)
+            pending.clear()
+
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         note = None
         if case["entry"] == "precision" and case["task"] != "matmul":
-            case, note = bf16_plan(case, backend, rooflines(rows))  # the matmuls run first
+            run_pending()  # the plan reads the matmul rows, which run first
+            case, note = bf16_plan(case, backend, rooflines(rows))
+        row = dict(case or todo[i - 1][0], backend=backend, result={"note": note} if note else {})
         if case is None:
-            result = {"skipped": note}
-        else:
-            result = run_in_subprocess(case, backend, args.timeout)
-            if note:
-                result["note"] = note
-        rows.append(dict(case or todo[i - 1][0], backend=backend, result=result))
-        print(f"    {result}", flush=True)
+            run_pending()
+            rows.append(dict(row, result={"skipped": note}))
+            print(f"    skipped: {note}", flush=True)
+            continue
+        if pending and not shares_process(pending[-1][0], row):
+            run_pending()
+        pending.append((row, case))
+        if not args.quick:  # a fresh process per case
+            run_pending()
+    run_pending()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump({"machine": machine, "rows": rows}, f, indent=2)
