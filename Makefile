@@ -11,7 +11,7 @@ WORKERS ?= 2
 # JAX programs in the tests are compiled with LLVM's optimisations off (JAX_DISABLE_MOST_OPTIMIZATIONS:
 # backend optimisation level 0, no expensive LLVM passes; XLA's HLO passes and fusions, which decide
 # the numerics, are unchanged): tiny models compile a third faster and run no slower that matters.
-PYTEST := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --durations=25 $(PYTEST_ARGS) tests
+PYTEST := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) --durations=25 $(PYTEST_ARGS) tests
 
 .PHONY: venv demo test $(addprefix test-,$(BACKENDS)) bench presets clean
 

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings
 
+from vlzoo.host import describe_host
+
 # Property tests (tests/test_properties.py): the same generated cases on every run, none stored.
 # JAX compiles every drawn case (a new shape), so it draws fewer by default.
 _EXAMPLES = os.environ.get("VLZOO_HYPOTHESIS_EXAMPLES", "8" if keras.backend.backend() == "jax" else "20")
@@ -20,6 +22,11 @@ settings.load_profile("vlzoo")
 
 TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
+
+
+def pytest_report_header(config):
+    """The host's CPU model and vector units (they select the backends' kernels, and so the rounding)."""
+    return [f"vlzoo host: {describe_host()}", f"keras {keras.__version__}, backend {keras.backend.backend()}"]
 
 
 def pytest_configure(config):

@@ -1,11 +1,38 @@
 """tools/bench.py runs every entry (tiny sizes) and writes its table."""
 
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 from backend_utils import run_once
+
+
+@pytest.fixture
+def bench(repo_root):
+    """tools/bench.py as a module (tools/ is no package)."""
+    spec = importlib.util.spec_from_file_location("bench", os.path.join(repo_root, "tools", "bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peak_memory_is_measured_from_its_baseline(bench):
+    # A block that only frees memory peaks at its baseline (the resident set at entry), never below it.
+    held = np.ones(2**25)  # 256 MB, touched
+    with bench.PeakMemory() as freeing:
+        del held
+    assert freeing.peak_mb >= 0
+    # A block that touches 256 MB above anything the process held before raises the high-water mark:
+    # the peak is read from it (the block's own memory, whatever the baseline).
+    with bench.PeakMemory() as growing:
+        block = np.ones(2**25 + 2**24)  # 384 MB
+        del block
+    assert 384 - 16 <= growing.peak_mb <= 384 + 64, growing.peak_mb
 
 
 @run_once

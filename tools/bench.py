@@ -55,8 +55,6 @@ Entries:
 import argparse
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -64,6 +62,8 @@ import threading
 import time
 
 import numpy as np
+
+from vlzoo.host import describe_host
 
 ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
@@ -94,26 +94,36 @@ TINY_OPEN_CLIP = dict(
 )
 
 
-def _max_rss_mb():
-    """The process's resident-set high-water mark."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _resident_mb():
+    """`(current, high-water mark)` resident set of this process in MB, from one read of its status.
 
-
-def _current_rss_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    Both come from the same kernel counters in the same read, so the high-water mark is never below
+    the current value (`getrusage`'s `ru_maxrss` and `/proc/self/statm` are read at different times,
+    and the kernel folds each thread's cached page counts into them lazily: one could read 0.1 MB
+    below the other).
+    """
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024  # kB
+    return fields["VmRSS"], fields["VmHWM"]
 
 
 class PeakMemory:
     """Peak resident memory above the resident set at entry, while the `with` block runs (MB).
 
-    Exact (from the high-water mark) when the block raises the process's
-    high-water mark, as when a step needs more than building its inputs did;
-    otherwise the maximum of the resident set sampled every millisecond.
+    Every reading (the resident set sampled every millisecond, and the
+    process's high-water mark at exit when the block raised it) is a lower
+    bound of the block's true peak, and so is the resident set at entry: the
+    peak is the largest of them, so it is never below the baseline. The
+    high-water mark makes it exact when the block raises it, as when a step
+    needs more than building its inputs did.
     """
 
     def __enter__(self):
-        self.start, self.start_max = _current_rss_mb(), _max_rss_mb()
+        self.start, self.start_max = _resident_mb()
         self.sampled, self._done = self.start, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -121,13 +131,14 @@ class PeakMemory:
 
     def _sample(self):
         while not self._done.wait(0.001):
-            self.sampled = max(self.sampled, _current_rss_mb())
+            self.sampled = max(self.sampled, _resident_mb()[0])
 
     def __exit__(self, *exc):
         self._done.set()
         self._thread.join()
-        end_max = _max_rss_mb()
-        self.peak_mb = (end_max if end_max > self.start_max else self.sampled) - self.start
+        current, end_max = _resident_mb()
+        peak = max(self.sampled, current, end_max if end_max > self.start_max else self.start)
+        self.peak_mb = peak - self.start
 
 
 def _grad_fn(loss, num_args):
@@ -752,25 +763,6 @@ def markdown(rows, machine):
     return "\n".join(out) + "\n"
 
 
-# The CPU features that decide matmul speed in float32 and bfloat16 (see the precision entry).
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-
-
-def describe_machine():
-    """`"<CPU model>, <n> cores, <OS>, CPU flags: ..."`: the ratios of this benchmark depend on the CPU
-    (the same code measured 1.65x and 0.77x open_clip on two hosts), so every table names it."""
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo") as f:
-            first_cpu = f.read().split("\n\n")[0].splitlines()
-        info = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first_cpu if ":" in line)}
-        model = info.get("model name", model)
-        flags = [flag for flag in CPU_FEATURES if flag in info.get("flags", "").split()]
-    except OSError:  # not Linux
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}, CPU flags: {' '.join(flags) or 'unknown'}"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
@@ -789,7 +781,7 @@ def main(argv=None):
         for case in cases_here:
             print("RESULT " + json.dumps(run_case(case)), flush=True)
         return 0
-    machine = describe_machine()
+    machine = describe_host()
     rows = []
     # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
     todo = [(case, backend) for case in cases(args.entries, args.quick)
