@@ -196,6 +196,52 @@ def test_mixed_bfloat16_trains_with_float32_variables(float32_presets, family):
     assert sum(not np.array_equal(a, b) for a, b in zip(after, before)) > len(before) // 2
 
 
+# ----------------------------------------------------------------------------- attention logits
+
+
+def test_attention_logits_are_float32_under_bfloat16():
+    """`q k^T` of bfloat16 `q`, `k` is formed in float32 on every backend, not rounded to bfloat16.
+
+    The tokens share a large component, as attention sinks and repeated background patches do:
+    the logits reach 78 and differ by about 5 between keys, and the values (without the shared
+    component) differ from key to key. bfloat16's spacing between 64 and 128 is 0.5: a logit
+    rounded to bfloat16 moves by up to 0.25, its attention weight by up to e**0.25 - 1 = 28%.
+    Products of bfloat16 numbers are exact in float32, so float32 logits of the same `q`, `k`
+    leave only the roundings after the softmax.
+    """
+    rng = np.random.default_rng(0)
+    hidden, heads, length = 16, 2, 12
+    layer = vlzoo.layers.MultiHeadAttention(hidden, heads, dtype="bfloat16")
+    x = (5.0 + rng.normal(0, 0.08, (2, length, hidden))).astype("float32")
+    layer.build(x.shape)
+    shared = np.full((hidden, 1), hidden**-0.5)
+    for dense in (layer.query, layer.key, layer.value, layer.output_dense):
+        kernel = rng.normal(0, 0.5, (hidden, hidden))
+        if dense is layer.value:  # values without the shared component: they differ from key to key
+            kernel -= shared @ (shared.T @ kernel)
+        dense.kernel.assign(kernel.astype("float32"))
+        dense.bias.assign(rng.normal(0, 0.1 if dense is not layer.value else 0.01, (hidden,)).astype("float32"))
+    got = to_numpy(keras.ops.cast(layer(x), "float32")).astype(np.float64)
+
+    # The reference takes the layer's own bfloat16 projections (one unit in the last place of q
+    # and k, at 20, moves a logit as much as the rounding under test) and attends in float64.
+    q, k, v = (to_numpy(keras.ops.cast(d(x), "float32")).astype(np.float64)
+               .reshape(2, length, heads, hidden // heads).transpose(0, 2, 1, 3)
+               for d in (layer.query, layer.key, layer.value))
+    logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hidden // heads)
+    assert np.abs(logits).max() > 64 and np.ptp(logits, axis=-1).mean() < 8, "the regime the test is about"
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = (weights @ v).transpose(0, 2, 1, 3).reshape(2, length, hidden)
+    want = to_numpy(keras.ops.cast(layer.output_dense(attended.astype("float32")), "float32")).astype(np.float64)
+    error = np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
+    # What remains is rounding: of the weights to bfloat16 before `weights @ v` (JAX, PyTorch), of
+    # the attended values, of the output projection's result: each 2**-9 relative at most, so
+    # 2**-6 bounds a token's error with margin (measured: 0 on TensorFlow, 0.0052 on JAX and
+    # PyTorch, against 0.19 with bfloat16 logits).
+    assert error.max() < 2**-6, f"attention output relative error {error.max():.4f}"
+
+
 # ----------------------------------------------------------------------------- trained shapes models
 
 
