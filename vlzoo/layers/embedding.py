@@ -6,6 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo.layers.contraction import float32_einsum
+
 
 def _cubic_kernel(t, a=-0.75):
     """Keys' cubic convolution kernel (a = -0.75, as torch's bicubic)."""
@@ -130,9 +132,9 @@ class PositionEmbedding(keras.layers.Layer):
         prefix, patches = table[: self.num_prefix_tokens], table[self.num_prefix_tokens :]
         gh, gw = self.grid_size
         patches = ops.reshape(patches, (gh, gw, self.hidden_dim))
-        rows = ops.convert_to_tensor(bicubic_resize_matrix(gh, grid_size[0]), dtype=table.dtype)
-        cols = ops.convert_to_tensor(bicubic_resize_matrix(gw, grid_size[1]), dtype=table.dtype)
-        patches = ops.einsum("ih,hwd,jw->ijd", rows, patches, cols)
+        rows = ops.convert_to_tensor(bicubic_resize_matrix(gh, grid_size[0]), dtype="float32")
+        cols = ops.convert_to_tensor(bicubic_resize_matrix(gw, grid_size[1]), dtype="float32")
+        patches = ops.cast(float32_einsum("ih,hwd,jw->ijd", rows, patches, cols), table.dtype)
         patches = ops.reshape(patches, (grid_size[0] * grid_size[1], self.hidden_dim))
         return ops.concatenate([prefix, patches], axis=0)
 

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from vlzoo.layers.contraction import float32_einsum
 from vlzoo.losses.llip import llip_contextualize
 
 
@@ -160,15 +161,16 @@ class LlipCrossAttention(keras.layers.Layer):
                         "(N_I, num_tokens, vision_dim)",
                         (None, self.num_tokens, self.vision_dim))
         dtype = mixture_tokens.dtype
-        keys = ops.einsum("ikw,kwd->ikd", mixture_tokens,
-                          self._weight(self.k_proj, dtype))
-        values = ops.einsum("ikw,kwd->ikd", mixture_tokens,
-                            self._weight(self.v_proj, dtype))
+
+        def contract(subscripts, x, weight):
+            return ops.cast(float32_einsum(subscripts, x, weight), dtype)
+
+        keys = contract("ikw,kwd->ikd", mixture_tokens, self._weight(self.k_proj, dtype))
+        values = contract("ikw,kwd->ikd", mixture_tokens, self._weight(self.v_proj, dtype))
         keys = self._split_heads(self._norm(self.k_norm, keys))
         values = self._split_heads(self._norm(self.v_norm, values))
-        out = ops.reshape(self._weight(self.out_proj, dtype),
-                          (self.num_heads, self.head_dim, self.embed_dim))
-        return keys, ops.einsum("ikmd,mde->ikme", values, out)
+        out = ops.reshape(self._weight(self.out_proj, dtype), (self.num_heads, self.head_dim, self.embed_dim))
+        return keys, contract("ikmd,mde->ikme", values, out)
 
     def call(self, mixture_tokens, text_features, temperature=None):
         keys, values = self.image_keys_values(mixture_tokens)

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.layers.contraction import float32_einsum
+
 # Logit of a position a slot may not attend to: finite, and far enough below
 # any real logit that its softmax weight is exactly 0 in float32.
 _MASKED_LOGIT = -1e9
@@ -145,7 +147,7 @@ class SPAROReadout(keras.layers.Layer):
         values = keys if self.value is None else self._split(self.value(tokens), batch, length)
         queries = ops.cast(self.queries, keys.dtype) * (1.0 / math.sqrt(self.key_dim))
         queries = ops.reshape(queries, (self.num_keys, self.group_size, self.key_dim))
-        logits = ops.cast(ops.einsum("kgd,bnkd->bkgn", queries, keys), "float32")
+        logits = float32_einsum("kgd,bnkd->bkgn", queries, keys)
         if end_index is not None:
             end_index = ops.convert_to_tensor(end_index)
             if len(end_index.shape) != 1:
@@ -153,7 +155,7 @@ class SPAROReadout(keras.layers.Layer):
             allowed = ops.arange(length, dtype="int32")[None, :] <= ops.cast(end_index, "int32")[:, None]
             logits = ops.where(allowed[:, None, None, :], logits, _MASKED_LOGIT)
         attention = ops.softmax(logits, axis=-1)
-        pooled = ops.einsum("bkgn,bnkd->bkgd", ops.cast(attention, values.dtype), values)
+        pooled = ops.cast(float32_einsum("bkgn,bnkd->bkgd", attention, values), values.dtype)
         slots = self.output_dense(ops.reshape(pooled, (batch, self.num_slots, self.key_dim)))
         return {"slots": slots, "attention": ops.reshape(attention, (batch, self.num_slots, length))}
 
