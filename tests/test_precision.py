@@ -174,6 +174,8 @@ def assert_embeddings_agree(model_32, model_16, images, texts, label):
             if key in TOKEN_KEYS:
                 weight_error = float(np.mean(1 - cosines(probe[key], want[key])))
                 mean, worst_token = token_bounds(tower.num_layers, want[key].shape[-1], error.size, weight_error)
+                print(f"{name}: 1 - cosine mean {error.mean():.3g} (bound {mean:.3g}), "
+                      f"worst {error.max():.3g} (bound {worst_token:.3g}); weights rounded alone: {weight_error:.3g}")
                 assert error.mean() <= mean, f"{name}: mean 1 - cosine {error.mean():.3g} > {mean:.3g}"
                 assert error.max() <= worst_token, f"{name}: worst token 1 - cosine {error.max():.3g} > {worst_token:.3g}"
             else:
