@@ -38,8 +38,13 @@ __all__ = [
 # ----------------------------------------------------------------------------- reading files
 
 
-def load_state_dict(path, log=print):
-    """`{key: tensor}` from a .pt/.pth/.bin/.safetensors file (a training checkpoint's `state_dict` is unwrapped)."""
+def load_state_dict(path, log=print, torchscript=True):
+    """`{key: tensor}` from a .pt/.pth/.bin/.safetensors file (a training checkpoint's `state_dict` is unwrapped).
+
+    Pickled files are read with torch's weights-only unpickler. `torchscript=True` also reads
+    TorchScript archives (OpenAI's original checkpoints) with `torch.jit.load`; files from a
+    download are read with `torchscript=False`, so nothing in them can run code.
+    """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint file not found: {path}.")
@@ -54,6 +59,11 @@ def load_state_dict(path, log=print):
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # OpenAI's original checkpoints are TorchScript archives
+        if not torchscript:
+            raise ValueError(
+                f"Could not read {path} with torch's weights-only unpickler (TorchScript archives are not "
+                f"read from downloads): {error}"
+            ) from error
         try:
             obj = torch.jit.load(str(path), map_location="cpu").state_dict()
         except Exception:

@@ -1,0 +1,150 @@
+"""A loopback HTTP server that answers like the Hugging Face Hub's file endpoints (`HF_ENDPOINT`).
+
+It serves repositories held in memory, `{repo_id: {path: bytes}}`, at one commit each, through
+the three routes `huggingface_hub` uses to download a snapshot:
+
+    GET  /api/models/{repo}[/revision/{revision}] its commit `sha` and files: sizes, git blob ids, LFS sha256
+    HEAD /{repo}/resolve/{revision}/{path}        X-Repo-Commit, ETag, size
+    GET  /{repo}/resolve/{revision}/{path}        the file, or the part a `Range: bytes=N-` header asks
+
+Binary files (weights) are described as LFS files, as on the Hub: their ETag and `lfs.oid` are
+the sha256 of the content; other files' are the git blob id. `faults` makes the server misbehave
+for one path: `"corrupt"` serves other bytes of the right length, `"truncate"` closes the
+connection halfway through the body and, like a server gone away, sends nothing to the requests
+that try to resume; `fault_count` limits how many responses misbehave (None: all of them).
+"""
+
+import hashlib
+import http.server
+import json
+import re
+import threading
+import urllib.parse
+
+LFS_SUFFIXES = (".h5", ".safetensors", ".bin", ".pt", ".npz")
+
+
+def git_blob_id(content):
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def sibling(path, content):
+    """The Hub's description of a file in `/api/models/{repo}/revision/{revision}?blobs=true`."""
+    entry = {"rfilename": path, "blobId": git_blob_id(content), "size": len(content)}
+    if path.endswith(LFS_SUFFIXES):
+        entry["lfs"] = {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content), "pointerSize": 134}
+    return entry
+
+
+def etag(path, content):
+    entry = sibling(path, content)
+    return entry["lfs"]["sha256"] if "lfs" in entry else entry["blobId"]
+
+
+class HubServer:
+    """`with HubServer(repos) as server:` serves `repos` at `server.endpoint` until the block ends."""
+
+    def __init__(self, repos):
+        self.repos = repos
+        self.faults = {}
+        self.fault_count = None  # every download of a faulty path, or this many
+        self.requests = []
+        self.commits = {repo: hashlib.sha1(repr(sorted((p, hashlib.sha256(c).hexdigest())
+                                                         for p, c in files.items())).encode()).hexdigest()
+                        for repo, files in repos.items()}
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _resolve(self, repo, revision):
+        if repo not in self.repos or revision not in ("main", self.commits[repo]):
+            return None
+        return self.commits[repo]
+
+    def _take_fault(self, repo, name):
+        fault = self.faults.get((repo, name))
+        if fault is not None and self.fault_count is not None:
+            if self.fault_count <= 0:
+                return None
+            self.fault_count -= 1
+        return fault
+
+    def _handler(self):
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, body=b"", headers=(), head=False):
+                self.send_response(status)
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def _json(self, value):
+                self._send(200, json.dumps(value).encode(), [("Content-Type", "application/json")])
+
+            def _route(self, head):
+                path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+                hub.requests.append((self.command, path))
+                parts = path.strip("/").split("/")
+                if parts[:2] == ["api", "models"] and (len(parts) == 4 or len(parts) == 6 and parts[4] == "revision"):
+                    repo, revision = "/".join(parts[2:4]), parts[5] if len(parts) == 6 else "main"
+                    if repo not in hub.repos:
+                        return self._send(404, b'{"error": "Repository not found"}', [("X-Error-Code", "RepoNotFound")])
+                    commit = hub._resolve(repo, revision)
+                    if commit is None:
+                        return self._send(404, b'{"error": "Invalid rev id"}', [("X-Error-Code", "RevisionNotFound")])
+                    files = hub.repos[repo]
+                    return self._json({"id": repo, "sha": commit, "private": False,
+                                       "siblings": [sibling(p, c) for p, c in sorted(files.items())]})
+                if len(parts) >= 5 and parts[2] == "resolve":
+                    repo, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+                    commit = hub._resolve(repo, revision)
+                    if commit is None or name not in hub.repos[repo]:
+                        return self._send(404, b"", [("X-Error-Code", "EntryNotFound")], head)
+                    content = hub.repos[repo][name]
+                    headers = [("X-Repo-Commit", commit), ("ETag", f'"{etag(name, content)}"'),
+                               ("Content-Type", "application/octet-stream")]
+                    start = 0
+                    ranged = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+                    if ranged and not head:
+                        start = int(ranged.group(1))
+                        headers.append(("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}"))
+                    status = 206 if ranged and not head else 200
+                    fault = None if head else hub._take_fault(repo, name)
+                    if fault is None:
+                        return self._send(status, content[start:], headers, head)
+                    if fault == "corrupt":
+                        return self._send(status, bytes(b ^ 0xFF for b in content[start:]), headers)
+                    self.send_response(status)  # "truncate": announce every byte, send half (none to a resume)
+                    for key, value in headers:
+                        self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(content) - start))
+                    self.end_headers()
+                    self.wfile.write(content[start: start + (len(content) // 2 if start == 0 else 0)])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return None
+                return self._send(404, b"")
+
+            def do_GET(self):
+                self._route(head=False)
+
+            def do_HEAD(self):
+                self._route(head=True)
+
+        return Handler

@@ -1,0 +1,178 @@
+"""A model repository's files (a hub snapshot or any directory) -> a vlzoo model.
+
+`detect_format(directory)` names the layout from the files it holds:
+
+- `"vlzoo"`: a preset written by `save_to_preset` (`config.json` naming a vlzoo
+  class, `metadata.json`);
+- `"keras_hub"`: a keras-hub preset of a `CLIPBackbone` or `SigLIPBackbone`
+  (`config.json` naming the keras-hub class, `model.weights.h5`);
+- `"transformers"`: `CLIPModel` / `SiglipModel` saved by `save_pretrained`
+  (`config.json` + `model.safetensors` or `pytorch_model.bin`);
+- `"open_clip"`: open_clip's hub layout (`open_clip_config.json` +
+  `open_clip_model.safetensors` or `open_clip_pytorch_model.bin`).
+
+`convert_repository(directory)` converts the last three with vlzoo's converters,
+with the tokenizer and image preprocessing read from the repository's own files
+(`vocab.json`/`merges.txt` or `spiece.model`, `preprocessor_config.json`,
+open_clip's `preprocess_cfg`), so `model.tokenizer` gives the source library's ids.
+safetensors files load without torch; pickled `.bin` files load with torch's
+weights-only unpickler, so nothing in a downloaded file runs code.
+
+Example:
+>>> model = convert_repository("/path/to/clip-vit-base-patch32")  # doctest: +SKIP
+"""
+
+import json
+import pathlib
+
+import keras_hub
+
+from vlzoo.convert.checkpoints import load_state_dict
+from vlzoo.convert.checkpoints import read_json
+from vlzoo.convert.keras_hub import from_keras_hub
+from vlzoo.convert.open_clip import from_open_clip_state_dict
+from vlzoo.convert.transformers import from_transformers_state_dict
+from vlzoo.convert._common import open_clip_preprocess
+from vlzoo.tokenizers import CLIPTokenizer
+from vlzoo.tokenizers import ImagePreprocessor
+from vlzoo.tokenizers import SentencePieceTokenizer
+
+FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip")
+_TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+_KERAS_HUB_BACKBONES = ("CLIPBackbone", "SigLIPBackbone")
+# PIL's resampling filters as transformers' `resample` numbers them.
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def _files(directory):
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def _first(directory, names):
+    return next((directory / n for n in names if (directory / n).is_file()), None)
+
+
+def _json(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def detect_format(directory):
+    """The layout of a model directory: one of `FORMATS`.
+
+    Raises:
+        ValueError: naming the files found when none of the layouts matches.
+    """
+    directory = pathlib.Path(directory)
+    config = _json(directory / "config.json") if (directory / "config.json").is_file() else None
+    registered = str((config or {}).get("registered_name", ""))
+    if registered.startswith("vlzoo>") and (directory / "metadata.json").is_file():
+        return "vlzoo"
+    if registered.startswith("keras_hub>") or str((config or {}).get("module", "")).startswith("keras_hub"):
+        if config.get("class_name") not in _KERAS_HUB_BACKBONES:
+            raise ValueError(
+                f"{directory} is a keras-hub preset of a {config.get('class_name')}; vlzoo converts "
+                f"{' and '.join(_KERAS_HUB_BACKBONES)} presets."
+            )
+        return "keras_hub"
+    if config is not None and "model_type" in config and _first(directory, _TRANSFORMERS_WEIGHTS):
+        return "transformers"
+    if (directory / "open_clip_config.json").is_file() and _first(directory, _OPEN_CLIP_WEIGHTS):
+        return "open_clip"
+    raise ValueError(
+        f"{directory} holds no model vlzoo can load: expected a vlzoo or keras-hub preset, a transformers "
+        "CLIPModel/SiglipModel (config.json + model.safetensors or pytorch_model.bin), or open_clip's hub "
+        f"layout (open_clip_config.json + open_clip_model.safetensors); found: {', '.join(_files(directory)) or 'no files'}."
+    )
+
+
+def _token_id(vocabulary, token, default):
+    if isinstance(token, dict):  # an AddedToken serialised by transformers
+        token = token.get("content")
+    return vocabulary.get(token, default) if isinstance(token, str) else default
+
+
+def transformers_tokenizer(directory, config):
+    """The tokenizer of a transformers repository, from its own files (None when it ships none)."""
+    settings = _json(directory / "tokenizer_config.json") or {}
+    if config["model_type"] == "clip" and (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+        vocabulary = read_json(directory / "vocab.json", "CLIP vocabulary")
+        text = config.get("text_config") or {}
+        pad = _token_id(vocabulary, settings.get("pad_token"), vocabulary.get(CLIPTokenizer.END_TOKEN))
+        return CLIPTokenizer(
+            vocabulary, str(directory / "merges.txt"), sequence_length=text.get("max_position_embeddings", 77),
+            pad_value=pad,
+        )
+    if config["model_type"] == "siglip" and (directory / "spiece.model").is_file():
+        text = config.get("text_config") or {}
+        return SentencePieceTokenizer(
+            str(directory / "spiece.model"), sequence_length=text.get("max_position_embeddings", 64),
+        )
+    return None
+
+
+def transformers_preprocessor(directory, config):
+    """The `ImagePreprocessor` that `preprocessor_config.json` describes (None when absent)."""
+    settings = _json(directory / "preprocessor_config.json")
+    if not settings:
+        return None
+    size = settings.get("size") or {}
+    size = size if isinstance(size, dict) else {"shortest_edge": size}
+    crop = bool(settings.get("do_center_crop")) and "shortest_edge" in size
+    side = (settings.get("crop_size") or {}).get("height") if crop else size.get("height")
+    side = side or size.get("shortest_edge") or (config.get("vision_config") or {}).get("image_size", 224)
+    return ImagePreprocessor(
+        image_size=int(side), mean=settings.get("image_mean", (0.5,) * 3), std=settings.get("image_std", (0.5,) * 3),
+        interpolation=_RESAMPLE.get(settings.get("resample"), "bicubic"), crop="center" if crop else "none",
+    )
+
+
+def _from_transformers(directory, dtype, progress):
+    config = read_json(directory / "config.json", "transformers config")
+    state_dict = load_state_dict(_first(directory, _TRANSFORMERS_WEIGHTS), torchscript=False)
+    return from_transformers_state_dict(
+        state_dict, config, dtype=dtype, tokenizer=transformers_tokenizer(directory, config),
+        preprocessor=transformers_preprocessor(directory, config), progress=progress,
+    )
+
+
+def _from_open_clip(directory, dtype, progress):
+    settings = read_json(directory / "open_clip_config.json", "open_clip config")
+    if "model_cfg" not in settings:
+        raise ValueError(f"{directory / 'open_clip_config.json'} has no `model_cfg` entry.")
+    state_dict = load_state_dict(_first(directory, _OPEN_CLIP_WEIGHTS), torchscript=False)
+    model = from_open_clip_state_dict(state_dict, settings["model_cfg"], dtype=dtype, progress=progress)
+    preprocess = open_clip_preprocess(settings.get("preprocess_cfg"))
+    if preprocess:
+        model.preprocessor = ImagePreprocessor(**{**model.preprocessor.get_config(), **preprocess})
+    return model
+
+
+def _from_keras_hub(directory, dtype, progress):
+    backbone = keras_hub.models.Backbone.from_preset(str(directory))
+    return from_keras_hub(backbone, dtype=dtype, progress=progress)
+
+
+_CONVERTERS = {"transformers": _from_transformers, "open_clip": _from_open_clip, "keras_hub": _from_keras_hub}
+
+
+def convert_repository(directory, fmt=None, *, dtype=None, progress=None):
+    """Converts the model in `directory` (format detected unless `fmt` is given) to a vlzoo model.
+
+    Args:
+        directory: a local directory, e.g. a hub snapshot.
+        fmt: `"keras_hub"`, `"transformers"` or `"open_clip"` (default: `detect_format`).
+        dtype: dtype policy of the vlzoo model (default float32).
+        progress: optional `progress(done, total)` callback while assigning weights.
+
+    Returns:
+        A `vlzoo.CLIP` or `vlzoo.SigLIP` with the repository's tokenizer and preprocessor.
+    """
+    directory = pathlib.Path(directory)
+    fmt = fmt or detect_format(directory)
+    if fmt not in _CONVERTERS:
+        raise ValueError(f"`fmt` must be one of {sorted(_CONVERTERS)} to convert; received {fmt!r}.")
+    return _CONVERTERS[fmt](directory, dtype, progress)

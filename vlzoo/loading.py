@@ -1,0 +1,129 @@
+"""`vlzoo.from_preset`: registered names, preset directories and hub handles.
+
+A handle (`hf://org/name[@revision]`) is downloaded and checked by `vlzoo.hub`. A vlzoo
+preset loads from the snapshot as it is; any other model the repository holds
+(transformers, open_clip, keras-hub; see `vlzoo.convert.repository`) is converted once
+and stored as a vlzoo preset in the converted cache, keyed by the repository, the commit
+and the hashes of its files:
+
+    $VLZOO_CACHE (default ~/.cache/vlzoo)/converted/<org>/<name>/<commit>-<digest>/
+
+so a second load neither converts nor downloads: online it asks the Hub only which commit
+the handle points at (none for a handle pinned to a commit), and with `HF_HUB_OFFLINE=1`
+it makes no network call at all. A conversion is written to a temporary directory and
+renamed into place when complete, so an interrupted one leaves nothing a later call loads.
+"""
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+
+from vlzoo import hub
+from vlzoo import presets
+from vlzoo.convert.checkpoints import progress_bar
+from vlzoo.convert.repository import convert_repository
+from vlzoo.convert.repository import detect_format
+
+_COMMIT = 40
+
+
+def cache_dir():
+    """Root of vlzoo's own cache: `$VLZOO_CACHE`, else `$XDG_CACHE_HOME/vlzoo`, else `~/.cache/vlzoo`."""
+    if os.environ.get("VLZOO_CACHE"):
+        return pathlib.Path(os.environ["VLZOO_CACHE"]).expanduser()
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vlzoo"
+
+
+def files_digest(blob_ids):
+    """A short digest of `{path: blob id}`: the key of one repository state."""
+    text = "\n".join(f"{path}\t{blob}" for path, blob in sorted(blob_ids.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _converted_dir(repo_id, commit, digest):
+    return cache_dir() / "converted" / repo_id / f"{commit}-{digest}"
+
+
+def _pinned_commit(handle):
+    _, revision = hub.parse_hf_handle(handle)
+    is_commit = revision is not None and len(revision) == _COMMIT and all(c in "0123456789abcdef" for c in revision)
+    return revision if is_commit else None
+
+
+def _cached_conversion(repo_id, commit):
+    """The converted preset of `repo_id` at `commit`, if one is cached (any digest)."""
+    parent = cache_dir() / "converted" / repo_id
+    found = sorted(parent.glob(f"{commit}-*")) if parent.is_dir() else []
+    return found[0] if found else None
+
+
+def _convert_into_cache(handle, directory, target):
+    model = convert_repository(directory, progress=progress_bar())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
+    try:
+        model.save_to_preset(str(staging))
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    print(f"{handle}: converted to a vlzoo preset in {target}")
+    return target
+
+
+def local_preset(handle):
+    """A local vlzoo preset directory for the hub handle `handle` (downloaded, converted, cached).
+
+    Raises:
+        ValueError: a malformed handle, a damaged download (the file is named), or a
+            repository that holds no model vlzoo can load (its files are named).
+        FileNotFoundError: an unknown repository or revision, or nothing cached offline.
+    """
+    repo_id, _ = hub.parse_hf_handle(handle)
+    pinned = _pinned_commit(handle)
+    cached = _cached_conversion(repo_id, pinned) if pinned else None
+    if cached is not None:
+        return cached
+    if hub.offline():
+        directory = hub.cached_snapshot(handle)
+        commit, blob_ids = directory.name, hub.cached_blob_ids(directory)
+    else:
+        snapshot = hub.remote_snapshot(handle)
+        cached = _cached_conversion(repo_id, snapshot.commit)
+        if cached is not None:
+            return cached
+        directory = hub.download(handle, snapshot)
+        commit, blob_ids = snapshot.commit, {f.path: f.digest for f in snapshot.files}
+    if detect_format(directory) == "vlzoo":
+        return directory
+    target = _converted_dir(repo_id, commit, files_digest(blob_ids))
+    return target if target.is_dir() else _convert_into_cache(handle, directory, target)
+
+
+def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
+    """Builds a model from a registered preset name, a preset directory or a hub handle.
+
+    Args:
+        preset: a name from `list_presets()`, a directory written by
+            `save_to_preset`, or a Hugging Face Hub repository:
+            `"hf://org/name"` or `"hf://org/name@revision"`, holding a vlzoo
+            preset, a keras-hub CLIP/SigLIP preset, a transformers
+            `CLIPModel`/`SiglipModel` or an open_clip model (converted once
+            and cached; see `vlzoo.loading`).
+        load_weights: load the weights when the preset has them. A preset
+            without weights loads randomly initialised and says so once.
+        dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
+        **config_overrides: replace entries of the preset's model config.
+
+    Returns:
+        The model, with its tokenizer and image preprocessor attached.
+
+    Example:
+    >>> model = vlzoo.from_preset("clip_tiny")
+    >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
+    """
+    if hub.is_handle(preset):
+        preset = local_preset(preset)
+    return presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)
