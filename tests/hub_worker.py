@@ -1,28 +1,49 @@
 """Loads hub handles in a fresh process, as a user would, and records what happened.
 
-    HF_ENDPOINT=http://127.0.0.1:PORT HF_HUB_CACHE=DIR python tests/hub_worker.py OUT.json TEXTS.json HANDLE...
+    HF_ENDPOINT=http://127.0.0.1:PORT HF_HUB_CACHE=DIR python tests/hub_worker.py REQUEST.json OUT.json
 
 `huggingface_hub` reads `HF_ENDPOINT`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE` when it is imported,
-so the tests start this process with them set rather than patch the library. For each handle,
-in order: `{"embeddings": encode_text(tokenizer(texts))}` or `{"error": type, "message": ...}`.
+so the tests start this process with them set rather than patch the library. The request names
+the handles, the texts to tokenize and an optional `.npz` of inputs (`images`, `token_ids`,
+`padding_mask`). For each handle, in order, the result holds `error` and `message` when loading
+failed, else the normalised embeddings: `texts` (of the model's own tokenizer, with its `ids`;
+absent when the model has none), `images` and `token_ids` (of the inputs).
 """
 
 import json
 import sys
 
 import keras
+import numpy as np
 
 import vlzoo
+from vlzoo.tokenizers import UnavailableTokenizer
 
 
-def main(out, texts_file, *handles):
-    texts = json.loads(open(texts_file).read())
+def _numpy(x):
+    return keras.ops.convert_to_numpy(x).tolist()
+
+
+def embed(model, texts, inputs):
+    result = {"class": type(model).__name__, "preprocessor": model.preprocessor.get_config()}
+    if not isinstance(model.tokenizer, UnavailableTokenizer):
+        tokens = model.tokenizer(texts)
+        result["ids"] = np.asarray(tokens["token_ids"]).tolist()
+        result["texts"] = _numpy(model.encode_text(tokens, normalize=True))
+    if inputs is not None:
+        result["images"] = _numpy(model.encode_image(inputs["images"], normalize=True))
+        ids = {"token_ids": inputs["token_ids"], "padding_mask": inputs["padding_mask"]}
+        result["token_ids"] = _numpy(model.encode_text(ids, normalize=True))
+    return result
+
+
+def main(request_file, out):
+    request = json.loads(open(request_file).read())
+    inputs = dict(np.load(request["inputs"])) if request.get("inputs") else None
     results = []
-    for handle in handles:
+    for handle in request["handles"]:
         try:
-            model = vlzoo.from_preset(handle)
-            embeddings = keras.ops.convert_to_numpy(model.encode_text(model.tokenizer(texts)))
-            results.append({"embeddings": embeddings.tolist()})
+            results.append(embed(vlzoo.from_preset(handle), request["texts"], inputs))
         except Exception as error:  # recorded for the test to assert on
             results.append({"error": type(error).__name__, "message": str(error)})
     with open(out, "w") as f:

@@ -5,6 +5,7 @@ Nothing reaches the internet: `tests/hub_server.py` serves, on 127.0.0.1, a pres
 `HF_ENDPOINT` and `HF_HUB_CACHE` pointing there, as a user would set them.
 """
 
+import importlib
 import json
 import os
 import pathlib
@@ -18,8 +19,14 @@ from backend_utils import run_once
 from conftest import to_numpy
 from hub_server import HubServer
 
+try:
+    import peers
+except ImportError:  # tests/ imported as a package
+    from tests import peers
+
 import vlzoo
 from vlzoo import hub
+from vlzoo.convert.checkpoints import import_transformers
 
 REPO = "vlzoo-tests/clip-tiny"
 TEXTS = ["a red circle", "two blue squares"]
@@ -34,7 +41,7 @@ def published(tmp_path_factory):
     directory = tmp_path_factory.mktemp("published") / "clip-tiny"
     model.save_to_preset(str(directory))
     files = {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-    return files, to_numpy(model.encode_text(model.tokenizer(TEXTS)))
+    return files, to_numpy(model.encode_text(model.tokenizer(TEXTS), normalize=True))
 
 
 @pytest.fixture
@@ -43,20 +50,25 @@ def server(published):
         yield running
 
 
-def load_in_fresh_process(tmp_path, endpoint, *handles, offline=False):
-    """What `hub_worker.py` recorded for each handle, loaded in order by one new process."""
-    texts, out = tmp_path / "texts.json", tmp_path / "out.json"
-    texts.write_text(json.dumps(TEXTS))
+def load_in_fresh_process(tmp_path, endpoint, *handles, offline=False, texts=TEXTS, inputs=None):
+    """What `hub_worker.py` recorded for each handle, loaded in order by one new process.
+
+    The hub cache (`HF_HUB_CACHE`) and vlzoo's converted cache (`VLZOO_CACHE`) live in
+    `tmp_path`, shared by the calls of one test.
+    """
+    request, out = tmp_path / "request.json", tmp_path / "out.json"
+    request.write_text(json.dumps({"handles": handles, "texts": texts, "inputs": inputs and str(inputs)}))
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hub"),
-           "HF_HUB_OFFLINE": "1" if offline else "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    subprocess.run([sys.executable, str(WORKER), str(out), str(texts), *handles], env=env, check=True,
+           "VLZOO_CACHE": str(tmp_path / "vlzoo"), "HF_HUB_OFFLINE": "1" if offline else "0",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    subprocess.run([sys.executable, str(WORKER), str(request), str(out)], env=env, check=True,
                    timeout=600, cwd=WORKER.parent.parent)
     return json.loads(out.read_text())
 
 
 def assert_loaded(result, want, label):
-    assert "embeddings" in result, f"{label}: {result}"
-    np.testing.assert_array_equal(np.asarray(result["embeddings"], np.float32), want, err_msg=label)
+    assert "texts" in result, f"{label}: {result}"
+    np.testing.assert_array_equal(np.asarray(result["texts"], np.float32), want, err_msg=label)
 
 
 @pytest.mark.parametrize("handle, want", [
@@ -112,3 +124,144 @@ def test_a_damaged_download_is_refused_then_recovers(published, server, tmp_path
     server.faults.clear()
     (second,) = load_in_fresh_process(tmp_path, server.endpoint, f"hf://{REPO}")
     assert_loaded(second, published[1], f"after a {fault} download")
+
+
+# ----------------------------------------------------------------------------- models written by the peers
+
+BPE = pathlib.Path(__file__).parent.parent / "presets" / "_assets" / "clip_bpe"
+CLIP_VOCAB, PEER_TEXTS = 49408, ["a photo of a cat", "Two  DOGS playing, in the snow!", "x" * 40]
+SMALL, LENGTH = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4), 16
+
+
+def _directory_files(directory):
+    directory = pathlib.Path(directory)
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _unit(x):
+    x = np.asarray(x, np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _peer_inputs(vocabulary_size, seed=0):
+    """Preprocessed images (NHWC) and full-length token ids ending with the largest id."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocabulary_size - 1, size=(3, 12)).astype("int32")
+    ids[:, -1] = vocabulary_size - 1
+    return {"images": rng.normal(size=(3, 32, 32, 3)).astype("float32"), "token_ids": ids,
+            "padding_mask": np.ones(ids.shape, bool)}
+
+
+def _transformers_clip(hf, torch, directory):
+    """CLIPModel + CLIPTokenizer + CLIPImageProcessor, `save_pretrained` (safetensors); its peer outputs."""
+    torch.manual_seed(0)
+    text = dict(SMALL, vocab_size=CLIP_VOCAB, max_position_embeddings=LENGTH, eos_token_id=CLIP_VOCAB - 1,
+                bos_token_id=CLIP_VOCAB - 2, pad_token_id=CLIP_VOCAB - 1)
+    model = hf.CLIPModel(hf.CLIPConfig(text_config=text, vision_config=dict(SMALL, image_size=32, patch_size=8),
+                                       projection_dim=16)).eval()
+    tokenizer = hf.CLIPTokenizer(str(BPE / "vocabulary.json"), str(BPE / "merges.txt"))
+    processor = hf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    for item in (model, tokenizer, processor):
+        item.save_pretrained(directory)
+    tokens = tokenizer(PEER_TEXTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        texts = model.get_text_features(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+    return {"ids": tokens["input_ids"].numpy(), "texts": getattr(texts, "pooler_output", texts).numpy(),
+            "preprocessor": dict(image_size=32, mean=list(processor.image_mean), std=list(processor.image_std),
+                                 interpolation="bicubic", crop="center")}
+
+
+def _transformers_siglip(hf, torch, directory, inputs):
+    """SiglipModel, `save_pretrained` as pickled `pytorch_model.bin`; its peer outputs on `inputs`."""
+    torch.manual_seed(1)
+    model = hf.SiglipModel(hf.SiglipConfig(
+        text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
+        vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
+    )).eval()
+    model.save_pretrained(directory, safe_serialization=False)
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(inputs["token_ids"]).long(),
+                    pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
+    return {"images": out.image_embeds.numpy(), "token_ids": out.text_embeds.numpy()}
+
+
+def _open_clip(open_clip, torch, hf, directory, inputs):
+    """An open_clip CLIP written by open_clip's `save_for_hf` (hub layout); its peer outputs."""
+    torch.manual_seed(2)
+    config = dict(embed_dim=16, quick_gelu=True, vision_cfg=dict(image_size=32, patch_size=8, width=32, layers=2,
+                                                                 head_width=8),
+                  text_cfg=dict(context_length=12, vocab_size=64, width=32, heads=4, layers=2))
+    model = open_clip.CLIP(**config).eval()
+    model.visual.image_mean, model.visual.image_std = (0.5, 0.25, 0.125), (0.2, 0.3, 0.4)  # create_model sets these
+    model.visual.preprocess_cfg = {"interpolation": "bilinear", "resize_mode": "squash"}
+    tokenizer = hf.CLIPTokenizer(str(BPE / "vocabulary.json"), str(BPE / "merges.txt"))
+    importlib.import_module("open_clip.push_to_hf_hub").save_for_hf(model, tokenizer, config, directory, safe_serialization=True)
+    with torch.no_grad():
+        images = model.encode_image(torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
+        texts = model.encode_text(torch.from_numpy(inputs["token_ids"]).long())
+    return {"images": images.numpy(), "token_ids": texts.numpy(), "preprocessor": dict(
+        image_size=32, mean=[0.5, 0.25, 0.125], std=[0.2, 0.3, 0.4], interpolation="bilinear", crop="none")}
+
+
+def _keras_hub_clip(directory, inputs):
+    """A keras-hub CLIPBackbone, `save_to_preset`; its outputs on this backend."""
+    import keras_hub
+
+    keras.utils.set_random_seed(3)
+    tower = dict(hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64, intermediate_activation="quick_gelu")
+    vision = keras_hub.models.CLIPVisionEncoder(patch_size=8, image_shape=(32, 32, 3), **tower)
+    text = keras_hub.models.CLIPTextEncoder(vocabulary_size=64, embedding_dim=32, max_sequence_length=12, **tower)
+    ids = vision.embedding.position_ids  # as in keras-hub's presets; a fresh encoder holds zeros
+    ids.assign(np.arange(ids.shape[1])[None].astype(keras.backend.standardize_dtype(ids.dtype)))
+    backbone = keras_hub.models.CLIPBackbone(vision, text, projection_dim=16)
+    backbone.save_to_preset(str(directory))
+    return {"images": to_numpy(backbone.get_vision_embeddings(inputs["images"])),
+            "token_ids": to_numpy(backbone.get_text_embeddings(inputs["token_ids"]))}
+
+
+@pytest.fixture(scope="module")
+def peer_repos(tmp_path_factory):
+    """`{repo_id: (files, format, peer outputs)}` of tiny models written by transformers, open_clip, keras-hub."""
+    transformers, open_clip = import_transformers(), peers.open_clip_or_skip()
+    transformers.logging.set_verbosity_error()
+    import torch
+
+    root = tmp_path_factory.mktemp("peer-repos")
+    inputs = _peer_inputs(64)
+    np.savez(root / "inputs.npz", **inputs)
+    written = {
+        "openai/clip-tiny": ("transformers", _transformers_clip(transformers, torch, root / "clip")),
+        "google/siglip-tiny": ("transformers", _transformers_siglip(transformers, torch, root / "siglip", inputs)),
+        "laion/open-clip-tiny": ("open_clip", _open_clip(open_clip, torch, transformers, root / "open-clip", inputs)),
+        "keras/clip-tiny": ("keras_hub", _keras_hub_clip(root / "keras-hub", inputs)),
+    }
+    names = dict(zip(written, ("clip", "siglip", "open-clip", "keras-hub")))
+    repos = {repo: (_directory_files(root / names[repo]), fmt, want) for repo, (fmt, want) in written.items()}
+    return repos, root / "inputs.npz"
+
+
+def test_models_written_by_the_peers_load_by_handle_and_match_them(peer_repos, tmp_path):
+    repos, inputs = peer_repos
+    with HubServer({repo: files for repo, (files, _, _) in repos.items()}) as running:
+        handles = [f"hf://{repo}" for repo in repos]
+        results = load_in_fresh_process(tmp_path, running.endpoint, *handles, texts=PEER_TEXTS, inputs=inputs)
+        # Converted once: a new process finds every model in vlzoo's cache and downloads nothing.
+        downloads = sum(method == "GET" and "/resolve/" in path for method, path in running.requests)
+        again = load_in_fresh_process(tmp_path, running.endpoint, *handles, texts=PEER_TEXTS, inputs=inputs)
+        assert sum(method == "GET" and "/resolve/" in path for method, path in running.requests) == downloads
+    offline = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, texts=PEER_TEXTS, inputs=inputs,
+                                    offline=True)
+    for (repo, (_, fmt, want)), *loaded in zip(repos.items(), results, again, offline):
+        label = f"{repo} ({fmt})"
+        assert "error" not in loaded[0], f"{label}: {loaded[0]}"
+        for key, peer in want.items():
+            if key == "ids":  # the repository's own tokenizer gives transformers' ids
+                np.testing.assert_array_equal(np.asarray(loaded[0]["ids"]), peer, err_msg=label)
+                continue
+            if key == "preprocessor":  # read from the repository's preprocessing files
+                assert loaded[0]["preprocessor"] == peer, label
+                continue
+            got = np.asarray(loaded[0][key])
+            np.testing.assert_allclose(got, _unit(peer), atol=1e-4, rtol=0, err_msg=f"{label} {key}")
+            for other in loaded[1:]:  # from the converted cache, online and offline
+                np.testing.assert_array_equal(np.asarray(other[key]), got, err_msg=f"{label} {key} cached")

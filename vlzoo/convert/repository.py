@@ -95,19 +95,30 @@ def _token_id(vocabulary, token, default):
     return vocabulary.get(token, default) if isinstance(token, str) else default
 
 
+def _clip_bpe(directory):
+    """`(vocabulary, merges)` of a repository's CLIP BPE: `vocab.json` + `merges.txt`, or `tokenizer.json`."""
+    if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+        return read_json(directory / "vocab.json", "CLIP vocabulary"), str(directory / "merges.txt")
+    if (directory / "tokenizer.json").is_file():
+        model = read_json(directory / "tokenizer.json", "tokenizer file").get("model") or {}
+        if model.get("type") == "BPE":
+            merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", ())]
+            return model.get("vocab", {}), merges
+    return None
+
+
 def transformers_tokenizer(directory, config):
     """The tokenizer of a transformers repository, from its own files (None when it ships none)."""
     settings = _json(directory / "tokenizer_config.json") or {}
-    if config["model_type"] == "clip" and (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
-        vocabulary = read_json(directory / "vocab.json", "CLIP vocabulary")
-        text = config.get("text_config") or {}
+    text = config.get("text_config") or {}
+    bpe = _clip_bpe(directory) if config["model_type"] == "clip" else None
+    if bpe is not None:
+        vocabulary, merges = bpe
         pad = _token_id(vocabulary, settings.get("pad_token"), vocabulary.get(CLIPTokenizer.END_TOKEN))
         return CLIPTokenizer(
-            vocabulary, str(directory / "merges.txt"), sequence_length=text.get("max_position_embeddings", 77),
-            pad_value=pad,
+            vocabulary, merges, sequence_length=text.get("max_position_embeddings", 77), pad_value=pad,
         )
     if config["model_type"] == "siglip" and (directory / "spiece.model").is_file():
-        text = config.get("text_config") or {}
         return SentencePieceTokenizer(
             str(directory / "spiece.model"), sequence_length=text.get("max_position_embeddings", 64),
         )
