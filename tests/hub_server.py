@@ -148,3 +148,31 @@ class HubServer:
                 self._route(head=True)
 
         return Handler
+
+
+class FileServer:
+    """`with FileServer(directory) as server:` serves `directory`'s files at `server.url(name)` (plain HTTP GET)."""
+
+    def __init__(self, directory):
+        self.requests = []
+        requests = self.requests
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(directory), **kwargs)
+
+            def log_message(self, *args):
+                requests.append(self.path)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self._server.server_address[1]}/{name}"
+
+    def __enter__(self):
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()

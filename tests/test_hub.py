@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from backend_utils import run_once
 from conftest import to_numpy
-from hub_server import HubServer
+from hub_server import FileServer, HubServer
 
 try:
     import peers
@@ -25,11 +25,11 @@ except ImportError:  # tests/ imported as a package
     from tests import peers
 
 import vlzoo
-from vlzoo import hub
+from vlzoo import hub, loading
 from vlzoo.convert.checkpoints import import_transformers
 
 REPO = "vlzoo-tests/clip-tiny"
-TEXTS = ["a red circle", "two blue squares"]
+TEXTS = ["a photo of a cat", "Two  DOGS playing, in the snow!", "x" * 40]
 WORKER = pathlib.Path(__file__).parent / "hub_worker.py"
 
 
@@ -87,20 +87,6 @@ def test_malformed_handles_are_refused_by_name(handle):
         vlzoo.from_preset(handle)
 
 
-def test_hf_handle_loads_the_published_preset_then_offline(published, server, tmp_path):
-    files, want = published
-    handles = [f"hf://{REPO}", f"hf://{REPO}@main", f"hf://{REPO}@{server.commits[REPO]}"]
-    for handle, result in zip(handles, load_in_fresh_process(tmp_path, server.endpoint, *handles)):
-        assert_loaded(result, want, handle)
-    downloads = [path.split("/", 5)[-1] for method, path in server.requests if method == "GET" and "/resolve/" in path]
-    assert sorted(downloads) == sorted(files)  # each file once, for three handles
-    # A new process, HF_HUB_OFFLINE=1 and nothing listening: the cache alone.
-    requests = len(server.requests)
-    (offline,) = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", f"hf://{REPO}", offline=True)
-    assert_loaded(offline, want, "offline")
-    assert len(server.requests) == requests
-
-
 @run_once
 def test_unknown_repositories_revisions_and_formats_are_named(server, tmp_path):
     server.repos["openai/clip-like"] = {"config.json": b'{"architectures": ["CLIPModel"]}'}
@@ -116,20 +102,25 @@ def test_unknown_repositories_revisions_and_formats_are_named(server, tmp_path):
 
 
 @run_once
-@pytest.mark.parametrize("fault", ["corrupt", "truncate"])
-def test_a_damaged_download_is_refused_then_recovers(published, server, tmp_path, fault):
-    server.faults[(REPO, "model.weights.h5")] = fault  # every response for that file, retries included
-    (first,) = load_in_fresh_process(tmp_path, server.endpoint, f"hf://{REPO}")
-    assert first["error"] == "ValueError" and "'model.weights.h5'" in first["message"], first
+def test_damaged_downloads_are_refused_by_name_then_recover(published, server, tmp_path):
+    """A corrupted file (right size, other bytes) and a truncated one (the connection dies halfway, resumes fail)."""
+    server.repos["vlzoo-tests/clip-tiny-2"] = server.repos[REPO]
+    server.commits["vlzoo-tests/clip-tiny-2"] = server.commits[REPO]
+    faults = {REPO: "corrupt", "vlzoo-tests/clip-tiny-2": "truncate"}
+    for repo, fault in faults.items():
+        server.faults[(repo, "model.weights.h5")] = fault  # every response for that file, retries included
+    handles = [f"hf://{repo}" for repo in faults]
+    for handle, result in zip(handles, load_in_fresh_process(tmp_path, server.endpoint, *handles)):
+        assert result["error"] == "ValueError" and "'model.weights.h5'" in result["message"], (handle, result)
     server.faults.clear()
-    (second,) = load_in_fresh_process(tmp_path, server.endpoint, f"hf://{REPO}")
-    assert_loaded(second, published[1], f"after a {fault} download")
+    for handle, result in zip(handles, load_in_fresh_process(tmp_path, server.endpoint, *handles)):
+        assert_loaded(result, published[1], f"{handle} after a damaged download")
 
 
 # ----------------------------------------------------------------------------- models written by the peers
 
 BPE = pathlib.Path(__file__).parent.parent / "presets" / "_assets" / "clip_bpe"
-CLIP_VOCAB, PEER_TEXTS = 49408, ["a photo of a cat", "Two  DOGS playing, in the snow!", "x" * 40]
+CLIP_VOCAB = 49408
 SMALL, LENGTH = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4), 16
 
 
@@ -163,7 +154,7 @@ def _transformers_clip(hf, torch, directory):
     processor = hf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     for item in (model, tokenizer, processor):
         item.save_pretrained(directory)
-    tokens = tokenizer(PEER_TEXTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
+    tokens = tokenizer(TEXTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
     with torch.no_grad():
         texts = model.get_text_features(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
     return {"ids": tokens["input_ids"].numpy(), "texts": getattr(texts, "pooler_output", texts).numpy(),
@@ -240,28 +231,80 @@ def peer_repos(tmp_path_factory):
     return repos, root / "inputs.npz"
 
 
-def test_models_written_by_the_peers_load_by_handle_and_match_them(peer_repos, tmp_path):
+def _resolves(requests):
+    return [path.split("/", 5)[-1] for method, path in requests if method == "GET" and "/resolve/" in path]
+
+
+def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(published, peer_repos, tmp_path):
+    """Every format by `hf://` (and a pretrained name) in one process, again from the cache, then offline."""
     repos, inputs = peer_repos
-    with HubServer({repo: files for repo, (files, _, _) in repos.items()}) as running:
-        handles = [f"hf://{repo}" for repo in repos]
-        results = load_in_fresh_process(tmp_path, running.endpoint, *handles, texts=PEER_TEXTS, inputs=inputs)
-        # Converted once: a new process finds every model in vlzoo's cache and downloads nothing.
-        downloads = sum(method == "GET" and "/resolve/" in path for method, path in running.requests)
-        again = load_in_fresh_process(tmp_path, running.endpoint, *handles, texts=PEER_TEXTS, inputs=inputs)
-        assert sum(method == "GET" and "/resolve/" in path for method, path in running.requests) == downloads
-    offline = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, texts=PEER_TEXTS, inputs=inputs,
-                                    offline=True)
-    for (repo, (_, fmt, want)), *loaded in zip(repos.items(), results, again, offline):
-        label = f"{repo} ({fmt})"
-        assert "error" not in loaded[0], f"{label}: {loaded[0]}"
+    served = {repo: files for repo, (files, _, _) in repos.items()}
+    # The catalogue's OpenAI B/32 name resolves to this repository id: the tiny CLIP stands in for it, with
+    # copies of its weights in formats vlzoo does not read, which must not be downloaded.
+    served["openai/clip-vit-base-patch32"] = {**served["openai/clip-tiny"], "tf_model.h5": b"\0" * 4096,
+                                              "flax_model.msgpack": b"\0" * 4096}
+    served[REPO] = published[0]
+    with HubServer(served) as running:
+        vlzoo_handles = [f"hf://{REPO}", f"hf://{REPO}@main", f"hf://{REPO}@{running.commits[REPO]}"]
+        handles = [*vlzoo_handles, *(f"hf://{repo}" for repo in repos), "clip_vit_b32_openai"]
+        runs = [load_in_fresh_process(tmp_path, running.endpoint, *handles, inputs=inputs)]
+        downloads = _resolves(running.requests)
+        # Converted once: a new process finds every model in the caches and downloads nothing.
+        runs.append(load_in_fresh_process(tmp_path, running.endpoint, *handles, inputs=inputs))
+        assert _resolves(running.requests) == downloads
+    runs.append(load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, inputs=inputs,
+                                      offline=True))
+    unread = ("tf_model.h5", "flax_model.msgpack")
+    assert sorted(downloads) == sorted(n for files in served.values() for n in files if n not in unread)
+    for handle, *loaded in zip(handles, *runs):
+        assert all("error" not in result for result in loaded), f"{handle}: {loaded}"
+        if handle in vlzoo_handles:  # vlzoo's own preset: bit for bit
+            for result in loaded:
+                assert_loaded(result, published[1], handle)
+            continue
+        repo = handle[len("hf://"):] if handle.startswith("hf://") else "openai/clip-tiny"
+        _, fmt, want = repos[repo]
+        label = f"{handle} ({fmt})"
         for key, peer in want.items():
             if key == "ids":  # the repository's own tokenizer gives transformers' ids
                 np.testing.assert_array_equal(np.asarray(loaded[0]["ids"]), peer, err_msg=label)
-                continue
-            if key == "preprocessor":  # read from the repository's preprocessing files
+            elif key == "preprocessor":  # read from the repository's preprocessing files
                 assert loaded[0]["preprocessor"] == peer, label
-                continue
-            got = np.asarray(loaded[0][key])
-            np.testing.assert_allclose(got, _unit(peer), atol=1e-4, rtol=0, err_msg=f"{label} {key}")
+            else:
+                got = np.asarray(loaded[0][key])
+                np.testing.assert_allclose(got, _unit(peer), atol=1e-4, rtol=0, err_msg=f"{label} {key}")
             for other in loaded[1:]:  # from the converted cache, online and offline
-                np.testing.assert_array_equal(np.asarray(other[key]), got, err_msg=f"{label} {key} cached")
+                assert other.get(key) == loaded[0].get(key), f"{label} {key}: differs when cached"
+
+
+# ----------------------------------------------------------------------------- single files at a URL
+
+
+@run_once
+def test_a_url_checkpoint_is_pinned_by_sha256_converted_once_and_cached(tmp_path, monkeypatch):
+    """The Llip authors' checkpoint layout (`torch.save` of a training checkpoint) served over loopback HTTP."""
+    import hashlib
+
+    import test_convert_llip as llip_fixture
+    import torch
+
+    config, state_dict, inputs, outputs = llip_fixture.load("qkv_norm_on")
+    served = tmp_path / "served"
+    served.mkdir()
+    torch.save({"epoch": 1, "state_dict": {f"module.{k}": torch.from_numpy(v) for k, v in state_dict.items()}},
+               served / "llip_tiny.pt")
+    digest = hashlib.sha256((served / "llip_tiny.pt").read_bytes()).hexdigest()
+    architecture = tmp_path / "architecture"
+    vlzoo.from_preset("llip_tiny", load_weights=False, **llip_fixture.overrides(config)).save_to_preset(str(architecture))
+    monkeypatch.setenv("VLZOO_CACHE", str(tmp_path / "cache"))
+    with FileServer(served) as server:
+        entry = {"handle": server.url("llip_tiny.pt"), "sha256": "0" * 64, "format": "llip",
+                 "architecture": str(architecture)}
+        with pytest.raises(ValueError, match=r"'llip_tiny.pt' has sha256 .*not the pinned 0000"):
+            loading._url_preset(entry)
+        assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*")), "a refused file stayed in the cache"
+        entry["sha256"] = digest
+        first = loading._url_preset(entry)
+        requests = len(server.requests)
+        assert loading._url_preset(entry) == first and len(server.requests) == requests
+    llip_fixture.assert_logits_match(vlzoo.from_preset(str(first)), inputs, outputs)

@@ -70,18 +70,30 @@ def _format_params(n):
 def cmd_list(args, out):
     import vlzoo
 
-    rows = [("name", "family", "params", "weights")]
-    for name in vlzoo.list_presets(family=args.family):
+    if args.pretrained:
+        rows = [("name", "family", "params", "download", "licence", "source")]
+    else:
+        rows = [("name", "family", "params", "weights")]
+    for name in vlzoo.list_presets(family=args.family, pretrained=args.pretrained):
         info = vlzoo.preset_info(name)
-        rows.append((
-            name, str(info["family"]), f"{info['params']:,} ({_format_params(info['params'])})",
-            "yes" if info["weights_available"] else "no",
-        ))
+        params = f"{info['params']:,} ({_format_params(info['params'])})"
+        if args.pretrained:
+            rows.append((name, info["family"], params, info["download_size"] or "not stated", info["licence"], info["handle"]))
+        else:
+            rows.append((name, str(info["family"]), params, "yes" if info["weights_available"] else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for j, row in enumerate(rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip(), file=out)
         if j == 0:
             print("  ".join("-" * w for w in widths), file=out)
+    return 0
+
+
+def cmd_download(args, out):
+    import vlzoo
+
+    directory = vlzoo.loading.local_directory(args.handle)
+    print(f"{args.handle}: ready in {directory}", file=out)
     return 0
 
 
@@ -773,8 +785,9 @@ def _add_report_options(p, json_help):
 
 def _add_preset(p, required=True):
     p.add_argument("--preset", required=required, metavar="NAME_OR_DIR",
-                   help="a registered preset name (see `vlzoo list`) or a preset directory written by "
-                   "save_to_preset / `vlzoo train` / `vlzoo convert`")
+                   help="a registered or pretrained preset name (see `vlzoo list [--pretrained]`), a "
+                   "preset directory written by save_to_preset / `vlzoo train` / `vlzoo convert`, or "
+                   "a hub handle hf://org/name[@revision]")
 
 
 def _add_caption_keys(p, caption_help):
@@ -799,11 +812,23 @@ def build_parser():
 
     p = _add_command(sub, "list", "table of registered presets",
                      "Print every registered preset: name, family, parameter count\n"
-                     "(computed without allocating weights) and whether weights are bundled.",
-                     ["vlzoo list", "vlzoo list --family siglip"])
+                     "(computed without allocating weights) and whether weights are bundled;\n"
+                     "with --pretrained, the presets of real public weights instead.",
+                     ["vlzoo list", "vlzoo list --family siglip", "vlzoo list --pretrained"])
     p.add_argument("--family", default=None, metavar="F",
                    help="only presets of this family, e.g. clip or siglip (default: all)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="list the pretrained presets: their source, licence and download size")
     p.set_defaults(func=cmd_list)
+
+    p = _add_command(sub, "download", "fetch and convert weights into the cache",
+                     "Download a pretrained preset or a hub handle, check every file, convert it\n"
+                     "to a vlzoo preset in the cache and print where; later loads need no network\n"
+                     "(HF_HUB_OFFLINE=1 works).",
+                     ["vlzoo download clip_vit_b16_openai", "vlzoo download hf://openai/clip-vit-base-patch32"])
+    p.add_argument("handle", metavar="NAME_OR_HANDLE",
+                   help="a pretrained preset (see `vlzoo list --pretrained`) or hf://org/name[@revision]")
+    p.set_defaults(func=cmd_download)
 
     p = _add_command(sub, "info", "details of one preset",
                      "Print vlzoo.preset_info(NAME) as JSON: name, family, params, paper,\n"

@@ -1,4 +1,4 @@
-"""Repositories on the Hugging Face Hub, downloaded safely: `hf://org/name[@revision]`.
+"""Remote weights, downloaded safely: Hub repositories (`hf://org/name[@revision]`) and URLs.
 
 `huggingface_hub` does the transfers, so it honours `HF_ENDPOINT`, `HF_HOME` (or
 `HF_HUB_CACHE`), `HF_HUB_OFFLINE` and the usual token locations, and draws a progress
@@ -9,6 +9,11 @@ from the cache and the load refused with an error naming it, so the next call do
 anew instead of loading it. Offline (`HF_HUB_OFFLINE=1`) a snapshot already in the cache,
 checked when it was downloaded, is used as it is.
 
+A single file at a URL (`fetch_url(url, sha256)`, e.g. the Llip authors' checkpoints) is
+downloaded with a progress bar to a temporary name, its sha256 compared with the pinned one,
+and only then moved to `<cache_dir()>/downloads/<sha256>/<file name>`; a file that differs is
+deleted and refused with an error naming it.
+
 Example:
 >>> parse_hf_handle("hf://google/siglip-base-patch16-224@main")
 ('google/siglip-base-patch16-224', 'main')
@@ -16,9 +21,13 @@ Example:
 
 import dataclasses
 import hashlib
+import http.client
 import os
 import pathlib
 import re
+import tempfile
+import urllib.parse
+import urllib.request
 
 import httpx2
 import huggingface_hub
@@ -26,6 +35,7 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.errors import RepositoryNotFoundError
 from huggingface_hub.errors import RevisionNotFoundError
+from tqdm.auto import tqdm
 
 HF_SCHEME = "hf://"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -54,6 +64,13 @@ class Snapshot:
 def is_handle(preset):
     """Whether `preset` is a hub handle rather than a registered name or a directory."""
     return isinstance(preset, str) and preset.startswith(HF_SCHEME)
+
+
+def cache_dir():
+    """Root of vlzoo's own cache: `$VLZOO_CACHE`, else `$XDG_CACHE_HOME/vlzoo`, else `~/.cache/vlzoo`."""
+    if os.environ.get("VLZOO_CACHE"):
+        return pathlib.Path(os.environ["VLZOO_CACHE"]).expanduser()
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vlzoo"
 
 
 def offline():
@@ -138,34 +155,56 @@ def _check(handle, remote, path):
         )
 
 
-def download(handle, snapshot):
-    """Downloads (or finds in the cache) every file of `snapshot`, checks each, returns the directory.
+# Files that hold weights: a repository often holds several copies of one model (safetensors, a
+# pickle, TensorFlow's and Flax's); only the one the converter reads is downloaded.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".pt", ".pth", ".ckpt", ".onnx", ".npz", ".gguf",
+                   ".tflite", ".pb")
+
+
+def _download_file(handle, snapshot, remote, revision):
+    try:  # by the handle's revision, so that the cache records it for offline use
+        path = pathlib.Path(huggingface_hub.hf_hub_download(snapshot.repo_id, remote.path, revision=revision))
+    except (OSError, httpx2.HTTPError) as error:
+        raise ValueError(
+            f"{handle}: downloading {remote.path!r} failed ({type(error).__name__}: {error}). Nothing "
+            "incomplete is loaded; load again to resume."
+        ) from error
+    directory = path.parents[len(pathlib.PurePosixPath(remote.path).parts) - 1]
+    if directory.name != snapshot.commit:
+        raise ValueError(
+            f"{handle}: the revision moved from commit {snapshot.commit} to {directory.name} during the "
+            "download; load again."
+        )
+    _check(handle, remote, path)
+    return directory
+
+
+def download(handle, snapshot, choose_weights):
+    """Downloads (or finds in the cache) what `snapshot` needs, checks each file, returns the directory.
+
+    Every file but weights comes first; then `choose_weights(directory, names)` (the
+    directory so far, every name of the listing) names the weight files to fetch.
+
+    Returns:
+        `(directory, files)`: the snapshot directory and the `RemoteFile`s downloaded.
 
     Raises:
         ValueError: naming a file whose transfer failed or whose size or hash differs from the listing;
             nothing of it is left where a later call would load it.
     """
     _, revision = parse_hf_handle(handle)
+    small = [f for f in snapshot.files if not f.path.endswith(WEIGHT_SUFFIXES)]
+    if not small:
+        raise FileNotFoundError(f"{handle}: the repository holds no configuration files: "
+                                f"{', '.join(f.path for f in snapshot.files) or 'no files'}.")
     directory = None
-    for remote in snapshot.files:
-        try:  # by the handle's revision, so that the cache records it for offline use
-            path = pathlib.Path(huggingface_hub.hf_hub_download(
-                snapshot.repo_id, remote.path, revision=revision or "main"))
-        except (OSError, httpx2.HTTPError) as error:
-            raise ValueError(
-                f"{handle}: downloading {remote.path!r} failed ({type(error).__name__}: {error}). Nothing "
-                "incomplete is loaded; load again to resume."
-            ) from error
-        directory = path.parents[len(pathlib.PurePosixPath(remote.path).parts) - 1]
-        if directory.name != snapshot.commit:
-            raise ValueError(
-                f"{handle}: the revision moved from commit {snapshot.commit} to {directory.name} during the "
-                "download; load again."
-            )
-        _check(handle, remote, path)
-    if directory is None:
-        raise FileNotFoundError(f"{handle}: the repository holds no files.")
-    return directory
+    for remote in small:
+        directory = _download_file(handle, snapshot, remote, revision or "main")
+    wanted = set(choose_weights(directory, [f.path for f in snapshot.files]))
+    weights = [f for f in snapshot.files if f.path in wanted]
+    for remote in weights:
+        _download_file(handle, snapshot, remote, revision or "main")
+    return directory, small + weights
 
 
 def cached_snapshot(handle):
@@ -188,15 +227,49 @@ def cached_blob_ids(directory):
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def fetch(handle):
-    """Local directory holding the files of the hub handle `handle`, downloaded and checked, or cached.
 
-    Args:
-        handle: `"hf://org/name"` or `"hf://org/name@revision"`.
 
-    Returns:
-        `pathlib.Path` of the snapshot in `huggingface_hub`'s cache.
+def fetch_url(url, sha256=None):
+    """Local path of the file at `url`, downloaded once and checked against its pinned `sha256`.
+
+    Where the publisher states no sha256 (`sha256=None`), the file is stored under a key of
+    its URL and the digest found is printed, so that it can be pinned from then on.
+
+    Raises:
+        ValueError: the downloaded file's sha256 differs (it is deleted) or the transfer failed.
+        FileNotFoundError: offline (`HF_HUB_OFFLINE=1`) and the file is not cached.
     """
+    name = pathlib.PurePosixPath(urllib.parse.urlsplit(url).path).name or "download"
+    key = sha256 or "url-" + hashlib.sha256(url.encode()).hexdigest()[:16]
+    target = cache_dir() / "downloads" / key / name
+    if target.is_file():
+        return target
     if offline():
-        return cached_snapshot(handle)
-    return download(handle, remote_snapshot(handle))
+        raise FileNotFoundError(f"{url}: not in the cache ({target}) and HF_HUB_OFFLINE is set.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=target.parent)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=None) as bar:
+                for chunk in iter(lambda: response.read(_CHUNK), b""):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+            if total is not None and out.tell() != total:
+                raise ValueError(f"{url}: the transfer of {name!r} stopped at {out.tell()} of {total} bytes.")
+        if sha256 is None:
+            print(f"{url}: no sha256 is published for {name!r}; downloaded with sha256 {digest.hexdigest()}.")
+        elif digest.hexdigest() != sha256:
+            raise ValueError(
+                f"{url}: downloaded file {name!r} has sha256 {digest.hexdigest()}, not the pinned {sha256}: "
+                "corrupted, truncated or replaced. It was deleted."
+            )
+        os.replace(partial, target)
+    except (OSError, http.client.HTTPException) as error:
+        raise ValueError(f"{url}: downloading {name!r} failed ({type(error).__name__}: {error}).") from error
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return target

@@ -22,18 +22,15 @@ import tempfile
 
 from vlzoo import hub
 from vlzoo import presets
+from vlzoo import pretrained
+from vlzoo.convert.checkpoints import load_state_dict
 from vlzoo.convert.checkpoints import progress_bar
+from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.repository import convert_repository
 from vlzoo.convert.repository import detect_format
+from vlzoo.convert.repository import weight_files
 
 _COMMIT = 40
-
-
-def cache_dir():
-    """Root of vlzoo's own cache: `$VLZOO_CACHE`, else `$XDG_CACHE_HOME/vlzoo`, else `~/.cache/vlzoo`."""
-    if os.environ.get("VLZOO_CACHE"):
-        return pathlib.Path(os.environ["VLZOO_CACHE"]).expanduser()
-    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "vlzoo"
 
 
 def files_digest(blob_ids):
@@ -43,7 +40,7 @@ def files_digest(blob_ids):
 
 
 def _converted_dir(repo_id, commit, digest):
-    return cache_dir() / "converted" / repo_id / f"{commit}-{digest}"
+    return hub.cache_dir() / "converted" / repo_id / f"{commit}-{digest}"
 
 
 def _pinned_commit(handle):
@@ -54,13 +51,12 @@ def _pinned_commit(handle):
 
 def _cached_conversion(repo_id, commit):
     """The converted preset of `repo_id` at `commit`, if one is cached (any digest)."""
-    parent = cache_dir() / "converted" / repo_id
+    parent = hub.cache_dir() / "converted" / repo_id
     found = sorted(parent.glob(f"{commit}-*")) if parent.is_dir() else []
     return found[0] if found else None
 
 
-def _convert_into_cache(handle, directory, target):
-    model = convert_repository(directory, progress=progress_bar())
+def _save_into_cache(handle, model, target):
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
     try:
@@ -94,12 +90,53 @@ def local_preset(handle):
         cached = _cached_conversion(repo_id, snapshot.commit)
         if cached is not None:
             return cached
-        directory = hub.download(handle, snapshot)
-        commit, blob_ids = snapshot.commit, {f.path: f.digest for f in snapshot.files}
+        directory, files = hub.download(handle, snapshot, weight_files)
+        commit, blob_ids = snapshot.commit, {f.path: f.digest for f in files}
     if detect_format(directory) == "vlzoo":
         return directory
     target = _converted_dir(repo_id, commit, files_digest(blob_ids))
-    return target if target.is_dir() else _convert_into_cache(handle, directory, target)
+    if target.is_dir():
+        return target
+    return _save_into_cache(handle, convert_repository(directory, progress=progress_bar()), target)
+
+
+def _url_preset(entry):
+    """A local vlzoo preset for a catalogue entry whose weights are one file at a URL."""
+    path = hub.fetch_url(entry["handle"], entry["sha256"])
+    target = hub.cache_dir() / "converted" / "urls" / path.parent.name
+    if target.is_dir():
+        return target
+    if entry["format"] != "llip":
+        raise ValueError(f"A URL entry of the catalogue must have `format` 'llip'; found {entry['format']!r}.")
+    state_dict = load_state_dict(path, torchscript=False)
+    model = from_llip_checkpoint(state_dict, entry["architecture"], progress=progress_bar())
+    return _save_into_cache(entry["handle"], model, target)
+
+
+def pretrained_preset(name):
+    """A local vlzoo preset directory for the pretrained preset `name` (downloaded on first use)."""
+    entry = pretrained.catalogue()[name]
+    directory = local_preset(entry["handle"]) if hub.is_handle(entry["handle"]) else _url_preset(entry)
+    family = presets.read_metadata(directory).get("family")
+    if family != entry["family"]:
+        raise ValueError(f"{name}: {entry['handle']} holds a {family} model, not {entry['family']}.")
+    return directory
+
+
+def local_directory(preset):
+    """The local vlzoo preset directory `from_preset` loads for a handle or a pretrained name.
+
+    Raises:
+        ValueError: `preset` is neither a hub handle nor a pretrained preset.
+    """
+    if hub.is_handle(preset):
+        return local_preset(preset)
+    if pretrained.is_pretrained(preset):
+        return pretrained_preset(preset)
+    raise ValueError(
+        f"{preset!r} is neither a hub handle (hf://org/name[@revision]) nor a pretrained preset "
+        f"({', '.join(sorted(pretrained.catalogue()))})."
+    )
 
 
 def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
@@ -124,6 +161,6 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     >>> model = vlzoo.from_preset("clip_tiny")
     >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
     """
-    if hub.is_handle(preset):
-        preset = local_preset(preset)
+    if hub.is_handle(preset) or pretrained.is_pretrained(preset):
+        preset = local_directory(preset)
     return presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)

@@ -26,6 +26,7 @@ import numpy as np
 from packaging.version import InvalidVersion
 from packaging.version import Version
 
+from vlzoo.pretrained import catalogue
 from vlzoo.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -66,12 +67,18 @@ def presets_root():
     return pathlib.Path(__file__).resolve().parent.parent / "presets"
 
 
-def list_presets(family=None):
-    """Names of every registered preset, optionally of one `family` (e.g. `"clip"`)."""
+def list_presets(family=None, pretrained=False):
+    """Names of every registered preset, optionally of one `family` (e.g. `"clip"`).
+
+    With `pretrained=True`, the names of the catalogue of real public weights instead
+    (`presets/pretrained.json`; downloaded on first use, see `preset_info`).
+    """
     table = registry()
     families = sorted({f for f, _, _ in table.values()})
     if family is not None and family not in families:
         raise ValueError(f"Unknown `family` {family!r}; registered families: {families}.")
+    if pretrained:
+        return sorted(name for name, entry in catalogue().items() if family in (None, entry["family"]))
     return sorted(name for name, (f, _, _) in table.items() if family in (None, f))
 
 
@@ -83,6 +90,11 @@ def _unknown_preset_error(name):
         f"Unknown preset {name!r}: not a registered name and not a directory.{hint} "
         f"Registered presets: {', '.join(names)}."
     )
+
+
+def read_metadata(directory):
+    """The `metadata.json` dict of a preset directory."""
+    return _read_json(pathlib.Path(directory) / METADATA_FILE)
 
 
 def _read_json(path):
@@ -224,6 +236,8 @@ def preset_info(name):
     The parameter count is computed from the config without allocating the
     model's weights, so it works for presets too large for this machine.
     """
+    if name in catalogue():
+        return _pretrained_info(name)
     directory = resolve_preset(name)
     metadata = _read_json(directory / METADATA_FILE)
     config = _read_json(directory / CONFIG_FILE)
@@ -237,6 +251,19 @@ def preset_info(name):
         **({"upstream_weights": metadata["upstream_weights"]} if "upstream_weights" in metadata else {}),
         "description": metadata.get("description"),
         "directory": str(directory),
+    }
+
+
+def _pretrained_info(name):
+    entry = catalogue()[name]
+    info = preset_info(entry["architecture"])
+    return {
+        "name": name, "family": entry["family"], "params": info["params"], "paper": info["paper"],
+        "weights_available": True,
+        "weights_note": f"Downloaded from {entry['handle']} on first use and converted into vlzoo's cache.",
+        "source": entry["source"], "licence": entry["licence"], "handle": entry["handle"],
+        "format": entry["format"], "download_size": entry.get("download_size"), "architecture": entry["architecture"],
+        "reference": entry["reference"], "description": entry["description"],
     }
 
 

@@ -60,16 +60,22 @@ def _json(path):
         return None
 
 
-def detect_format(directory):
+def detect_format(directory, names=None):
     """The layout of a model directory: one of `FORMATS`.
+
+    Args:
+        directory: the directory (its `config.json` is read when present).
+        names: the repository's file names when not every file is in `directory` yet (a
+            listing before its weights are downloaded); default: the directory's files.
 
     Raises:
         ValueError: naming the files found when none of the layouts matches.
     """
     directory = pathlib.Path(directory)
-    config = _json(directory / "config.json") if (directory / "config.json").is_file() else None
+    names = set(_files(directory) if names is None else names)
+    config = _json(directory / "config.json") if "config.json" in names else None
     registered = str((config or {}).get("registered_name", ""))
-    if registered.startswith("vlzoo>") and (directory / "metadata.json").is_file():
+    if registered.startswith("vlzoo>") and "metadata.json" in names:
         return "vlzoo"
     if registered.startswith("keras_hub>") or str((config or {}).get("module", "")).startswith("keras_hub"):
         if config.get("class_name") not in _KERAS_HUB_BACKBONES:
@@ -78,15 +84,25 @@ def detect_format(directory):
                 f"{' and '.join(_KERAS_HUB_BACKBONES)} presets."
             )
         return "keras_hub"
-    if config is not None and "model_type" in config and _first(directory, _TRANSFORMERS_WEIGHTS):
-        return "transformers"
-    if (directory / "open_clip_config.json").is_file() and _first(directory, _OPEN_CLIP_WEIGHTS):
+    # A repository that holds open_clip's layout is loaded from it: open_clip wrote the weights first.
+    if "open_clip_config.json" in names and names & set(_OPEN_CLIP_WEIGHTS):
         return "open_clip"
+    if config is not None and "model_type" in config and names & set(_TRANSFORMERS_WEIGHTS):
+        return "transformers"
     raise ValueError(
         f"{directory} holds no model vlzoo can load: expected a vlzoo or keras-hub preset, a transformers "
         "CLIPModel/SiglipModel (config.json + model.safetensors or pytorch_model.bin), or open_clip's hub "
-        f"layout (open_clip_config.json + open_clip_model.safetensors); found: {', '.join(_files(directory)) or 'no files'}."
+        f"layout (open_clip_config.json + open_clip_model.safetensors); found: {', '.join(sorted(names)) or 'no files'}."
     )
+
+
+def weight_files(directory, names):
+    """The weight files a repository's format reads: one of its copies, safetensors first."""
+    fmt = detect_format(directory, names)
+    if fmt in ("vlzoo", "keras_hub"):
+        return [n for n in names if n.endswith(".h5")]
+    candidates = _OPEN_CLIP_WEIGHTS if fmt == "open_clip" else _TRANSFORMERS_WEIGHTS
+    return [next(n for n in candidates if n in names)]
 
 
 def _token_id(vocabulary, token, default):
