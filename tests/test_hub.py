@@ -308,3 +308,38 @@ def test_a_url_checkpoint_is_pinned_by_sha256_converted_once_and_cached(tmp_path
         requests = len(server.requests)
         assert loading._url_preset(entry) == first and len(server.requests) == requests
     llip_fixture.assert_logits_match(vlzoo.from_preset(str(first)), inputs, outputs)
+
+
+# ----------------------------------------------------------------------------- the pretrained catalogue
+
+OPEN_CLIP_TAGS = {  # catalogue name -> (open_clip model, pretrained tag) whose `hf_hub` it must name
+    "clip_vit_b32_laion2b": ("ViT-B-32", "laion2b_s34b_b79k"),
+    "clip_vit_b16_laion2b": ("ViT-B-16", "laion2b_s34b_b88k"),
+    "clip_vit_l14_laion2b": ("ViT-L-14", "laion2b_s32b_b82k"),
+    "clip_vit_b32_datacomp": ("ViT-B-32", "datacomp_xl_s13b_b90k"),
+    "clip_vit_b16_datacomp": ("ViT-B-16", "datacomp_xl_s13b_b90k"),
+    "clip_vit_l14_datacomp": ("ViT-L-14", "datacomp_xl_s13b_b90k"),
+}
+REQUIRED = {*OPEN_CLIP_TAGS, "clip_vit_b32_openai", "clip_vit_b16_openai", "clip_vit_l14_openai",
+            "siglip_vit_b16_webli", "llip_vit_b16_k32", "llip_vit_g14_k64"}
+
+
+@run_once
+def test_the_pretrained_catalogue_names_real_weights_with_their_facts(capsys):
+    names = vlzoo.list_presets(pretrained=True)
+    assert REQUIRED <= set(names)
+    assert vlzoo.list_presets(family="llip", pretrained=True) == ["llip_vit_b16_k32", "llip_vit_g14_k64"]
+    for name in names:
+        info = vlzoo.preset_info(name)
+        assert info["architecture"] in vlzoo.list_presets(family=info["family"]), name
+        assert info["params"] == vlzoo.preset_info(info["architecture"])["params"], name
+        assert info["licence"] and info["reference"] and info["source"], name
+    open_clip = peers.open_clip_or_skip()
+    for name, (model, tag) in OPEN_CLIP_TAGS.items():
+        assert vlzoo.preset_info(name)["handle"] == "hf://" + open_clip.get_pretrained_cfg(model, tag)["hf_hub"].rstrip("/")
+    from vlzoo import cli
+
+    assert cli.main(["list", "--pretrained"]) == 0
+    table = capsys.readouterr().out
+    for name in names:
+        assert name in table and vlzoo.preset_info(name)["handle"] in table
