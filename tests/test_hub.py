@@ -163,17 +163,31 @@ def _transformers_clip(hf, torch, directory):
 
 
 def _transformers_siglip(hf, torch, directory, inputs):
-    """SiglipModel, `save_pretrained` as pickled `pytorch_model.bin`; its peer outputs on `inputs`."""
+    """SiglipModel + SiglipTokenizer (a SentencePiece model trained here), `save_pretrained` with pickled
+    `pytorch_model.bin`; its peer outputs on `inputs` and on its tokenizer's ids."""
+    import sentencepiece
+
     torch.manual_seed(1)
     model = hf.SiglipModel(hf.SiglipConfig(
         text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
         vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
     )).eval()
     model.save_pretrained(directory, safe_serialization=False)
+    corpus = directory.parent / "siglip-corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} playing in the snow with two dogs and a cat"
+                                for c in ("red", "blue", "green") for s in ("circle", "square", "cat", "dog")) * 20)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(directory.parent / "spiece"), vocab_size=64, eos_id=1, pad_id=0,
+        unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+    tokenizer = hf.SiglipTokenizer(vocab_file=str(directory.parent / "spiece.model"))
+    tokenizer.save_pretrained(directory)
+    ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(inputs["token_ids"]).long(),
                     pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
-    return {"images": out.image_embeds.numpy(), "token_ids": out.text_embeds.numpy()}
+        texts = model.get_text_features(input_ids=ids)
+    return {"images": out.image_embeds.numpy(), "token_ids": out.text_embeds.numpy(), "ids": ids.numpy(),
+            "texts": getattr(texts, "pooler_output", texts).numpy()}
 
 
 def _open_clip(open_clip, torch, hf, directory, inputs):
