@@ -311,7 +311,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
             f"Preset {metadata.get('name', str(preset))!r} has no weights ({WEIGHTS_FILE} absent): "
             "the model is randomly initialised. "
             + metadata.get("weights_note", ""),
-            stacklevel=2,
+            stacklevel=3,  # the caller of vlzoo.from_preset (vlzoo.loading)
         )
 
     # The tokenizer and preprocessor follow the model's context length and image size,
