@@ -68,8 +68,9 @@ def clip_config(patch, vision_width, vision_layers, vision_heads, text_width, te
 
 _OPENAI = dict(
     paper="Radford et al. 2021, Learning Transferable Visual Models From Natural Language Supervision",
-    weights_note="OpenAI's weights are not bundled (no downloads at run time); convert a local "
-    "checkpoint with `vlzoo.convert` / tools/convert.py.",
+    weights_note="Architecture only (random initialisation). Real weights of this geometry load by name: "
+    "`vlzoo list --pretrained` (OpenAI, LAION-2B and DataComp checkpoints, e.g. `clip_vit_b16_openai`), "
+    "or convert a local checkpoint with `vlzoo.convert`.",
 )
 
 PRESETS = {

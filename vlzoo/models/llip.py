@@ -285,13 +285,14 @@ _PAPER = ("Lavoie et al. 2024, Modeling Caption Diversity in Contrastive Vision-
           "(Llip, ICML)")
 
 
-def _released(preset, checkpoint, accuracy):
+def _released(preset, checkpoint, accuracy, pretrained):
     """`weights_note` and `upstream_weights` metadata of a geometry whose weights the authors released."""
     command = f"vlzoo convert --from llip --source {checkpoint} --preset {preset} --out DIR"
     note = (f"The authors released weights for this geometry ({checkpoint} in facebookresearch/Llip's README, "
-            f"{accuracy} average zero-shot accuracy); they are not bundled (no downloads at run time). Convert a "
-            f"local copy with `{command}` (or `vlzoo.convert.from_llip_checkpoint(path, {preset!r})`) and load "
-            "DIR with `vlzoo.from_preset`. Without it the model is randomly initialised.")
+            f"{accuracy} average zero-shot accuracy): the pretrained preset `{pretrained}` downloads and converts "
+            f"them on first use; or convert a local copy with `{command}` (or "
+            f"`vlzoo.convert.from_llip_checkpoint(path, {preset!r})`). This architecture preset is randomly "
+            "initialised.")
     upstream = dict(repository="https://github.com/facebookresearch/Llip", checkpoint=checkpoint, convert=command)
     return dict(weights_note=note, upstream_weights=upstream)
 
@@ -310,7 +311,7 @@ PRESETS = {
         description="Llip32 ViT-B/16 (the authors' released B/16 geometry): 224 px, P=196 + K=32 mixture "
         "tokens, 12/512/8 causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
-        **_released("llip_vit_b16", "llip_b16_k32.pt", "69.6%"),
+        **_released("llip_vit_b16", "llip_b16_k32.pt", "69.6%", "llip_vit_b16_k32"),
     ),
     "llip_vit_b16_k64": dict(
         config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
@@ -338,7 +339,7 @@ PRESETS = {
         "tokens (16 heads of width 104, MLP 8192), 32/1280/20 causal text (context 77), D=1280, M=8, "
         "tau=5, qkv norm; " + _TOWERS + ".",
         tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
-        **_released("llip_vit_g14", "llip_G14_k64.pt", "79.3%"),
+        **_released("llip_vit_g14", "llip_G14_k64.pt", "79.3%", "llip_vit_g14_k64"),
     ),
     "llip_tiny": dict(
         config=dict(

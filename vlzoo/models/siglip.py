@@ -101,7 +101,8 @@ PRESETS = {
         ),
         preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
         paper=_SIGLIP["paper"],
-        weights_note="Weights not bundled; convert a local checkpoint with `vlzoo.convert`.",
+        weights_note="Architecture only (random initialisation). Real weights: the pretrained preset "
+        "`siglip_vit_b16_webli` (downloaded on first use), or convert a local checkpoint with `vlzoo.convert`.",
     ),
     "siglip_tiny": dict(
         config=_siglip_config(32, 8, 32, 2, 4, 64, 49408, 16),
