@@ -88,32 +88,27 @@ def test_malformed_handles_are_refused_by_name(handle):
 
 
 @run_once
-def test_unknown_repositories_revisions_and_formats_are_named(server, tmp_path):
+def test_unknown_names_and_damaged_downloads_are_refused_by_name_then_recover(published, server, tmp_path):
+    """Unknown repositories, revisions and formats; a corrupted file (right size, other bytes) and a truncated
+    one (the connection dies halfway and every resume fails) are refused naming the file, then load."""
     server.repos["openai/clip-like"] = {"config.json": b'{"architectures": ["CLIPModel"]}'}
     server.commits["openai/clip-like"] = "f" * 40
-    handles = ["hf://vlzoo-tests/nothing-here", f"hf://{REPO}@no-such-branch", "hf://openai/clip-like"]
-    results = load_in_fresh_process(tmp_path, server.endpoint, *handles)
-    assert results[0]["error"] == "FileNotFoundError" and "vlzoo-tests/nothing-here" in results[0]["message"]
-    assert results[1]["error"] == "FileNotFoundError" and "no-such-branch" in results[1]["message"], results[1]
-    assert results[2]["error"] == "ValueError" and "holds no model vlzoo can load" in results[2]["message"]
-    assert "found: config.json." in results[2]["message"], results[2]
-    (offline,) = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", f"hf://{REPO}", offline=True)
-    assert offline["error"] == "FileNotFoundError" and f"hf://{REPO}: not in the cache" in offline["message"]
-
-
-@run_once
-def test_damaged_downloads_are_refused_by_name_then_recover(published, server, tmp_path):
-    """A corrupted file (right size, other bytes) and a truncated one (the connection dies halfway, resumes fail)."""
     server.repos["vlzoo-tests/clip-tiny-2"] = server.repos[REPO]
     server.commits["vlzoo-tests/clip-tiny-2"] = server.commits[REPO]
     faults = {REPO: "corrupt", "vlzoo-tests/clip-tiny-2": "truncate"}
     for repo, fault in faults.items():
         server.faults[(repo, "model.weights.h5")] = fault  # every response for that file, retries included
-    handles = [f"hf://{repo}" for repo in faults]
-    for handle, result in zip(handles, load_in_fresh_process(tmp_path, server.endpoint, *handles)):
+    damaged = [f"hf://{repo}" for repo in faults]
+    unknown = ["hf://vlzoo-tests/nothing-here", f"hf://{REPO}@no-such-branch", "hf://openai/clip-like"]
+    results = load_in_fresh_process(tmp_path, server.endpoint, *unknown, *damaged)
+    assert results[0]["error"] == "FileNotFoundError" and "vlzoo-tests/nothing-here" in results[0]["message"]
+    assert results[1]["error"] == "FileNotFoundError" and "no-such-branch" in results[1]["message"], results[1]
+    assert results[2]["error"] == "ValueError" and "holds no model vlzoo can load" in results[2]["message"]
+    assert "found: config.json." in results[2]["message"], results[2]
+    for handle, result in zip(damaged, results[3:]):
         assert result["error"] == "ValueError" and "'model.weights.h5'" in result["message"], (handle, result)
     server.faults.clear()
-    for handle, result in zip(handles, load_in_fresh_process(tmp_path, server.endpoint, *handles)):
+    for handle, result in zip(damaged, load_in_fresh_process(tmp_path, server.endpoint, *damaged)):
         assert_loaded(result, published[1], f"{handle} after a damaged download")
 
 
@@ -250,7 +245,7 @@ def _resolves(requests):
 
 
 def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(published, peer_repos, tmp_path):
-    """Every format by `hf://` (and a pretrained name) in one process, again from the cache, then offline."""
+    """Every format by `hf://` (and a pretrained name) in a fresh process, again from the cache, then offline."""
     repos, inputs = peer_repos
     served = {repo: files for repo, (files, _, _) in repos.items()}
     # The catalogue's OpenAI B/32 name resolves to this repository id: the tiny CLIP stands in for it, with
@@ -261,13 +256,15 @@ def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(pub
     with HubServer(served) as running:
         vlzoo_handles = [f"hf://{REPO}", f"hf://{REPO}@main", f"hf://{REPO}@{running.commits[REPO]}"]
         handles = [*vlzoo_handles, *(f"hf://{repo}" for repo in repos), "clip_vit_b32_openai"]
-        runs = [load_in_fresh_process(tmp_path, running.endpoint, *handles, inputs=inputs)]
+        # Each handle twice: the second load finds the conversion in the cache and downloads nothing.
+        online = load_in_fresh_process(tmp_path, running.endpoint, *handles, *handles, inputs=inputs)
         downloads = _resolves(running.requests)
-        # Converted once: a new process finds every model in the caches and downloads nothing.
-        runs.append(load_in_fresh_process(tmp_path, running.endpoint, *handles, inputs=inputs))
-        assert _resolves(running.requests) == downloads
-    runs.append(load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, inputs=inputs,
-                                      offline=True))
+    # A new process, HF_HUB_OFFLINE=1 and nothing listening: the caches alone.
+    offline = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, "hf://vlzoo-tests/never-fetched",
+                                    inputs=inputs, offline=True)
+    never = offline.pop()
+    assert never["error"] == "FileNotFoundError" and "never-fetched: not in the cache" in never["message"], never
+    runs = [online[: len(handles)], online[len(handles):], offline]
     unread = ("tf_model.h5", "flax_model.msgpack")
     assert sorted(downloads) == sorted(n for files in served.values() for n in files if n not in unread)
     for handle, *loaded in zip(handles, *runs):
