@@ -35,7 +35,7 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 from huggingface_hub.errors import RepositoryNotFoundError
 from huggingface_hub.errors import RevisionNotFoundError
-from tqdm.auto import tqdm
+from huggingface_hub.utils import tqdm
 
 HF_SCHEME = "hf://"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

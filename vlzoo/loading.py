@@ -15,7 +15,6 @@ renamed into place when complete, so an interrupted one leaves nothing a later c
 """
 
 import hashlib
-import os
 import pathlib
 import shutil
 import tempfile
@@ -140,11 +139,13 @@ def local_directory(preset):
 
 
 def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
-    """Builds a model from a registered preset name, a preset directory or a hub handle.
+    """Builds a model from a preset name, a preset directory or a hub handle.
 
     Args:
-        preset: a name from `list_presets()`, a directory written by
-            `save_to_preset`, or a Hugging Face Hub repository:
+        preset: a name from `list_presets()`, a pretrained preset from
+            `list_presets(pretrained=True)` (downloaded and converted on first
+            use), a directory written by `save_to_preset`, or a Hugging Face
+            Hub repository:
             `"hf://org/name"` or `"hf://org/name@revision"`, holding a vlzoo
             preset, a keras-hub CLIP/SigLIP preset, a transformers
             `CLIPModel`/`SiglipModel` or an open_clip model (converted once
@@ -159,6 +160,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
 
     Example:
     >>> model = vlzoo.from_preset("clip_tiny")
+    >>> model = vlzoo.from_preset("clip_vit_b32_openai")  # doctest: +SKIP
     >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
     """
     if hub.is_handle(preset) or pretrained.is_pretrained(preset):
