@@ -11,7 +11,7 @@ Binary files (weights) are described as LFS files, as on the Hub: their ETag and
 the sha256 of the content; other files' are the git blob id. `faults` makes the server misbehave
 for one path: `"corrupt"` serves other bytes of the right length, `"truncate"` closes the
 connection halfway through the body and, like a server gone away, sends nothing to the requests
-that try to resume; `fault_count` limits how many responses misbehave (None: all of them).
+that try to resume. A fault lasts until it is removed from `faults`.
 """
 
 import hashlib
@@ -41,18 +41,11 @@ def etag(path, content):
     return entry["lfs"]["sha256"] if "lfs" in entry else entry["blobId"]
 
 
-class HubServer:
-    """`with HubServer(repos) as server:` serves `repos` at `server.endpoint` until the block ends."""
+class _LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 (a free port) that serves while its `with` block runs."""
 
-    def __init__(self, repos):
-        self.repos = repos
-        self.faults = {}
-        self.fault_count = None  # every download of a faulty path, or this many
-        self.requests = []
-        self.commits = {repo: hashlib.sha1(repr(sorted((p, hashlib.sha256(c).hexdigest())
-                                                         for p, c in files.items())).encode()).hexdigest()
-                        for repo, files in repos.items()}
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+    def __init__(self, handler):
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self):
@@ -63,18 +56,23 @@ class HubServer:
         self._server.shutdown()
         self._server.server_close()
 
+
+class HubServer(_LoopbackServer):
+    """`with HubServer(repos) as server:` serves `repos` at `server.endpoint` until the block ends."""
+
+    def __init__(self, repos):
+        self.repos = repos
+        self.faults = {}
+        self.requests = []
+        self.commits = {repo: hashlib.sha1(repr(sorted((p, hashlib.sha256(c).hexdigest())
+                                                         for p, c in files.items())).encode()).hexdigest()
+                        for repo, files in repos.items()}
+        super().__init__(self._handler())
+
     def _resolve(self, repo, revision):
         if repo not in self.repos or revision not in ("main", self.commits[repo]):
             return None
         return self.commits[repo]
-
-    def _take_fault(self, repo, name):
-        fault = self.faults.get((repo, name))
-        if fault is not None and self.fault_count is not None:
-            if self.fault_count <= 0:
-                return None
-            self.fault_count -= 1
-        return fault
 
     def _handler(self):
         hub = self
@@ -125,7 +123,7 @@ class HubServer:
                         start = int(ranged.group(1))
                         headers.append(("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}"))
                     status = 206 if ranged and not head else 200
-                    fault = None if head else hub._take_fault(repo, name)
+                    fault = None if head else hub.faults.get((repo, name))
                     if fault is None:
                         return self._send(status, content[start:], headers, head)
                     if fault == "corrupt":
@@ -150,7 +148,7 @@ class HubServer:
         return Handler
 
 
-class FileServer:
+class FileServer(_LoopbackServer):
     """`with FileServer(directory) as server:` serves `directory`'s files at `server.url(name)` (plain HTTP GET)."""
 
     def __init__(self, directory):
@@ -164,15 +162,7 @@ class FileServer:
             def log_message(self, *args):
                 requests.append(self.path)
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
 
     def url(self, name):
-        return f"http://127.0.0.1:{self._server.server_address[1]}/{name}"
-
-    def __enter__(self):
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self._server.shutdown()
-        self._server.server_close()
+        return f"{self.endpoint}/{name}"
