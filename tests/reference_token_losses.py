@@ -62,7 +62,7 @@ def filip_loss(image_tokens, text_tokens, text_mask, logit_scale,
 
 
 def filip_wrong_variants(s_i, s_t, logit_scale):
-    """Known-wrong losses of specs/filip.md section 7.1, from the right
+    """Known-wrong losses of the hand-worked case in test_filip_loss.py, from the right
     similarity matrices (the pad variants need the tokens: see the test)."""
     s = float(logit_scale)
     n = len(s_i)

@@ -24,7 +24,7 @@ VARIANTS = ("qkv_norm_off", "qkv_norm_on")
 ATOL = 1e-5  # float32, values up to ~12 (logits, loss); rtol 0
 
 # The authors' configs of their released checkpoints (model_configs/*.json at d5649c3) and the
-# trainable parameter counts of their `CMP` built from them (specs/llip.md, READ FIRST).
+# trainable parameter counts of their `CMP` built from them.
 RELEASED = {
     "llip_vit_b16": (
         dict(

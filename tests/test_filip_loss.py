@@ -1,6 +1,6 @@
 """Tests of FILIP's late-interaction similarity and loss (any Keras backend).
 
-Golden values are the hand-checked cases of specs/filip.md section 7; random
+Golden values are cases worked by hand from the paper's equations; random
 cases are compared with the float64 loops of reference_token_losses.py.
 """
 
@@ -53,7 +53,7 @@ def _image_mask(seed=1, p=P, b=B):
 
 
 def _hand_case():
-    """specs/filip.md 7.1: D = B = P = T = 2 (unit vectors already)."""
+    """Worked by hand: D = B = P = T = 2 (unit vectors already)."""
     img = np.array([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]]],
                    "float32")
     txt = np.array([[[0.6, 0.8], [0.0, 1.0]], [[0.0, 1.0], [0.0, 1.0]]],

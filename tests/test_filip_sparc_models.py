@@ -190,7 +190,7 @@ def test_filip_options_change_the_computation():
         _model("sparc", vision={"num_prefix_tokens": 1})
 
 
-# Published geometry: FILIP counts from specs/filip.md §3 (computed there with CLS and LNs kept).
+# Published geometry: FILIP counts of the paper (CLS and LNs kept).
 FILIP_SPEC_COUNTS = {"filip_vit_b32": 150.95e6, "filip_vit_l14": 426.70e6, "filip_vit_b16": 149.29e6}
 
 

@@ -1,6 +1,6 @@
 """Llip: cross-attention head, chunked sigmoid loss, model, zero-shot, presets.
 
-Golden values come from the numpy reference below, written from specs/llip.md
+Golden values come from the numpy reference below, written from the Llip paper
 (the authors' `CMP` / `xAttnPred` / `CMPLoss`): per-token key and value
 matrices, heads concatenated *then* multiplied by `W_O` (vlzoo folds `W_O`
 into the values), no head biases, no `1/sqrt(d_h)`, float64 throughout.
@@ -476,7 +476,7 @@ def test_serialization_round_trips(tmp_path):
 
 # ------------------------------------------------------------------ presets
 
-# specs/llip.md, READ FIRST: the authors' classes instantiated from their configs.
+# The authors' classes instantiated from their configs (their code at d5649c3).
 SPEC = {
     # name: (K, tau, qkv_norm, D, text context, parameters)
     "llip_vit_b32": (64, 5.0, False, 512, 77, 201_836_802),

@@ -1,6 +1,6 @@
 """Tests of SPARC's alignment weights and fine-grained loss (any backend).
 
-Golden values are the hand-checked case of specs/sparc.md section 7; random
+Golden values are a case worked by hand from the paper's equations; random
 cases are compared with the float64 loops of reference_token_losses.py.
 """
 
@@ -44,7 +44,7 @@ def _inputs(seed=0, lengths=LENGTHS):
 
 
 def _golden():
-    """specs/sparc.md 7.1: B = 2, T = 3, P = 4, D = 2, sigma = 1/4."""
+    """Worked by hand: B = 2, T = 3, P = 4, D = 2, sigma = 1/4."""
     v = np.array([[[1, 0], [-0.6, 1], [1, 1], [-1, 0]],
                   [[2, 0], [0, 1], [0, -1], [1, 1]]], "float32")
     t = np.array([[[1, 0], [0, 1], [1, 1]],

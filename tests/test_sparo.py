@@ -525,7 +525,7 @@ def test_model_rejects_inconsistent_arguments():
 # ---------------------------------------------------------------- presets
 
 
-SPEC_COUNTS = {  # specs/sparo.md section 3 and its verification note (authors' code, model.parameters())
+SPEC_COUNTS = {  # counts of the authors' code (model.parameters())
     "sparo_clip_vit_b16": (sparo_clip_config(16), 143_992_705),
     "sparo_clip_vit_b32": (sparo_clip_config(32), 145_649_281),
     "sparo_clip_vit_b32_l128": (sparo_clip_config(32, num_slots=128), 150_908_545),

@@ -446,7 +446,7 @@ def _tower_counts(config):
 
 def test_vit_b16_parameter_counts_match_the_spec():
     image, text, model = _tower_counts(PRESETS["stair_vit_b16"]["config"])
-    # specs/stair.md §1.2 / Table 1: 86.8M / 53.8M; exact figures of the spec's layout.
+    # the paper's Table 1: 86.8M / 53.8M; exact figures of this layout.
     assert image == 86_815_290 and abs(image - 86.8e6) < 0.05e6
     assert text == 53_790_010 and abs(text - 53.8e6) < 0.05e6
     vision, tower = model.vision, model.text

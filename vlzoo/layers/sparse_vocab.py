@@ -12,7 +12,7 @@ class SparseVocabHead(keras.layers.Layer):
 
     Per position `j`: `u_j = LayerNorm(GELU(W h_j + c))` (exact erf GELU),
     then `u_j <- u_j P` when the token width differs from the embedding
-    width (the image-side bridge, bias-free; `specs/stair.md` §1.2), then
+    width (the image-side bridge, bias-free), then
     `p(h_j) = u_j E^T + b` with `E` the text token-embedding table, passed
     at call time so that the decoder *is* the text tower's variable (no
     parameters of its own for it). The output is

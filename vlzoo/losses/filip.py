@@ -1,7 +1,7 @@
 """Token-wise late-interaction similarity and loss of FILIP.
 
 Yao et al. 2022, "FILIP: Fine-grained Interactive Language-Image
-Pre-training" (see `specs/filip.md`). Every image token (patch) and every
+Pre-training" (ICLR). Every image token (patch) and every
 text token is L2-normalised on its own; with `A[i, j, p, t] = <x_ip, y_jt>`:
 
 * image -> text (eq. 4): `S_I[i, j] = mean_p max_{t real} A[i, j, p, t]`

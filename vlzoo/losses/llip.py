@@ -1,7 +1,7 @@
 """Text-conditioned image embeddings and sigmoid loss of Llip.
 
 Lavoie et al. 2024, "Modeling Caption Diversity in Contrastive
-Vision-Language Pretraining" (ICML; see `specs/llip.md`). An image is
+Vision-Language Pretraining" (ICML). An image is
 encoded into K visual mixture tokens; each caption `j` mixes them into its
 own image embedding through a cross-attention with one query per head:
 

@@ -22,7 +22,7 @@ class FILIP(TokenContrastiveModel):
     Image side: a CLIP ViT (CLS token in the input, `ln_pre`, final LN on
     every token); each token goes through `image_projection` (no bias) to
     `embed_dim` (256 in the paper). The CLS output is left out of the
-    interaction unless `interaction_include_cls=True` (specs/filip.md §1.1).
+    interaction unless `interaction_include_cls=True`.
     Text side: CLIP's causal transformer (so real tokens never see the
     padding); every token goes through `text_projection`. Tokens are
     L2-normalised inside the losses.
