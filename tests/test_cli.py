@@ -281,6 +281,28 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
     assert len(changed) == len(start.weights) and sum(changed) > len(changed) // 2
 
 
+@pytest.mark.slow
+def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    out_dir = tmp_path / "sparc"
+    status, out, err = run(capsys, "train", "--preset", preset_dir, "--family", "sparc", "--data", path,
+                           "--steps-per-epoch", "2", "--batch-size", "4", "--learning-rate", "0.01",
+                           "--out", out_dir)
+    assert status == 0, err
+    assert "sparc from CLIP:" in out and f"saved to {out_dir}" in out
+    start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    assert trained.family == "sparc" and trained.vision.num_prefix_tokens == start.vision.num_prefix_tokens
+    before = keras.ops.convert_to_numpy(start.vision.patch_embedding.conv.kernel)
+    assert not np.array_equal(keras.ops.convert_to_numpy(trained.vision.patch_embedding.conv.kernel), before)
+
+
+def test_train_family_must_be_a_transfer_family(preset_dir, caption_file, tmp_path, capsys):
+    status, _, err = run(capsys, "train", "--preset", preset_dir, "--family", "siglip", "--data",
+                         caption_file[0], "--out", tmp_path / "x")
+    assert status == 2
+    assert "argument --family" in err and "'siglip' is not one of filip, sparc, sparo, llip, stair" in err
+
+
 def test_train_one_pass_needs_a_full_batch(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--batch-size", "8",

@@ -186,8 +186,14 @@ def test_filip_options_change_the_computation():
     assert tuple(with_cls.encode_image(batch["images"])["tokens"].shape) == (4, 17, 16)
     with pytest.raises(ValueError, match="keep_ratio"):
         _model("filip", keep_ratio=0.0)
-    with pytest.raises(ValueError, match="num_prefix_tokens"):
-        _model("sparc", vision={"num_prefix_tokens": 1})
+    # A SPARC ViT with a CLS token (a SPARC started from CLIP) attends to it but leaves it
+    # out of the patch set and the mean pool: P = 16 patches, checked against numpy.
+    sparc_cls = _model("sparc", vision={"num_prefix_tokens": 1})
+    img_tokens, _, img_global, _ = _numpy_features(sparc_cls, batch)
+    image = sparc_cls.encode_image(batch["images"])
+    assert tuple(image["tokens"].shape) == (4, 16, 16)
+    np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(image["global"]), img_global, atol=2e-5)
 
 
 # Published geometry: FILIP counts of the paper (CLS and LNs kept).

@@ -18,7 +18,9 @@ import sys as _sys
 if "tensorflow" not in _sys.modules and _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-from vlzoo import convert, data, distribution, evaluation, hub, layers, loading, losses, models, retrieval, training
+from vlzoo import (
+    convert, data, distribution, evaluation, hub, layers, loading, losses, models, retrieval, training, transfer,
+)
 from vlzoo.models import CLIP, FILIP, SPARC, SPARO, STAIR, ContrastiveModel, Llip, SigLIP
 from vlzoo.loading import from_preset
 from vlzoo.presets import list_presets, preset_info, save_to_preset

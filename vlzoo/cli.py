@@ -105,11 +105,11 @@ def cmd_info(args, out):
     return 0
 
 
-def _load(vlzoo, preset, out):
-    """`vlzoo.from_preset(preset)`, printing its warnings as plain notes."""
+def _load(vlzoo, preset, out, family=None):
+    """`vlzoo.from_preset(preset, family=family)`, printing its warnings as plain notes."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = vlzoo.from_preset(preset)
+        model = vlzoo.from_preset(preset, family=family)
     for warning in caught:
         print(f"note: {warning.message}", file=out)
     return model
@@ -294,12 +294,12 @@ def _check_preset(preset):
         raise UsageError("--preset", str(error)) from None
 
 
-def _load_preset(preset, out):
+def _load_preset(preset, out, family=None):
     """`_load`, with a bad `--preset` reported as a usage error naming it (from_preset's suggestions kept)."""
     import vlzoo
 
     try:
-        return _load(vlzoo, preset, out)
+        return _load(vlzoo, preset, out, family=family)
     except (ValueError, FileNotFoundError) as error:
         raise UsageError("--preset", str(error)) from None
 
@@ -662,6 +662,8 @@ def cmd_train(args, out):
 
     import vlzoo
 
+    if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
+        raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
     steps = args.steps_per_epoch
     if steps is None:
         count = _count_pairs(args.data, args.image_key, args.caption_key, args.on_error)
@@ -676,7 +678,7 @@ def cmd_train(args, out):
         raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the {total_steps} training steps")
 
     keras.utils.set_random_seed(args.seed)
-    model = _load_preset(args.preset, out)
+    model = _load_preset(args.preset, out, family=args.family)
     train = vlzoo.data.image_text_dataset(
         args.data, model.tokenizer, model.preprocessor, args.batch_size, training=True, seed=args.seed,
         image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
@@ -931,10 +933,14 @@ def build_parser():
         "--preset OUT in the other commands.",
         ["vlzoo train --preset clip_vit_b32 --data train.csv --epochs 2 --batch-size 64 "
          "--learning-rate 1e-5 --out runs/b32_ft",
+         "vlzoo train --preset clip_vit_b16_openai --family sparc --data train.csv --out runs/sparc_openai",
          "vlzoo train --preset clip_tiny --data 'shards/{000..009}.tar' --steps-per-epoch 500 "
          "--warmup-steps 100 --out runs/tiny"],
     )
     _add_preset(p)
+    p.add_argument("--family", default=None, metavar="FAMILY",
+                   help="train this family (filip, sparc, sparo, llip or stair) built on the towers of "
+                   "--preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
     p.add_argument("--data", required=True, metavar="SOURCE",
                    help="caption file (.csv, .tsv, .jsonl), a directory holding one, or tar shards "
                    "(path, glob, brace range or directory)")

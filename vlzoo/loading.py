@@ -22,6 +22,7 @@ import tempfile
 from vlzoo import hub
 from vlzoo import presets
 from vlzoo import pretrained
+from vlzoo import transfer
 from vlzoo.convert.checkpoints import load_state_dict
 from vlzoo.convert.checkpoints import progress_bar
 from vlzoo.convert.llip import from_llip_checkpoint
@@ -138,7 +139,7 @@ def local_directory(preset):
     )
 
 
-def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
+def from_preset(preset, load_weights=True, dtype=None, family=None, **config_overrides):
     """Builds a model from a preset name, a preset directory or a hub handle.
 
     Args:
@@ -153,7 +154,12 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
         load_weights: load the weights when the preset has them. A preset
             without weights loads randomly initialised and says so once.
         dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
-        **config_overrides: replace entries of the preset's model config.
+        family: build this family instead, on the towers and weights of the
+            preset's CLIP model: `"filip"`, `"sparc"`, `"sparo"`, `"llip"`
+            or `"stair"` (see `vlzoo.transfer`: what transfers, what is new).
+            None (default) or the preset's own family: the preset as it is.
+        **config_overrides: replace entries of the preset's model config
+            (with `family`: of the new family's config).
 
     Returns:
         The model, with its tokenizer and image preprocessor attached.
@@ -162,7 +168,11 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     >>> model = vlzoo.from_preset("clip_tiny")
     >>> model = vlzoo.from_preset("clip_vit_b32_openai")  # doctest: +SKIP
     >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
+    >>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
     """
     if hub.is_handle(preset) or pretrained.is_pretrained(preset):
         preset = local_directory(preset)
+    if family is not None and family != presets.read_metadata(presets.resolve_preset(preset)).get("family"):
+        clip = presets.from_preset(preset, load_weights=load_weights, dtype=dtype)
+        return transfer.from_clip(clip, family, **config_overrides)[0]
     return presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)

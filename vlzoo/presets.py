@@ -124,11 +124,12 @@ def resolve_preset(preset):
     raise _unknown_preset_error(str(preset))
 
 
-def _merge(base, overrides):
+def merge_config(base, overrides):
+    """`base` with `overrides`' entries replacing its own; dicts are merged key by key."""
     merged = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = merge_config(merged[key], value)
         else:
             merged[key] = value
     return merged
@@ -297,7 +298,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
         raise ValueError(f"Preset file {directory / METADATA_FILE} is not a JSON object.")
     _check_version(metadata, directory / METADATA_FILE)
     _check_family(config, metadata, directory)
-    inner = _merge(config["config"], config_overrides)
+    inner = merge_config(config["config"], config_overrides)
     if dtype is not None:
         inner["dtype"] = dtype
     model = _deserialize({**config, "config": inner}, directory / CONFIG_FILE)

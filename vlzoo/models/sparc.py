@@ -29,7 +29,10 @@ class SPARC(TokenContrastiveModel):
 
     Args:
         vision, text: tower arguments (no CLS, `pooling="mean"`, no tower
-            projection; the text tower attends with a key-padding mask).
+            projection; the text tower attends with a key-padding mask). A
+            ViT with prefix tokens (a CLIP ViT's CLS, as in a SPARC started
+            from CLIP weights by `vlzoo.transfer`) keeps them in its
+            attention but out of the patch set, the mean pool and `1/P`.
         embed_dim: shared embedding width, 512 in the paper.
         init_logit_scale: initial log-scale, `ln(1 / 0.07)` (the paper's
             init is unstated; CLIP's convention).
@@ -73,11 +76,6 @@ class SPARC(TokenContrastiveModel):
             raise ValueError(f"`text_pool` must be one of {TEXT_POOLS}; received {text_pool!r}.")
         if reduction not in ("tokens", "samples"):
             raise ValueError(f"`reduction` must be one of ('tokens', 'samples'); received {reduction!r}.")
-        if self.vision.num_prefix_tokens:
-            raise ValueError(
-                "SPARC's ViT has no CLS token (it would enter the patch set, the mean pool and "
-                f"sigma = 1/P); received `num_prefix_tokens={self.vision.num_prefix_tokens}`."
-            )
         self.lambda_global = lambda_global
         self.lambda_fine = lambda_fine
         self.threshold = threshold
@@ -94,8 +92,12 @@ class SPARC(TokenContrastiveModel):
 
     # ------------------------------------------------------------- features
 
+    def _patch_features(self, images, training=None):
+        """The tower's patch outputs `(B, P, W)`: prefix tokens, if any, are left out."""
+        return self.vision(images, training=training)["tokens"][:, self.vision.num_prefix_tokens:]
+
     def _image_features(self, images, training=None):
-        features = self.vision(images, training=training)["tokens"]  # (B, P, W): no prefix tokens
+        features = self._patch_features(images, training=training)
         tokens = self.image_projection(features)
         if self.vision_head is None:
             return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
@@ -105,7 +107,7 @@ class SPARC(TokenContrastiveModel):
     def dense_image_embeddings(self, images):
         """`g_v(h_v(F_v[p]))` per patch `(B, P, D)`: the paper's zero-shot segmentation embeddings."""
         self._check_image_inputs(images)
-        features = self.vision(images)["tokens"]
+        features = self._patch_features(images)
         if self.vision_head is not None:
             features = self.vision_head(features)
         return self.image_projection(features)

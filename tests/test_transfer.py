@@ -1,0 +1,154 @@
+"""`family=`: FILIP, SPARC, SPARO, Llip and STAIR started from a CLIP checkpoint (`vlzoo.transfer`).
+
+The source is a tiny CLIP whose every weight is random but distinct (its logit scale moved off
+the default, so a copied scale cannot pass by coincidence). "Exactly" means bit for bit: the
+target's towers run the same operations on the same values as CLIP's.
+"""
+
+import keras
+import numpy as np
+import pytest
+from conftest import fit_and_measure, tiny_batch, to_numpy
+
+import vlzoo
+from vlzoo.transfer import TransferReport
+
+BATCH = dict(batch_size=4, sequence_length=12)
+TINY = {"sparo": dict(num_slots=4, slot_dim=8), "llip": dict(vision=dict(num_prefix_tokens=4))}
+# What each family must report as new (its own parameters), by layer.
+NEW = {
+    "filip": set(),
+    "sparc": {"vision_head"},
+    "sparo": {"vision_readout", "text_readout"},
+    "llip": {"logit_scale", "logit_bias", "vision/prefix_tokens", "cross_attention"},
+    "stair": {"image_head", "text_head"},
+}
+SCALE = 3.25
+
+
+@pytest.fixture(scope="module")
+def clip():
+    keras.utils.set_random_seed(7)
+    model = vlzoo.from_preset("clip_tiny", load_weights=False)
+    model.logit_scale.assign(SCALE)
+    return model
+
+
+def _transfer(clip, family, **overrides):
+    model, report = vlzoo.transfer.from_clip(clip, family, verbose=False, **{**TINY.get(family, {}), **overrides})
+    assert isinstance(report, TransferReport)
+    return model, report
+
+
+def _layers(paths):
+    return {path.split("/")[0] if not path.startswith("vision/prefix") else path for path in paths}
+
+
+def _tower_tokens(model, batch):
+    image = to_numpy(model.vision(batch["images"])["tokens"])
+    text = to_numpy(model.text(batch["token_ids"], batch["padding_mask"])["tokens"])
+    return image, text
+
+
+def _real(text, mask):
+    return text[np.asarray(mask, bool)]
+
+
+@pytest.mark.parametrize("family", ["filip", "sparc", "stair"])
+def test_towers_give_clips_token_features_exactly(clip, family):
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, family)
+    image, text = _tower_tokens(model, batch)
+    clip_image, clip_text = _tower_tokens(clip, batch)
+    np.testing.assert_array_equal(image, clip_image)
+    np.testing.assert_array_equal(_real(text, batch["padding_mask"]), _real(clip_text, batch["padding_mask"]))
+    assert _layers(report.new) == NEW[family]
+    scale = float(to_numpy(model.logit_scale))
+    assert scale == SCALE  # softmax InfoNCE on exp(scale) * cos, as CLIP's: the scale keeps its role
+    assert type(model.tokenizer) is type(clip.tokenizer) and model.tokenizer(["a dog"])["token_ids"].tolist() == \
+        clip.tokenizer(["a dog"])["token_ids"].tolist()
+
+
+@pytest.mark.parametrize("family", ["filip", "sparc"])
+def test_token_projections_are_clips_projections(clip, family):
+    """FILIP's and SPARC's image/text tokens are CLIP's tower tokens through CLIP's own projections."""
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, family)
+    assert report.transferred["image_projection/kernel"] == "vision/projection/kernel"
+    image, text = _tower_tokens(clip, batch)
+    clip_image = to_numpy(clip.vision.projection(image[:, 1:]))  # the CLS token is not a patch
+    clip_text = to_numpy(clip.text.projection(text))
+    encoded_image, encoded_text = model.encode_image(batch["images"]), model.encode_text(batch)
+    np.testing.assert_allclose(to_numpy(encoded_image["tokens"]), clip_image, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(_real(to_numpy(encoded_text["tokens"]), batch["padding_mask"]),
+                               _real(clip_text, batch["padding_mask"]), rtol=0, atol=1e-6)
+
+
+def test_sparo_towers_are_clip_without_its_last_block(clip):
+    """SPARO's read-out replaces the last block: its towers equal CLIP's with that block made the
+    identity (its attention output and second MLP layer zeroed: a pre-LN block adds nothing)."""
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, "sparo")
+    assert _layers(report.new) == NEW["sparo"]
+    assert _layers(report.left_out) == {"vision", "text"}  # the last blocks and the projections
+    assert float(to_numpy(model.logit_scale)) == SCALE
+    reference = vlzoo.from_preset("clip_tiny", load_weights=False)
+    reference.set_weights(clip.get_weights())
+    for tower in (reference.vision, reference.text):
+        last = tower.blocks[-1]
+        for variable in last.attention.output_dense.weights + last.mlp.fc2.weights:
+            variable.assign(keras.ops.zeros(variable.shape))
+    image, text = _tower_tokens(model, batch)
+    reference_image, reference_text = _tower_tokens(reference, batch)
+    np.testing.assert_array_equal(image, reference_image)
+    np.testing.assert_array_equal(_real(text, batch["padding_mask"]), _real(reference_text, batch["padding_mask"]))
+
+
+def test_llip_keeps_clips_text_embedding_and_positions(clip):
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, "llip")  # K = 4 mixture tokens
+    assert _layers(report.new) == NEW["llip"]
+    np.testing.assert_array_equal(to_numpy(model.encode_text(batch)["embeds"]), to_numpy(clip.encode_text(batch)))
+    positions = to_numpy(model.vision.position_embedding.embeddings)
+    clip_positions = to_numpy(clip.vision.position_embedding.embeddings)
+    np.testing.assert_array_equal(positions[4:], clip_positions[1:])  # the patches'
+    np.testing.assert_array_equal(positions[:4], np.repeat(clip_positions[:1], 4, axis=0))  # CLS's, K times
+    assert float(to_numpy(model.logit_scale)) == pytest.approx(model.init_logit_scale)  # sigmoid loss: its own
+    assert float(to_numpy(model.logit_bias)) == -10.0
+    # K = 1 is CLIP's layout: the class token itself transfers and the image tower is CLIP's.
+    single, report = _transfer(clip, "llip", vision=dict(num_prefix_tokens=1))
+    assert "vision/prefix_tokens" in report.transferred
+    np.testing.assert_array_equal(_tower_tokens(single, batch)[0], _tower_tokens(clip, batch)[0])
+
+
+def test_from_preset_family_on_a_saved_clip_and_the_errors(clip, tmp_path):
+    """`from_preset(directory, family=...)` equals `from_clip`; the result saves and loads back
+    exactly; a non-CLIP source, an unknown family and a resized tower are refused by name."""
+    batch = tiny_batch(**BATCH)
+    clip.save_to_preset(str(tmp_path / "clip"))
+    model = vlzoo.from_preset(str(tmp_path / "clip"), family="sparc", lambda_fine=2.0)
+    assert model.family == "sparc" and model.lambda_fine == 2.0
+    np.testing.assert_array_equal(_tower_tokens(model, batch)[0], _tower_tokens(clip, batch)[0])
+    model.save_to_preset(str(tmp_path / "sparc"))
+    loaded = vlzoo.from_preset(str(tmp_path / "sparc"))
+    for name in ("global", "tokens"):
+        np.testing.assert_array_equal(to_numpy(loaded.encode_image(batch["images"])[name]),
+                                      to_numpy(model.encode_image(batch["images"])[name]))
+    # The preset's own family: the preset as it is.
+    same = vlzoo.from_preset(str(tmp_path / "clip"), family="clip")
+    np.testing.assert_array_equal(to_numpy(same.encode_image(batch["images"])),
+                                  to_numpy(clip.encode_image(batch["images"])))
+    with pytest.raises(ValueError, match="family"):
+        vlzoo.from_preset(str(tmp_path / "clip"), family="siglip")
+    with pytest.raises(ValueError, match="CLIP checkpoint.*SPARC"):
+        vlzoo.from_preset(str(tmp_path / "sparc"), family="filip")
+    with pytest.raises(ValueError, match=r"`vision/block_0/mlp/fc1/kernel` has shape \(32, 128\)"):
+        vlzoo.transfer.from_clip(clip, "filip", verbose=False, vision=dict(intermediate_dim=128))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["filip", "sparc", "sparo", "llip", "stair"])
+def test_fit_fine_tunes_on_the_familys_own_loss(clip, family):
+    model, _ = _transfer(clip, family)
+    before, after = fit_and_measure(model, tiny_batch(**BATCH), epochs=15, training=True)
+    assert after < before, (before, after)

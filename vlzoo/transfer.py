@@ -1,0 +1,204 @@
+"""Any fine-grained family started from a CLIP checkpoint: `from_preset(..., family=...)`.
+
+`from_clip(clip, family)` builds FILIP, SPARC, SPARO, Llip or STAIR on the
+towers of a CLIP model: the target keeps CLIP's tower geometry and numerics
+(width, depth, heads, activation, LayerNorm epsilon, CLS token, causal text
+attention), every weight whose role is the same is copied, and the family's
+own parameters keep the initialisation of its paper or authors' code. What
+transfers, per family (`docs/transfer.md` gives the reasons):
+
+    family  transferred besides the towers          new                                  left out
+    filip   image/text projections -> token          -                                    -
+            projections; logit scale
+    sparc   image/text projections -> token          h_v (global vision head)             -
+            projections; logit scale
+    sparo   logit scale                              both SPARO read-outs                 each tower's last block
+                                                                                          (replaced by the read-out),
+                                                                                          both projections
+    llip    text projection; patch position rows;    the K mixture tokens (K != 1), the   image projection
+            the CLS position row to each of the      cross-attention, the logit bias
+            K mixture positions
+    stair   logit scale                              both vocabulary heads (the decoder   both projections
+                                                     is tied to CLIP's token embedding)
+
+"The towers" are the patch embedding, class token, position embeddings,
+`ln_pre`, the transformer blocks and the final LayerNorm of the image tower,
+and the token and position embeddings, blocks and `ln_final` of the text
+tower: they give CLIP's own token features exactly (SPARO's give CLIP's
+features without the last block; Llip's image tower does when K = 1).
+Llip's logit scale keeps its own initialisation: its sigmoid loss gives the
+scale another role than CLIP's softmax.
+
+Example:
+>>> clip = vlzoo.from_preset("clip_tiny")
+>>> sparc, report = vlzoo.transfer.from_clip(clip, "sparc")
+>>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from vlzoo.models import CLIP, FILIP, SPARC, SPARO, STAIR, Llip
+from vlzoo.presets import merge_config
+from vlzoo.tokenizers import CLIP_BPE_VOCABULARY_SIZE
+
+FAMILIES = {"filip": FILIP, "sparc": SPARC, "sparo": SPARO, "llip": Llip, "stair": STAIR}
+# Llip's number of mixture tokens when none is given: the authors' released ViT-B/16 (K = 32).
+LLIP_MIXTURE_TOKENS = 32
+# CLIP BPE's <|startoftext|> and <|endoftext|>: not words, so never terms of a STAIR vector.
+CLIP_BPE_SPECIAL_IDS = (49406, 49407)
+# Families whose loss is softmax InfoNCE on `exp(logit_scale) * cos`, as CLIP's: the scale keeps its role.
+_SOFTMAX_FAMILIES = ("filip", "sparc", "sparo", "stair")
+# (target variable, source variable): CLIP's tower projections into the joint space, reused.
+_PROJECTIONS = {
+    "filip": (("image_projection/kernel", "vision/projection/kernel"),
+              ("text_projection/kernel", "text/projection/kernel")),
+    "sparc": (("image_projection/kernel", "vision/projection/kernel"),
+              ("text_projection/kernel", "text/projection/kernel")),
+    "llip": (("text_projection/kernel", "text/projection/kernel"),),
+}
+_POSITIONS = "vision/position_embedding/embeddings"
+_PREFIX = "vision/prefix_tokens"
+
+
+def _groups(paths):
+    """Paths shortened to their layer (`vision/block_11/...` -> `vision/block_11`, `vision_head/kernel` ->
+    `vision_head`), in order, once each."""
+    def layer(path):
+        parts = path.split("/")
+        return "/".join(parts[:2] if parts[0] in ("vision", "text") else parts[:1])
+
+    return list(dict.fromkeys(layer(path) for path in paths))
+
+
+@dataclasses.dataclass
+class TransferReport:
+    """What `from_clip` did, by variable path.
+
+    Attributes:
+        transferred: `{target path: source path}` of the copied weights.
+        new: target paths that keep the family's initialisation.
+        left_out: source paths the target has no use for.
+    """
+
+    transferred: dict
+    new: list
+    left_out: list
+
+    def summary(self, family):
+        """One line for the user: counts, and the new and left-out layers by name."""
+        return (f"{family} from CLIP: {len(self.transferred)} weights transferred; {len(self.new)} new "
+                f"({', '.join(_groups(self.new)) or 'none'}); {len(self.left_out)} left out "
+                f"({', '.join(_groups(self.left_out)) or 'none'}).")
+
+
+def transfer_config(clip, family):
+    """The constructor arguments of `family` on `clip`'s towers (before any override).
+
+    The towers keep every argument of the CLIP model's towers but their own
+    projection; FILIP, SPARC and Llip keep CLIP's `embed_dim`; Llip gets
+    `LLIP_MIXTURE_TOKENS` mixture tokens in place of the CLS token; STAIR
+    leaves CLIP BPE's start and end tokens out of its vectors.
+    """
+    vision = {**clip.vision_config, "output_dim": None}
+    text = {**clip.text_config, "output_dim": None}
+    config = dict(vision=vision, text=text)
+    if family in ("filip", "sparc", "llip"):
+        config["embed_dim"] = clip.embed_dim
+    if family == "llip":
+        vision["num_prefix_tokens"] = LLIP_MIXTURE_TOKENS
+    if family == "stair":
+        bpe = text["vocabulary_size"] == CLIP_BPE_VOCABULARY_SIZE
+        config["excluded_token_ids"] = list(CLIP_BPE_SPECIAL_IDS) if bpe else None
+    return config
+
+
+def _variables(model):
+    return {variable.path.split("/", 1)[1] if variable.path.startswith(f"{model.name}/") else variable.path: variable
+            for variable in model.variables}
+
+
+def _position_rows(source, num_prefix):
+    """CLIP's position table `(1 + P, W)` for `num_prefix` prefix positions: the CLS row for each."""
+    rows = keras.ops.convert_to_numpy(source)
+    return np.concatenate([np.repeat(rows[:1], num_prefix, axis=0), rows[1:]], axis=0)
+
+
+def _plan(clip, model, family):
+    """`(target variable, value)` pairs to assign, and the report."""
+    source, target = _variables(clip), _variables(model)
+    towers = [path for path in target if path.startswith(("vision/", "text/"))]
+    pairs, transferred, new = [], {}, []
+    pairs_for = dict(_PROJECTIONS.get(family, ()))
+    if family in _SOFTMAX_FAMILIES:
+        pairs_for["logit_scale"] = "logit_scale"
+    for path in towers:
+        pairs_for.setdefault(path, path)
+    for path, variable in target.items():
+        origin = pairs_for.get(path)
+        value = source[origin] if origin in source else None
+        if value is None or (path == _PREFIX and tuple(value.shape) != tuple(variable.shape)):
+            if variable.trainable:  # counters (STAIR's steps) are state, not parameters
+                new.append(path)
+            continue
+        if path == _POSITIONS and tuple(value.shape) != tuple(variable.shape):
+            value = _position_rows(value, model.vision.num_prefix_tokens)
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"Cannot start {family} from this CLIP model: `{path}` has shape {tuple(variable.shape)} but "
+                f"CLIP's `{origin}` has {tuple(value.shape)}. The towers keep the checkpoint's geometry; "
+                "override only the family's own arguments (and tower options that add no weights)."
+            )
+        pairs.append((variable, value))
+        transferred[path] = origin
+    used = set(transferred.values())
+    left_out = [path for path in source if path not in used]
+    return pairs, TransferReport(transferred, new, left_out)
+
+
+def from_clip(clip, family, verbose=True, **config_overrides):
+    """Builds `family` on the towers and weights of the CLIP model `clip`.
+
+    Args:
+        clip: a `vlzoo.CLIP` (any CLIP preset, converted checkpoint or hub
+            handle, loaded with its weights).
+        family: "filip", "sparc", "sparo", "llip" or "stair".
+        verbose: print what was transferred and what is new.
+        **config_overrides: the family's constructor arguments replacing
+            `transfer_config`'s (e.g. `num_slots=32`, `lambda_fine=2.0`,
+            `vision=dict(num_prefix_tokens=64)` for Llip's K); tower dicts
+            merge key by key. Arguments that resize a transferred weight are
+            refused.
+
+    Returns:
+        `(model, report)`: the family's model, in `clip`'s dtype policy, with
+        CLIP's tokenizer and preprocessor attached, and a `TransferReport`.
+
+    Raises:
+        ValueError: `clip` is not a CLIP model, `family` is unknown, or an
+            override changes a transferred weight's shape (named).
+
+    Example:
+    >>> model, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "filip")
+    >>> sorted(report.new)
+    []
+    """
+    if not isinstance(clip, CLIP):
+        raise ValueError(
+            f"`family=` starts a family from a CLIP checkpoint; received a {type(clip).__name__} model "
+            f"(family {getattr(clip, 'family', None)!r}). Load a CLIP preset, handle or directory."
+        )
+    if family not in FAMILIES:
+        raise ValueError(f"`family` must be one of {sorted(FAMILIES)} (or 'clip'); received {family!r}.")
+    config = merge_config(transfer_config(clip, family), config_overrides)
+    model = FAMILIES[family](**config, dtype=clip.dtype_policy.name)
+    pairs, report = _plan(clip, model, family)
+    for variable, value in pairs:
+        variable.assign(keras.ops.cast(value, variable.dtype))
+    model.tokenizer = clip.tokenizer
+    model.preprocessor = clip.preprocessor
+    if verbose:
+        print(report.summary(family))
+    return model, report
