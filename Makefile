@@ -11,7 +11,13 @@ WORKERS ?= 2
 # JAX programs in the tests are compiled with LLVM's optimisations off (JAX_DISABLE_MOST_OPTIMIZATIONS:
 # backend optimisation level 0, no expensive LLVM passes; XLA's HLO passes and fusions, which decide
 # the numerics, are unchanged): tiny models compile a third faster and run no slower that matters.
-PYTEST := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) --durations=25 $(PYTEST_ARGS) tests
+# They also share JAX's persistent compilation cache, a fresh directory for each `make` run: the two
+# workers and the processes the tests start (examples, hub workers, conformance) compile many of the
+# same small programs; a hit loads the executable XLA compiled before, so results are unchanged.
+JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+PYTEST := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) \
+	--durations=25 $(PYTEST_ARGS) tests
 
 .PHONY: venv demo test $(addprefix test-,$(BACKENDS)) bench presets clean
 
@@ -29,14 +35,14 @@ demo: $(STAMP)
 # The whole suite once per backend; tests that start every backend themselves (conformance, the
 # demo, the notebooks) run once, in the torch pass (tests/backend_utils.py: run_once).
 test: $(STAMP)
-	@set -e; for b in $(BACKENDS); do \
+	@set -e; cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; for b in $(BACKENDS); do \
 	  echo "=== KERAS_BACKEND=$$b ==="; \
 	  KERAS_BACKEND=$$b $(PYTEST); \
 	done
 
 # One backend's pass: make test-jax, test-tensorflow or test-torch.
 $(addprefix test-,$(BACKENDS)): test-%: $(STAMP)
-	KERAS_BACKEND=$* $(PYTEST)
+	@set -e; cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; KERAS_BACKEND=$* $(PYTEST)
 
 bench: $(STAMP)
 	$(PY) tools/bench.py

@@ -1,6 +1,7 @@
-"""A loopback HTTP server that answers like the Hugging Face Hub's file endpoints (`HF_ENDPOINT`).
+"""Loopback HTTP servers that answer like the Hugging Face Hub's file endpoints (`HF_ENDPOINT`), Kaggle's
+Models API (`KaggleServer`) and a plain file server.
 
-It serves repositories held in memory, `{repo_id: {path: bytes}}`, at one commit each, through
+`HubServer` serves repositories held in memory, `{repo_id: {path: bytes}}`, at one commit each, through
 the three routes `huggingface_hub` uses to download a snapshot:
 
     GET  /api/models/{repo}[/revision/{revision}] its commit `sha` and files: sizes, git blob ids, LFS sha256
@@ -14,6 +15,7 @@ connection halfway through the body and, like a server gone away, sends nothing 
 that try to resume. A fault lasts until it is removed from `faults`.
 """
 
+import base64
 import hashlib
 import http.server
 import json
@@ -166,3 +168,81 @@ class FileServer(_LoopbackServer):
 
     def url(self, name):
         return f"{self.endpoint}/{name}"
+
+
+class KaggleServer(_LoopbackServer):
+    """`with KaggleServer(models) as server:` answers like Kaggle's Models API for `kagglehub`.
+
+    `models` is `{"owner/model/framework/variation": {version: {path: bytes}}}`, the latest
+    version the largest. kagglehub sends every call as `POST /api/v1/models.ModelApiService/
+    {method}` with a JSON body (camelCase slugs, `framework` as `MODEL_FRAMEWORK_KERAS`):
+
+        GetModelInstance               -> {"versionNumber": latest}  (a handle without a version)
+        ListModelInstanceVersionFiles  -> {"files": [{"name", "size"}], "nextPageToken": ""}
+        DownloadModelInstanceVersion   -> the file at `path`, with `x-goog-hash: md5=...`, which
+                                          kagglehub checks
+
+    An unknown model, version or file gets a 404 with `{"code": 404, "message"}`. kagglehub
+    reaches a server only at fixed addresses (`KAGGLE_API_ENVIRONMENT`: LOCALHOST is
+    `http://localhost`), so the tests send it here as an HTTP proxy (`HTTP_PROXY`); requests
+    then name the absolute URL, which the handler reads the path of.
+    """
+
+    PREFIX = "/api/v1/models.ModelApiService/"
+
+    def __init__(self, models):
+        self.models = models
+        self.requests = []
+        super().__init__(self._handler())
+
+    def _version(self, body):
+        name = "/".join([body.get("ownerSlug", ""), body.get("modelSlug", ""),
+                         body.get("framework", "").removeprefix("MODEL_FRAMEWORK_").lower(),
+                         body.get("instanceSlug", "")])
+        versions = self.models.get(name)
+        if versions is None:
+            return None, None
+        number = body.get("versionNumber", max(versions))
+        return number, versions.get(number)
+
+    def _handler(self):
+        kaggle = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, body, content_type, headers=()):
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, status, value):
+                self._send(status, json.dumps(value).encode(), "application/json")
+
+            def do_POST(self):
+                path = urllib.parse.urlsplit(self.path).path
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                method = path.removeprefix(kaggle.PREFIX)
+                kaggle.requests.append((method, body.get("path")))
+                number, files = kaggle._version(body)
+                if files is None or not path.startswith(kaggle.PREFIX):
+                    return self._json(404, {"code": 404, "message": f"No model version {number} here."})
+                if method == "GetModelInstance":
+                    return self._json(200, {"versionNumber": number})
+                if method == "ListModelInstanceVersionFiles":
+                    return self._json(200, {"files": [{"name": n, "size": len(c)} for n, c in sorted(files.items())],
+                                            "nextPageToken": ""})
+                content = files.get(body.get("path")) if method == "DownloadModelInstanceVersion" else None
+                if content is None:
+                    return self._json(404, {"code": 404, "message": f"No file {body.get('path')!r}."})
+                md5 = base64.b64encode(hashlib.md5(content).digest()).decode()
+                return self._send(200, content, "application/octet-stream", [("x-goog-hash", f"md5={md5}")])
+
+        return Handler

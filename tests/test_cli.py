@@ -303,6 +303,15 @@ def test_train_family_must_be_a_transfer_family(preset_dir, caption_file, tmp_pa
     assert "argument --family" in err and "'siglip' is not one of filip, sparc, sparo, llip, stair" in err
 
 
+def test_handles_reach_the_loader_as_presets(caption_file, tmp_path, capsys):
+    """A handle is not a preset directory: `--preset` passes it to `from_preset`, which names what is wrong."""
+    for handle, problem in (("hf://just-a-name", "is not a valid hub handle"),
+                            ("kaggle://keras/siglip", "not a Kaggle Models handle")):
+        status, _, err = run(capsys, "train", "--preset", handle, "--data", caption_file[0], "--batch-size", "4",
+                             "--out", tmp_path / "x")
+        assert status == 2 and "argument --preset" in err and problem in err, err
+
+
 def test_train_one_pass_needs_a_full_batch(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--batch-size", "8",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from backend_utils import run_once
 from conftest import to_numpy
-from hub_server import FileServer, HubServer
+from hub_server import FileServer, HubServer, KaggleServer
 
 try:
     import peers
@@ -30,6 +30,8 @@ from vlzoo.convert.checkpoints import import_transformers
 
 REPO = "vlzoo-tests/clip-tiny"
 TEXTS = ["a photo of a cat", "Two  DOGS playing, in the snow!", "x" * 40]
+# keras-hub's SigLIP cleaning deletes `_` and lowercases ASCII letters only (tf.strings.lower).
+KERAS_HUB_TEXTS = [*TEXTS, "Une ÉCOLE_du soir"]
 WORKER = pathlib.Path(__file__).parent / "hub_worker.py"
 
 
@@ -50,17 +52,24 @@ def server(published):
         yield running
 
 
-def load_in_fresh_process(tmp_path, endpoint, *handles, offline=False, texts=TEXTS, inputs=None):
+def load_in_fresh_process(tmp_path, endpoint, *handles, offline=False, texts=TEXTS, inputs=None, kaggle=None):
     """What `hub_worker.py` recorded for each handle, loaded in order by one new process.
 
-    The hub cache (`HF_HUB_CACHE`) and vlzoo's converted cache (`VLZOO_CACHE`) live in
-    `tmp_path`, shared by the calls of one test.
+    The hub caches (`HF_HUB_CACHE`, `KAGGLEHUB_CACHE`) and vlzoo's converted cache
+    (`VLZOO_CACHE`) live in `tmp_path`, shared by the calls of one test. `kaggle`: the
+    address of a `KaggleServer`, which kagglehub reaches as the proxy of `http://localhost`
+    (`KAGGLE_API_ENVIRONMENT=LOCALHOST`), without credentials.
     """
     request, out = tmp_path / "request.json", tmp_path / "out.json"
     request.write_text(json.dumps({"handles": handles, "texts": texts, "inputs": inputs and str(inputs)}))
-    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hub"),
-           "VLZOO_CACHE": str(tmp_path / "vlzoo"), "HF_HUB_OFFLINE": "1" if offline else "0",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("KAGGLE") and key.lower() not in ("no_proxy", "http_proxy")}
+    env.update({"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hub"),
+                "VLZOO_CACHE": str(tmp_path / "vlzoo"), "HF_HUB_OFFLINE": "1" if offline else "0",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "KAGGLEHUB_CACHE": str(tmp_path / "kagglehub"),
+                "KAGGLE_CONFIG_DIR": str(tmp_path / "kaggle-config"), "KAGGLE_API_ENVIRONMENT": "LOCALHOST"})
+    if kaggle is not None:
+        env.update(HTTP_PROXY=kaggle, http_proxy=kaggle)
     subprocess.run([sys.executable, str(WORKER), str(request), str(out)], env=env, check=True,
                    timeout=600, cwd=WORKER.parent.parent)
     return json.loads(out.read_text())
@@ -157,24 +166,28 @@ def _transformers_clip(hf, torch, directory):
                                  interpolation="bicubic", crop="center")}
 
 
+def _sentencepiece_model(root):
+    """A 64-piece SentencePiece model (`</s>` 1, `<pad>` 0, `<unk>` 2) trained here on a small corpus."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    corpus = root / "siglip-corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} playing in the snow with two dogs and a cat"
+                                for c in ("red", "blue", "green") for s in ("circle", "square", "cat", "dog")) * 20)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(root / "spiece"), vocab_size=64, eos_id=1, pad_id=0,
+        unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+    return root / "spiece.model"
+
+
 def _transformers_siglip(hf, torch, directory, inputs):
     """SiglipModel + SiglipTokenizer (a SentencePiece model trained here), `save_pretrained` with pickled
     `pytorch_model.bin`; its peer outputs on `inputs` and on its tokenizer's ids."""
-    import sentencepiece
-
     torch.manual_seed(1)
     model = hf.SiglipModel(hf.SiglipConfig(
         text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
         vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
     )).eval()
     model.save_pretrained(directory, safe_serialization=False)
-    corpus = directory.parent / "siglip-corpus.txt"
-    corpus.write_text("\n".join(f"a photo of a {c} {s} playing in the snow with two dogs and a cat"
-                                for c in ("red", "blue", "green") for s in ("circle", "square", "cat", "dog")) * 20)
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(directory.parent / "spiece"), vocab_size=64, eos_id=1, pad_id=0,
-        unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
-    tokenizer = hf.SiglipTokenizer(vocab_file=str(directory.parent / "spiece.model"))
+    tokenizer = hf.SiglipTokenizer(vocab_file=str(_sentencepiece_model(directory.parent)))
     tokenizer.save_pretrained(directory)
     ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -217,6 +230,31 @@ def _keras_hub_clip(directory, inputs):
     backbone.save_to_preset(str(directory))
     return {"images": to_numpy(backbone.get_vision_embeddings(inputs["images"])),
             "token_ids": to_numpy(backbone.get_text_embeddings(inputs["token_ids"]))}
+
+
+def _keras_hub_siglip(directory, inputs):
+    """A keras-hub SigLIPBackbone and SigLIPPreprocessor (SentencePiece trained here), `save_to_preset`;
+    the backbone's outputs on `inputs`, and the preprocessor's ids of KERAS_HUB_TEXTS and their embeddings."""
+    import keras_hub
+
+    keras.utils.set_random_seed(4)
+    tower = dict(hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
+    vision = keras_hub.models.SigLIPVisionEncoder(patch_size=8, image_shape=(32, 32, 3), **tower)
+    text = keras_hub.models.SigLIPTextEncoder(vocabulary_size=64, embedding_dim=32, max_sequence_length=12, **tower)
+    backbone = keras_hub.models.SigLIPBackbone(vision, text)
+    directory.mkdir(parents=True)
+    tokenizer = keras_hub.models.SigLIPTokenizer(proto=str(_sentencepiece_model(directory.parent)))
+    converter = keras_hub.layers.SigLIPImageConverter(image_size=(32, 32), scale=1 / 127.5, offset=-1.0)
+    preprocessor = keras_hub.models.SigLIPPreprocessor(tokenizer, image_converter=converter, sequence_length=12)
+    backbone.save_to_preset(str(directory))
+    preprocessor.save_to_preset(str(directory))
+    images = np.zeros((len(KERAS_HUB_TEXTS), 32, 32, 3), "float32")
+    ids = to_numpy(preprocessor({"prompts": KERAS_HUB_TEXTS, "images": images})["token_ids"])
+    return {"images": to_numpy(backbone.get_vision_embeddings(inputs["images"])),
+            "token_ids": to_numpy(backbone.get_text_embeddings(inputs["token_ids"])),
+            "ids": ids, "texts": to_numpy(backbone.get_text_embeddings(ids)),
+            "preprocessor": dict(image_size=32, mean=[0.5] * 3, std=[0.5] * 3, interpolation="bilinear",
+                                 crop="center")}
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +326,54 @@ def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(pub
                 assert other.get(key) == loaded[0].get(key), f"{label} {key}: differs when cached"
 
 
+# ----------------------------------------------------------------------------- kaggle:// (keras-hub's presets)
+
+
+def test_keras_hub_presets_load_by_kaggle_handle_and_match_keras_hub(tmp_path):
+    """keras-hub presets served as Kaggle model versions load by `kaggle://`, with and without a version,
+    match keras-hub's embeddings and its SigLIPPreprocessor's ids, and a versioned handle loads again
+    from the converted cache with no call at all, also in a new process with nothing listening."""
+    inputs = _peer_inputs(64)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    siglip, clip = tmp_path / "peers" / "siglip", tmp_path / "peers" / "clip"
+    want = {"siglip": _keras_hub_siglip(siglip, inputs), "clip": _keras_hub_clip(clip, inputs)}
+    models = {"keras/siglip-tiny/keras/tiny": {2: _directory_files(siglip)},
+              "keras/clip-tiny/keras/tiny": {1: _directory_files(clip)}}
+    handles = ["kaggle://keras/siglip-tiny/keras/tiny/2", "kaggle://keras/siglip-tiny/keras/tiny",
+               "kaggle://keras/clip-tiny/keras/tiny/1"]
+    missing = ["kaggle://keras/siglip-tiny/keras/tiny/3", "kaggle://keras/nothing/keras/tiny/1", "kaggle://keras/a"]
+    with KaggleServer(models) as running:
+        online = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", *handles, *handles, *missing,
+                                       texts=KERAS_HUB_TEXTS, inputs=tmp_path / "inputs.npz",
+                                       kaggle=running.endpoint)
+        calls = list(running.requests)
+    offline = load_in_fresh_process(tmp_path, "http://127.0.0.1:9", handles[0], handles[2], texts=KERAS_HUB_TEXTS,
+                                    inputs=tmp_path / "inputs.npz", kaggle="http://127.0.0.1:9")
+    *online, later_version, no_model, malformed = online
+    assert later_version["error"] == no_model["error"] == "FileNotFoundError", (later_version, no_model)
+    assert "kaggle://keras/nothing/keras/tiny/1: Kaggle has no such model version" in no_model["message"]
+    assert malformed["error"] == "ValueError" and "kaggle://owner/model/framework/variation" in malformed["message"]
+    # Every file downloaded once; only the handle without a version asks for the latest one (at each load).
+    downloads = sorted(path for method, path in calls if method == "DownloadModelInstanceVersion")
+    assert downloads == sorted([*models["keras/siglip-tiny/keras/tiny"][2], *models["keras/clip-tiny/keras/tiny"][1]])
+    assert [method for method, _ in calls].count("GetModelInstance") == 2, calls
+    runs = {handles[0]: [online[0], online[3], offline[0]], handles[1]: [online[1], online[4]],
+            handles[2]: [online[2], online[5], offline[1]]}
+    for handle, loaded in runs.items():
+        assert all("error" not in result for result in loaded), f"{handle}: {loaded}"
+        peer = want["siglip" if "siglip" in handle else "clip"]
+        for key, value in peer.items():
+            if key == "ids":
+                np.testing.assert_array_equal(np.asarray(loaded[0]["ids"]), value, err_msg=handle)
+            elif key == "preprocessor":
+                assert loaded[0]["preprocessor"] == value, handle
+            else:
+                np.testing.assert_allclose(np.asarray(loaded[0][key]), _unit(value), atol=1e-4, rtol=0,
+                                           err_msg=f"{handle} {key}")
+            for other in loaded[1:]:  # from the converted cache, online and offline
+                assert other.get(key) == loaded[0].get(key), f"{handle} {key}: differs when cached"
+
+
 # ----------------------------------------------------------------------------- single files at a URL
 
 
@@ -332,7 +418,7 @@ OPEN_CLIP_TAGS = {  # catalogue name -> (open_clip model, pretrained tag) whose 
     "clip_vit_l14_datacomp": ("ViT-L-14", "datacomp_xl_s13b_b90k"),
 }
 REQUIRED = {*OPEN_CLIP_TAGS, "clip_vit_b32_openai", "clip_vit_b16_openai", "clip_vit_l14_openai",
-            "siglip_vit_b16_webli", "llip_vit_b16_k32", "llip_vit_g14_k64"}
+            "siglip_vit_b16_webli", "siglip2_vit_b16_webli", "llip_vit_b16_k32", "llip_vit_g14_k64"}
 
 
 @run_once
@@ -348,6 +434,13 @@ def test_the_pretrained_catalogue_names_real_weights_with_their_facts(capsys):
     open_clip = peers.open_clip_or_skip()
     for name, (model, tag) in OPEN_CLIP_TAGS.items():
         assert vlzoo.preset_info(name)["handle"] == "hf://" + open_clip.get_pretrained_cfg(model, tag)["hf_hub"].rstrip("/")
+    import keras_hub
+
+    siglip2, facts = vlzoo.preset_info("siglip2_vit_b16_webli"), keras_hub.models.SigLIPBackbone.presets[
+        "siglip2_base_patch16_224"]
+    assert siglip2["handle"] == facts["kaggle_handle"]
+    # keras-hub counts its position-id buffers (196 patches + 64 text positions) among the parameters.
+    assert siglip2["params"] + 196 + 64 == facts["metadata"]["params"] == 375_188_230
     from vlzoo import cli
 
     assert cli.main(["list", "--pretrained"]) == 0

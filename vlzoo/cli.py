@@ -285,9 +285,14 @@ class UsageError(Exception):
 
 
 def _check_preset(preset):
-    """Fails fast (before reading any data) on a `--preset` that is neither registered nor a directory."""
+    """Fails fast (before reading any data) on a `--preset` that is neither registered nor a directory.
+
+    Handles and pretrained names pass: they are fetched, and a malformed handle refused, when loaded."""
+    from vlzoo import loading, pretrained
     from vlzoo.presets import resolve_preset
 
+    if loading.is_handle(preset) or pretrained.is_pretrained(preset):
+        return
     try:
         resolve_preset(preset)
     except (ValueError, FileNotFoundError) as error:
@@ -789,7 +794,7 @@ def _add_preset(p, required=True):
     p.add_argument("--preset", required=required, metavar="NAME_OR_DIR",
                    help="a registered or pretrained preset name (see `vlzoo list [--pretrained]`), a "
                    "preset directory written by save_to_preset / `vlzoo train` / `vlzoo convert`, or "
-                   "a hub handle hf://org/name[@revision]")
+                   "a hub handle hf://org/name[@revision] or kaggle://owner/model/framework/variation[/version]")
 
 
 def _add_caption_keys(p, caption_help):
@@ -829,7 +834,8 @@ def build_parser():
                      "(HF_HUB_OFFLINE=1 works).",
                      ["vlzoo download clip_vit_b16_openai", "vlzoo download hf://openai/clip-vit-base-patch32"])
     p.add_argument("handle", metavar="NAME_OR_HANDLE",
-                   help="a pretrained preset (see `vlzoo list --pretrained`) or hf://org/name[@revision]")
+                   help="a pretrained preset (see `vlzoo list --pretrained`), hf://org/name[@revision] or "
+                   "kaggle://owner/model/framework/variation[/version]")
     p.set_defaults(func=cmd_download)
 
     p = _add_command(sub, "info", "details of one preset",

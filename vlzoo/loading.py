@@ -20,6 +20,7 @@ import shutil
 import tempfile
 
 from vlzoo import hub
+from vlzoo import kaggle
 from vlzoo import presets
 from vlzoo import pretrained
 from vlzoo import transfer
@@ -69,6 +70,27 @@ def _save_into_cache(handle, model, target):
     return target
 
 
+def is_handle(preset):
+    """Whether `preset` is a remote handle (`hf://` or `kaggle://`) rather than a name or a directory."""
+    return hub.is_handle(preset) or kaggle.is_kaggle_handle(preset)
+
+
+def _kaggle_preset(handle):
+    """A local vlzoo preset directory for a `kaggle://` handle (see `vlzoo.kaggle`), cached by version."""
+    model, version = kaggle.parse_kaggle_handle(handle)
+    key = f"kaggle/{model}"
+    cached = _cached_conversion(key, str(version)) if version is not None else None
+    if cached is not None:
+        return cached
+    directory = kaggle.download(handle)
+    if detect_format(directory) == "vlzoo":
+        return directory
+    target = _converted_dir(key, directory.name, files_digest(kaggle.file_digests(directory)))
+    if target.is_dir():
+        return target
+    return _save_into_cache(handle, convert_repository(directory, progress=progress_bar()), target)
+
+
 def local_preset(handle):
     """A local vlzoo preset directory for the hub handle `handle` (downloaded, converted, cached).
 
@@ -77,6 +99,8 @@ def local_preset(handle):
             repository that holds no model vlzoo can load (its files are named).
         FileNotFoundError: an unknown repository or revision, or nothing cached offline.
     """
+    if kaggle.is_kaggle_handle(handle):
+        return _kaggle_preset(handle)
     repo_id, _ = hub.parse_hf_handle(handle)
     pinned = _pinned_commit(handle)
     cached = _cached_conversion(repo_id, pinned) if pinned else None
@@ -116,7 +140,7 @@ def _url_preset(entry):
 def pretrained_preset(name):
     """A local vlzoo preset directory for the pretrained preset `name` (downloaded on first use)."""
     entry = pretrained.catalogue()[name]
-    directory = local_preset(entry["handle"]) if hub.is_handle(entry["handle"]) else _url_preset(entry)
+    directory = local_preset(entry["handle"]) if is_handle(entry["handle"]) else _url_preset(entry)
     family = presets.read_metadata(directory).get("family")
     if family != entry["family"]:
         raise ValueError(f"{name}: {entry['handle']} holds a {family} model, not {entry['family']}.")
@@ -129,12 +153,13 @@ def local_directory(preset):
     Raises:
         ValueError: `preset` is neither a hub handle nor a pretrained preset.
     """
-    if hub.is_handle(preset):
+    if is_handle(preset):
         return local_preset(preset)
     if pretrained.is_pretrained(preset):
         return pretrained_preset(preset)
     raise ValueError(
-        f"{preset!r} is neither a hub handle (hf://org/name[@revision]) nor a pretrained preset "
+        f"{preset!r} is neither a hub handle (hf://org/name[@revision], "
+        "kaggle://owner/model/framework/variation[/version]) nor a pretrained preset "
         f"({', '.join(sorted(pretrained.catalogue()))})."
     )
 
@@ -170,7 +195,7 @@ def from_preset(preset, load_weights=True, dtype=None, family=None, **config_ove
     >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
     >>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
     """
-    if hub.is_handle(preset) or pretrained.is_pretrained(preset):
+    if is_handle(preset) or pretrained.is_pretrained(preset):
         preset = local_directory(preset)
     if family is not None and family != presets.read_metadata(presets.resolve_preset(preset)).get("family"):
         clip = presets.from_preset(preset, load_weights=load_weights, dtype=dtype)

@@ -1,7 +1,8 @@
 """The catalogue of pretrained presets: names that point at real public weights.
 
 One data file, `presets/pretrained.json`, is the single source: per name, where the
-weights live (`handle`, an `hf://` repository, or a URL with its `sha256`), the layout
+weights live (`handle`, an `hf://` repository, a `kaggle://` model version, or a URL with
+its `sha256`), the layout
 there (`format`), the family and the vlzoo preset of the same geometry
 (`architecture`), the licence, the download size as the publisher shows it, a URL's
 sha256 (null where none is published), and `reference`: where those facts were read. `vlzoo.from_preset(name)` downloads
@@ -27,8 +28,9 @@ def _check(name, entry):
         raise ValueError(f"{CATALOGUE_FILE}: pretrained preset {name!r} lacks {', '.join(missing)}.")
     if entry["format"] not in FORMATS:
         raise ValueError(f"{CATALOGUE_FILE}: {name!r} has `format` {entry['format']!r}; expected one of {FORMATS}.")
-    if not entry["handle"].startswith(("hf://", "https://")):
-        raise ValueError(f"{CATALOGUE_FILE}: {name!r} has handle {entry['handle']!r}; expected hf:// or https://.")
+    if not entry["handle"].startswith(("hf://", "kaggle://", "https://")):
+        raise ValueError(
+            f"{CATALOGUE_FILE}: {name!r} has handle {entry['handle']!r}; expected hf://, kaggle:// or https://.")
     if entry["handle"].startswith("https://") and "sha256" not in entry:
         raise ValueError(f"{CATALOGUE_FILE}: {name!r} downloads a URL: give its `sha256` (null where none is "
                          "published).")

@@ -38,6 +38,7 @@ import functools
 import html
 import json
 import os
+import re
 import unicodedata
 import warnings
 
@@ -654,6 +655,21 @@ def _canonicalize_punctuation(text):
     return " ".join(text.lower().split()).strip()
 
 
+# keras-hub's SigLIPPreprocessor cleaning (`canonicalize_text=True`) runs TensorFlow string ops:
+# `tf.strings.lower` lowercases ASCII letters only, its punctuation pattern is the 32 ASCII
+# punctuation characters (`_` deleted, not made a space), `\s+` in RE2 is ASCII whitespace.
+_KERAS_HUB_CLEAN = str.maketrans(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+)
+_ASCII_SPACE = "\t\n\f\r "
+
+
+def _keras_hub_canonicalize(text):
+    """keras-hub SigLIP's cleaning: ASCII lowercase, ASCII punctuation deleted, ASCII whitespace collapsed."""
+    text = text.translate(_KERAS_HUB_CLEAN)
+    return " ".join(word for word in re.split(f"[{_ASCII_SPACE}]+", text) if word).strip(_ASCII_SPACE + "\v")
+
+
 @keras.saving.register_keras_serializable(package="vlzoo")
 class SentencePieceTokenizer(_PackingTokenizer):
     """SentencePiece tokenizer (e.g. SigLIP's) with the `CLIPTokenizer` contract.
@@ -672,7 +688,8 @@ class SentencePieceTokenizer(_PackingTokenizer):
             (SigLIP pads with `</s>`).
         clean: `"none"`, `"lower"` (lowercase + collapse whitespace) or
             `"canonicalize"` (also strip ASCII punctuation; open_clip's SigLIP
-            setting).
+            setting) or `"keras_hub"` (keras-hub's SigLIP preprocessor: ASCII
+            letters lowercased, ASCII punctuation deleted, `_` included).
         proto_file: file name used by `save_assets` / `load_assets`.
 
     Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
@@ -699,9 +716,9 @@ class SentencePieceTokenizer(_PackingTokenizer):
         proto_file="spiece.model",
     ):
         super().__init__(sequence_length)
-        if clean not in ("none", "lower", "canonicalize"):
+        if clean not in ("none", "lower", "canonicalize", "keras_hub"):
             raise ValueError(
-                "`clean` must be 'none', 'lower' or 'canonicalize'; "
+                "`clean` must be 'none', 'lower', 'canonicalize' or 'keras_hub'; "
                 f"received {clean!r}."
             )
         self.start_token = start_token
@@ -781,6 +798,8 @@ class SentencePieceTokenizer(_PackingTokenizer):
     def _clean(self, text):
         if self.clean == "canonicalize":
             return _canonicalize_punctuation(text)
+        if self.clean == "keras_hub":
+            return _keras_hub_canonicalize(text)
         if self.clean == "lower":
             return " ".join(text.lower().split())
         return text

@@ -26,6 +26,7 @@ import json
 import pathlib
 
 import keras_hub
+import numpy as np
 
 from vlzoo.convert.checkpoints import load_state_dict
 from vlzoo.convert.checkpoints import read_json
@@ -178,9 +179,55 @@ def _from_open_clip(directory, dtype, progress):
     return model
 
 
+def _keras_hub_config(directory, name):
+    """The `config` of a keras-hub preset's serialised layer file (`{}` when absent)."""
+    return (_json(directory / name) or {}).get("config") or {}
+
+
+def keras_hub_tokenizer(directory, sequence_length):
+    """A keras-hub SigLIP preset's tokenizer, from its own files; None for other presets.
+
+    `assets/tokenizer/vocabulary.spm` with the settings of its `SigLIPPreprocessor`
+    (`preprocessor.json`: end token, `canonicalize_text`; keras-hub's defaults when
+    the file is absent), padded with `</s>` as keras-hub's `SigLIPTokenizer` pads.
+    """
+    if (_json(directory / "tokenizer.json") or {}).get("class_name") != "SigLIPTokenizer":
+        return None
+    settings = _keras_hub_config(directory, "preprocessor.json")
+    proto = directory / "assets" / "tokenizer" / "vocabulary.spm"
+    options = dict(sequence_length=sequence_length, start_token=None, proto_file=proto.name,
+                   clean="keras_hub" if settings.get("canonicalize_text", True) else "none")
+    tokenizer = SentencePieceTokenizer(str(proto), end_token="</s>", **options)
+    if settings.get("add_end_token", True):
+        return tokenizer
+    return SentencePieceTokenizer(str(proto), end_token=None, pad_value=tokenizer.end_token_id, **options)
+
+
+def keras_hub_preprocessor(directory):
+    """The `ImagePreprocessor` of a keras-hub preset's `image_converter.json` (None when absent).
+
+    keras-hub scales pixels as `x * scale + offset`: `std = 1 / (255 scale)`, `mean = -offset * std`.
+    """
+    settings = _keras_hub_config(directory, "image_converter.json")
+    if not settings.get("image_size"):
+        return None
+    scale = np.broadcast_to(np.asarray(settings.get("scale", 1 / 255), "float64"), (3,))
+    offset = np.broadcast_to(np.asarray(settings.get("offset", 0.0), "float64"), (3,))
+    std = 1.0 / (255.0 * scale)
+    return ImagePreprocessor(
+        image_size=tuple(settings["image_size"]), mean=tuple(float(m) for m in -offset * std),
+        std=tuple(float(s) for s in std), interpolation=settings.get("interpolation", "bilinear"),
+        crop="center" if settings.get("crop_to_aspect_ratio", True) else "none",
+    )
+
+
 def _from_keras_hub(directory, dtype, progress):
     backbone = keras_hub.models.Backbone.from_preset(str(directory))
-    return from_keras_hub(backbone, dtype=dtype, progress=progress)
+    model = from_keras_hub(backbone, dtype=dtype, progress=progress, preprocessor=keras_hub_preprocessor(directory))
+    tokenizer = keras_hub_tokenizer(directory, model.text.sequence_length)
+    if tokenizer is not None:
+        model.tokenizer = tokenizer
+    return model
 
 
 _CONVERTERS = {"transformers": _from_transformers, "open_clip": _from_open_clip, "keras_hub": _from_keras_hub}

@@ -104,6 +104,21 @@ PRESETS = {
         weights_note="Architecture only (random initialisation). Real weights: the pretrained preset "
         "`siglip_vit_b16_webli` (downloaded on first use), or convert a local checkpoint with `vlzoo.convert`.",
     ),
+    "siglip2_vit_b16": dict(
+        config=_siglip_config(224, 16, 768, 12, 12, 3072, 256000, 64),
+        description="SigLIP 2 ViT-B/16 at fixed resolution (224 px): SigLIP's B/16 towers with Gemma's "
+        "256k-token vocabulary, context 64 (keras-hub siglip2_base_patch16_224: 375,188,230 parameters).",
+        tokenizer=dict(
+            class_name="SentencePieceTokenizer", assets=None,
+            note="SigLIP 2's 256k SentencePiece model (Gemma's) cannot be bundled offline; the pretrained "
+            "preset `siglip2_vit_b16_webli` brings its own.",
+        ),
+        preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
+        paper="Tschannen et al. 2025, SigLIP 2: Multilingual Vision-Language Encoders with Improved Semantic "
+        "Understanding, Localization, and Dense Features",
+        weights_note="Architecture only (random initialisation). Real weights: the pretrained preset "
+        "`siglip2_vit_b16_webli` (keras-hub's, downloaded from Kaggle on first use).",
+    ),
     "siglip_tiny": dict(
         config=_siglip_config(32, 8, 32, 2, 4, 64, 49408, 16),
         description="Tiny SigLIP for tests and examples (32 px, 2+2 layers, width 32; CLIP BPE "
