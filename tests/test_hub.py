@@ -404,6 +404,10 @@ def test_a_url_checkpoint_is_pinned_by_sha256_converted_once_and_cached(tmp_path
         first = loading._url_preset(entry)
         requests = len(server.requests)
         assert loading._url_preset(entry) == first and len(server.requests) == requests
+        # A URL the catalogue does not name: nothing says which model its weights fit, nor their sha256.
+        with pytest.raises(ValueError, match=r"llip_tiny.pt'.*catalogue names.*https://dl.fbaipublicfiles.com/llip/"):
+            vlzoo.from_preset(server.url("llip_tiny.pt"))
+        assert len(server.requests) == requests
     llip_fixture.assert_logits_match(vlzoo.from_preset(str(first)), inputs, outputs)
 
 

@@ -291,7 +291,7 @@ def _check_preset(preset):
     from vlzoo import loading, pretrained
     from vlzoo.presets import resolve_preset
 
-    if loading.is_handle(preset) or pretrained.is_pretrained(preset):
+    if loading.is_remote(preset) or pretrained.is_pretrained(preset):
         return
     try:
         resolve_preset(preset)

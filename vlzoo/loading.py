@@ -1,4 +1,4 @@
-"""`vlzoo.from_preset`: registered names, preset directories and hub handles.
+"""`vlzoo.from_preset`: registered names, preset directories, hub handles and catalogue URLs.
 
 A handle (`hf://org/name[@revision]`) is downloaded and checked by `vlzoo.hub`. A vlzoo
 preset loads from the snapshot as it is; any other model the repository holds
@@ -12,6 +12,12 @@ so a second load neither converts nor downloads: online it asks the Hub only whi
 the handle points at (none for a handle pinned to a commit), and with `HF_HUB_OFFLINE=1`
 it makes no network call at all. A conversion is written to a temporary directory and
 renamed into place when complete, so an interrupted one leaves nothing a later call loads.
+
+A `kaggle://owner/model/framework/variation[/version]` handle (keras-hub's presets) is
+downloaded by `vlzoo.kaggle` and cached the same way under `converted/kaggle/...`, keyed by
+its version number. The URL of a single-file checkpoint (the Llip authors' `.pt` files)
+loads when the pretrained catalogue names it, which pins its sha256 and says which vlzoo
+preset its weights fit (`vlzoo.pretrained`).
 """
 
 import hashlib
@@ -73,6 +79,11 @@ def _save_into_cache(handle, model, target):
 def is_handle(preset):
     """Whether `preset` is a remote handle (`hf://` or `kaggle://`) rather than a name or a directory."""
     return hub.is_handle(preset) or kaggle.is_kaggle_handle(preset)
+
+
+def is_remote(preset):
+    """Whether `from_preset` fetches `preset`: a handle, or an `https://` URL of the catalogue."""
+    return is_handle(preset) or (isinstance(preset, str) and preset.startswith(("https://", "http://")))
 
 
 def _kaggle_preset(handle):
@@ -148,15 +159,26 @@ def pretrained_preset(name):
 
 
 def local_directory(preset):
-    """The local vlzoo preset directory `from_preset` loads for a handle or a pretrained name.
+    """The local vlzoo preset directory `from_preset` loads for a handle, a catalogue URL or a pretrained name.
 
     Raises:
-        ValueError: `preset` is neither a hub handle nor a pretrained preset.
+        ValueError: `preset` is neither a hub handle, a URL the catalogue names, nor a pretrained preset.
     """
     if is_handle(preset):
         return local_preset(preset)
     if pretrained.is_pretrained(preset):
         return pretrained_preset(preset)
+    if is_remote(preset):
+        names = [name for name, entry in pretrained.catalogue().items() if entry["handle"] == preset]
+        if names:
+            return pretrained_preset(names[0])
+        urls = sorted(entry["handle"] for entry in pretrained.catalogue().values() if is_remote(entry["handle"])
+                      and not is_handle(entry["handle"]))
+        raise ValueError(
+            f"{preset!r}: a single-file checkpoint at a URL loads by URL when the pretrained catalogue names "
+            f"it (its sha256, format and architecture): {', '.join(urls)}. Download another file yourself and "
+            "convert it with `vlzoo.convert` (e.g. `from_llip_checkpoint(path, 'llip_vit_b16')`)."
+        )
     raise ValueError(
         f"{preset!r} is neither a hub handle (hf://org/name[@revision], "
         "kaggle://owner/model/framework/variation[/version]) nor a pretrained preset "
@@ -165,17 +187,19 @@ def local_directory(preset):
 
 
 def from_preset(preset, load_weights=True, dtype=None, family=None, **config_overrides):
-    """Builds a model from a preset name, a preset directory or a hub handle.
+    """Builds a model from a preset name, a preset directory, a hub handle or a catalogue URL.
 
     Args:
         preset: a name from `list_presets()`, a pretrained preset from
             `list_presets(pretrained=True)` (downloaded and converted on first
-            use), a directory written by `save_to_preset`, or a Hugging Face
-            Hub repository:
-            `"hf://org/name"` or `"hf://org/name@revision"`, holding a vlzoo
-            preset, a keras-hub CLIP/SigLIP preset, a transformers
-            `CLIPModel`/`SiglipModel` or an open_clip model (converted once
-            and cached; see `vlzoo.loading`).
+            use), a directory written by `save_to_preset`, a Hugging Face
+            Hub repository `"hf://org/name"` or `"hf://org/name@revision"`
+            holding a vlzoo preset, a keras-hub CLIP/SigLIP preset, a
+            transformers `CLIPModel`/`SiglipModel` or an open_clip model, a
+            Kaggle Models version `"kaggle://owner/model/framework/variation
+            [/version]"` holding a keras-hub preset (both converted once and
+            cached; see `vlzoo.loading`), or the URL of a single-file
+            checkpoint the pretrained catalogue names (checked by its sha256).
         load_weights: load the weights when the preset has them. A preset
             without weights loads randomly initialised and says so once.
         dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
@@ -193,9 +217,10 @@ def from_preset(preset, load_weights=True, dtype=None, family=None, **config_ove
     >>> model = vlzoo.from_preset("clip_tiny")
     >>> model = vlzoo.from_preset("clip_vit_b32_openai")  # doctest: +SKIP
     >>> model = vlzoo.from_preset("hf://openai/clip-vit-base-patch32")  # doctest: +SKIP
+    >>> model = vlzoo.from_preset("kaggle://keras/siglip/keras/siglip2_base_patch16_224/1")  # doctest: +SKIP
     >>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
     """
-    if is_handle(preset) or pretrained.is_pretrained(preset):
+    if is_remote(preset) or pretrained.is_pretrained(preset):
         preset = local_directory(preset)
     if family is not None and family != presets.read_metadata(presets.resolve_preset(preset)).get("family"):
         clip = presets.from_preset(preset, load_weights=load_weights, dtype=dtype)
