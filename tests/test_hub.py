@@ -329,10 +329,14 @@ def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(pub
 # ----------------------------------------------------------------------------- kaggle:// (keras-hub's presets)
 
 
+@run_once
 def test_keras_hub_presets_load_by_kaggle_handle_and_match_keras_hub(tmp_path):
     """keras-hub presets served as Kaggle model versions load by `kaggle://`, with and without a version,
     match keras-hub's embeddings and its SigLIPPreprocessor's ids, and a versioned handle loads again
-    from the converted cache with no call at all, also in a new process with nothing listening."""
+    from the converted cache with no call at all, also in a new process with nothing listening.
+
+    Once: the download, the cache and the tokenizer do not depend on the backend, and the keras-hub
+    converter's numerics are checked on every backend by test_convert_keras_hub and the hf:// test."""
     inputs = _peer_inputs(64)
     np.savez(tmp_path / "inputs.npz", **inputs)
     siglip, clip = tmp_path / "peers" / "siglip", tmp_path / "peers" / "clip"
