@@ -27,7 +27,7 @@ OPEN_CLIP_COUNTS = {
 def test_list_presets():
     names = vlzoo.list_presets()
     assert set(OPEN_CLIP_COUNTS) | {"clip_tiny", "siglip_tiny"} <= set(names)
-    assert vlzoo.list_presets(family="siglip") == ["siglip_shapes", "siglip_tiny", "siglip_vit_b16"]
+    assert vlzoo.list_presets(family="siglip") == ["siglip2_vit_b16", "siglip_shapes", "siglip_tiny", "siglip_vit_b16"]
     with pytest.raises(ValueError, match="family"):
         vlzoo.list_presets(family="blip")
 
