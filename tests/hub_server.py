@@ -59,6 +59,27 @@ class _LoopbackServer:
         self._server.server_close()
 
 
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 (kept-alive connections, as the clients use), quiet, with a body-and-length sender."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body=b"", headers=(), head=False):
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _json(self, value, status=200):
+        self._send(status, json.dumps(value).encode(), [("Content-Type", "application/json")])
+
+
 class HubServer(_LoopbackServer):
     """`with HubServer(repos) as server:` serves `repos` at `server.endpoint` until the block ends."""
 
@@ -79,24 +100,7 @@ class HubServer(_LoopbackServer):
     def _handler(self):
         hub = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, body=b"", headers=(), head=False):
-                self.send_response(status)
-                for key, value in headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(body)
-
-            def _json(self, value):
-                self._send(200, json.dumps(value).encode(), [("Content-Type", "application/json")])
-
+        class Handler(_Handler):
             def _route(self, head):
                 path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 hub.requests.append((self.command, path))
@@ -208,24 +212,7 @@ class KaggleServer(_LoopbackServer):
     def _handler(self):
         kaggle = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, body, content_type, headers=()):
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                for key, value in headers:
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _json(self, status, value):
-                self._send(status, json.dumps(value).encode(), "application/json")
-
+        class Handler(_Handler):
             def do_POST(self):
                 path = urllib.parse.urlsplit(self.path).path
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -233,16 +220,17 @@ class KaggleServer(_LoopbackServer):
                 kaggle.requests.append((method, body.get("path")))
                 number, files = kaggle._version(body)
                 if files is None or not path.startswith(kaggle.PREFIX):
-                    return self._json(404, {"code": 404, "message": f"No model version {number} here."})
+                    return self._json({"code": 404, "message": f"No model version {number} here."}, 404)
                 if method == "GetModelInstance":
-                    return self._json(200, {"versionNumber": number})
+                    return self._json({"versionNumber": number})
                 if method == "ListModelInstanceVersionFiles":
-                    return self._json(200, {"files": [{"name": n, "size": len(c)} for n, c in sorted(files.items())],
-                                            "nextPageToken": ""})
+                    return self._json({"files": [{"name": n, "size": len(c)} for n, c in sorted(files.items())],
+                                       "nextPageToken": ""})
                 content = files.get(body.get("path")) if method == "DownloadModelInstanceVersion" else None
                 if content is None:
-                    return self._json(404, {"code": 404, "message": f"No file {body.get('path')!r}."})
+                    return self._json({"code": 404, "message": f"No file {body.get('path')!r}."}, 404)
                 md5 = base64.b64encode(hashlib.md5(content).digest()).decode()
-                return self._send(200, content, "application/octet-stream", [("x-goog-hash", f"md5={md5}")])
+                return self._send(200, content, [("Content-Type", "application/octet-stream"),
+                                                 ("x-goog-hash", f"md5={md5}")])
 
         return Handler

@@ -15,6 +15,7 @@ family modules' `PRESETS` tables.
 """
 
 import difflib
+import functools
 import json
 import os
 import pathlib
@@ -212,10 +213,17 @@ def count_parameters_abstractly(config):
     """Parameter count of a serialised model config, without allocating weights.
 
     Variables are created inside a `keras.StatelessScope` that defers their
-    initialisation; only their shapes are read.
+    initialisation; only their shapes are read. A config is counted once per
+    process (`vlzoo list` and `preset_info` ask for the same big presets again).
     """
+    return _count_parameters(json.dumps(config, sort_keys=True))
+
+
+@functools.cache
+def _count_parameters(config_json):
     from keras.src.backend.common import global_state
 
+    config = json.loads(config_json)
     key = "uninitialized_variables"
     pending = list(global_state.get_global_attribute(key, [], set_to_default=True))
     try:

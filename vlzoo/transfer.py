@@ -116,6 +116,7 @@ def transfer_config(clip, family):
 
 
 def _variables(model):
+    """`{path below the model, e.g. "vision/block_0/ln_1/gamma": variable}` of every variable of `model`."""
     return {variable.path.split("/", 1)[1] if variable.path.startswith(f"{model.name}/") else variable.path: variable
             for variable in model.variables}
 
