@@ -13,16 +13,16 @@ Example:
 ('keras/siglip/keras/siglip2_base_patch16_224', 1)
 """
 
-import hashlib
 import pathlib
 import re
 
 import kagglehub
 from kagglehub.exceptions import KaggleApiHTTPError
 
+from vlzoo.hub import file_hash
+
 KAGGLE_SCHEME = "kaggle://"
 _SEGMENT = re.compile(r"[A-Za-z0-9][\w.-]*")
-_CHUNK = 1 << 20
 
 
 def is_kaggle_handle(preset):
@@ -69,13 +69,5 @@ def download(handle):
 def file_digests(directory):
     """`{relative path: sha256}` of every file of a downloaded model version (kagglehub's markers left out)."""
     directory = pathlib.Path(directory)
-    digests = {}
-    for path in sorted(directory.rglob("*")):
-        if not path.is_file() or path.name.startswith(".") or ".kaggle" in path.parts:
-            continue
-        sha = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(_CHUNK), b""):
-                sha.update(block)
-        digests[path.relative_to(directory).as_posix()] = sha.hexdigest()
-    return digests
+    return {path.relative_to(directory).as_posix(): file_hash(path, "sha256") for path in sorted(directory.rglob("*"))
+            if path.is_file() and not path.name.startswith(".") and ".kaggle" not in path.parts}

@@ -94,9 +94,15 @@ def _kaggle_preset(handle):
     if cached is not None:
         return cached
     directory = kaggle.download(handle)
+    return _converted(handle, directory, key, directory.name, kaggle.file_digests(directory))
+
+
+def _converted(handle, directory, key, revision, file_ids):
+    """The vlzoo preset for a downloaded `directory`: itself when it is one, else its cached conversion
+    under `key`/`revision`-<digest of `file_ids`> (converted now when absent)."""
     if detect_format(directory) == "vlzoo":
         return directory
-    target = _converted_dir(key, directory.name, files_digest(kaggle.file_digests(directory)))
+    target = _converted_dir(key, revision, files_digest(file_ids))
     if target.is_dir():
         return target
     return _save_into_cache(handle, convert_repository(directory, progress=progress_bar()), target)
@@ -127,12 +133,7 @@ def local_preset(handle):
             return cached
         directory, files = hub.download(handle, snapshot, weight_files)
         commit, blob_ids = snapshot.commit, {f.path: f.digest for f in files}
-    if detect_format(directory) == "vlzoo":
-        return directory
-    target = _converted_dir(repo_id, commit, files_digest(blob_ids))
-    if target.is_dir():
-        return target
-    return _save_into_cache(handle, convert_repository(directory, progress=progress_bar()), target)
+    return _converted(handle, directory, repo_id, commit, blob_ids)
 
 
 def _url_preset(entry):

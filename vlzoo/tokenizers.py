@@ -661,13 +661,11 @@ def _canonicalize_punctuation(text):
 _KERAS_HUB_CLEAN = str.maketrans(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 )
-_ASCII_SPACE = "\t\n\f\r "
 
 
 def _keras_hub_canonicalize(text):
     """keras-hub SigLIP's cleaning: ASCII lowercase, ASCII punctuation deleted, ASCII whitespace collapsed."""
-    text = text.translate(_KERAS_HUB_CLEAN)
-    return " ".join(word for word in re.split(f"[{_ASCII_SPACE}]+", text) if word).strip(_ASCII_SPACE + "\v")
+    return re.sub(r"[\t\n\f\r ]+", " ", text.translate(_KERAS_HUB_CLEAN)).strip(" \t\n\v\f\r")
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")

@@ -89,35 +89,38 @@ _SIGLIP = dict(
     preprocessor_stats=dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
 )
 
+def _b16_preset(vocabulary_size, description, tokenizer_note, paper, weights):
+    """A ViT-B/16 SigLIP architecture preset (224 px, context 64) whose SentencePiece model is not bundled."""
+    return dict(
+        config=_siglip_config(224, 16, 768, 12, 12, 3072, vocabulary_size, 64),
+        description=description,
+        tokenizer=dict(class_name="SentencePieceTokenizer", assets=None, note=tokenizer_note),
+        preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
+        paper=paper,
+        weights_note=f"Architecture only (random initialisation). Real weights: {weights}.",
+    )
+
+
 PRESETS = {
-    "siglip_vit_b16": dict(
-        config=_siglip_config(224, 16, 768, 12, 12, 3072, 32000, 64),
+    "siglip_vit_b16": _b16_preset(
+        32000,
         description="SigLIP ViT-B/16 (open_clip ViT-B-16-SigLIP geometry: MAP head, 768 embed, "
         "bidirectional text, vocabulary 32000, context 64, LayerNorm eps 1e-6).",
-        tokenizer=dict(
-            class_name="SentencePieceTokenizer", assets=None,
-            note="SigLIP's 32k SentencePiece model cannot be bundled offline; place it at "
-            "assets/tokenizer/spiece.model of a saved preset or set `model.tokenizer`.",
-        ),
-        preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
+        tokenizer_note="SigLIP's 32k SentencePiece model cannot be bundled offline; place it at "
+        "assets/tokenizer/spiece.model of a saved preset or set `model.tokenizer`.",
         paper=_SIGLIP["paper"],
-        weights_note="Architecture only (random initialisation). Real weights: the pretrained preset "
-        "`siglip_vit_b16_webli` (downloaded on first use), or convert a local checkpoint with `vlzoo.convert`.",
+        weights="the pretrained preset `siglip_vit_b16_webli` (downloaded on first use), or convert a local "
+        "checkpoint with `vlzoo.convert`",
     ),
-    "siglip2_vit_b16": dict(
-        config=_siglip_config(224, 16, 768, 12, 12, 3072, 256000, 64),
+    "siglip2_vit_b16": _b16_preset(
+        256000,
         description="SigLIP 2 ViT-B/16 at fixed resolution (224 px): SigLIP's B/16 towers with Gemma's "
         "256k-token vocabulary, context 64 (keras-hub siglip2_base_patch16_224: 375,188,230 parameters).",
-        tokenizer=dict(
-            class_name="SentencePieceTokenizer", assets=None,
-            note="SigLIP 2's 256k SentencePiece model (Gemma's) cannot be bundled offline; the pretrained "
-            "preset `siglip2_vit_b16_webli` brings its own.",
-        ),
-        preprocessor=dict(image_size=224, **_SIGLIP["preprocessor_stats"]),
+        tokenizer_note="SigLIP 2's 256k SentencePiece model (Gemma's) cannot be bundled offline; the pretrained "
+        "preset `siglip2_vit_b16_webli` brings its own.",
         paper="Tschannen et al. 2025, SigLIP 2: Multilingual Vision-Language Encoders with Improved Semantic "
         "Understanding, Localization, and Dense Features",
-        weights_note="Architecture only (random initialisation). Real weights: the pretrained preset "
-        "`siglip2_vit_b16_webli` (keras-hub's, downloaded from Kaggle on first use).",
+        weights="the pretrained preset `siglip2_vit_b16_webli` (keras-hub's, downloaded from Kaggle on first use)",
     ),
     "siglip_tiny": dict(
         config=_siglip_config(32, 8, 32, 2, 4, 64, 49408, 16),
