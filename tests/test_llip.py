@@ -22,6 +22,7 @@ from vlzoo.losses.llip import (
     llip_attention_weights, llip_contextualize, llip_logits, llip_loss, llip_template_average,
 )
 from vlzoo.models.llip import PRESETS, Llip
+from vlzoo._keras import without_weights
 from vlzoo.presets import count_parameters_abstractly
 
 # softplus(10) and softplus(-10): the per-pair losses of a positive and a
@@ -522,26 +523,20 @@ def test_preset_parameter_counts_match_the_spec_exactly(name):
 
 def test_g14_builds_abstractly_with_output_shapes():
     """Parameter count and output shapes of the 2.8B-parameter preset, without allocating its weights."""
-    from keras.src.backend.common import global_state
-
     start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = Llip(**PRESETS["llip_vit_g14"]["config"])
-            assert sum(int(np.prod(v.shape)) for v in model.weights) == SPEC["llip_vit_g14"][-1]
-            vit = model.vision
-            assert vit.num_prefix_tokens + vit.grid_size[0] * vit.grid_size[1] == 320
-            assert tuple(vit.position_embedding.embeddings.shape) == (320, 1664)
-            images = keras.KerasTensor((2, 224, 224, 3))
-            texts = {"token_ids": keras.KerasTensor((3, 77), "int32"),
-                     "padding_mask": keras.KerasTensor((3, 77), "bool")}
-            image, text = model.encode_image(images), model.encode_text(texts)
-            assert {key: tuple(v.shape) for key, v in image.items()} == {
-                "tokens": (2, 64, 1664), "keys": (2, 64, 8, 160), "values": (2, 64, 8, 1280)}
-            assert {key: tuple(v.shape) for key, v in text.items()} == {"queries": (3, 8, 160), "embeds": (3, 1280)}
-            assert tuple(model.score(image, text).shape) == (2, 3)
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+    with without_weights():
+        model = Llip(**PRESETS["llip_vit_g14"]["config"])
+        assert sum(int(np.prod(v.shape)) for v in model.weights) == SPEC["llip_vit_g14"][-1]
+        vit = model.vision
+        assert vit.num_prefix_tokens + vit.grid_size[0] * vit.grid_size[1] == 320
+        assert tuple(vit.position_embedding.embeddings.shape) == (320, 1664)
+        images = keras.KerasTensor((2, 224, 224, 3))
+        texts = {"token_ids": keras.KerasTensor((3, 77), "int32"),
+                 "padding_mask": keras.KerasTensor((3, 77), "bool")}
+        image, text = model.encode_image(images), model.encode_text(texts)
+        assert {key: tuple(v.shape) for key, v in image.items()} == {
+            "tokens": (2, 64, 1664), "keys": (2, 64, 8, 160), "values": (2, 64, 8, 1280)}
+        assert {key: tuple(v.shape) for key, v in text.items()} == {"queries": (3, 8, 160), "embeds": (3, 1280)}
+        assert tuple(model.score(image, text).shape) == (2, 3)
     # ru_maxrss is in KiB on Linux; the weights alone would be 11 GB (the head 1.1 GB).
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start < 700 * 1024

@@ -10,9 +10,9 @@ import reference
 import reference_towers as ref
 from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
-from keras.src.backend.common import global_state
 
 import vlzoo
+from vlzoo._keras import without_weights
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.models.sparo import (
@@ -103,16 +103,12 @@ def _tokens(batch=3, length=7, width=32, seed=1):
 
 def _count_abstractly(config):
     """Parameter count of `SPARO(**config)` without allocating its weights (as `vlzoo.presets.preset_info`)."""
-    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = SPARO(**config)
-            total = sum(int(np.prod(v.shape)) for v in model.weights)
-            towers = (len(model.vision.blocks), len(model.text.blocks))
-            readouts = [sum(int(np.prod(v.shape)) for v in readout.weights)
-                        for readout in (model.vision_readout, model.text_readout)]
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+    with without_weights():
+        model = SPARO(**config)
+        total = sum(int(np.prod(v.shape)) for v in model.weights)
+        towers = (len(model.vision.blocks), len(model.text.blocks))
+        readouts = [sum(int(np.prod(v.shape)) for v in readout.weights)
+                    for readout in (model.vision_readout, model.text_readout)]
     return total, towers, readouts
 
 

@@ -10,6 +10,7 @@ import reference_towers as ref
 from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 
+from vlzoo._keras import without_weights
 from vlzoo.losses.stair import (
     flops_regularizer,
     flops_weight,
@@ -429,19 +430,13 @@ def test_config_errors_are_named():
 
 def _tower_counts(config):
     """Image (ViT + its head) and text (tower + its head) parameter counts, weights never allocated."""
-    from keras.src.backend.common import global_state
+    with without_weights():
+        model = STAIR(**config)
 
-    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = STAIR(**config)
+        def size(layers):
+            return sum(int(np.prod(v.shape)) for layer in layers for v in layer.weights)
 
-            def size(layers):
-                return sum(int(np.prod(v.shape)) for layer in layers for v in layer.weights)
-
-            return size([model.vision, model.image_head]), size([model.text, model.text_head]), model
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+        return size([model.vision, model.image_head]), size([model.text, model.text_head]), model
 
 
 def test_vit_b16_parameter_counts_match_the_spec():

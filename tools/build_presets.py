@@ -19,6 +19,7 @@ import tempfile
 import keras
 
 from vlzoo import presets
+from vlzoo._keras import without_weights
 from vlzoo.tokenizers import ImagePreprocessor, bundled_assets_dir, bundled_tokenizer
 
 LICENCES = {
@@ -44,16 +45,10 @@ def shapes_words_files():
 
 
 def preset_files(name, family, cls, preset, directory):
-    from keras.src.backend.common import global_state
-
-    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = cls(**preset["config"], name=name)
-            config = keras.saving.serialize_keras_object(model)
-            count = sum(_size(v.shape) for v in model.weights)
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+    with without_weights():
+        model = cls(**preset["config"], name=name)
+        config = keras.saving.serialize_keras_object(model)
+        count = sum(_size(v.shape) for v in model.weights)
     spec = preset["tokenizer"]
     sequence_length = preset["config"]["text"]["sequence_length"]
     tokenizer = bundled_tokenizer({**spec, "assets": None}, sequence_length)

@@ -40,6 +40,8 @@ import re
 
 import keras
 
+from vlzoo._keras import without_weights
+
 __all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]
 
 MODEL_AXIS = "model"
@@ -79,17 +81,11 @@ def _model_for(model):
     if not isinstance(model, str):
         raise TypeError(f"`model` must be a vlzoo model, a preset name or a preset directory; "
                         f"received {type(model).__name__}.")
-    from keras.src.backend.common import global_state
-
     from vlzoo import presets
 
     config = presets.model_config(model)
-    pending = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            return keras.saving.deserialize_keras_object(config)
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+    with without_weights():
+        return keras.saving.deserialize_keras_object(config)
 
 
 def _axes_for(rules, path, shape, model_axis, size):

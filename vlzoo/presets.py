@@ -27,6 +27,8 @@ import numpy as np
 from packaging.version import InvalidVersion
 from packaging.version import Version
 
+from vlzoo._keras import save_weights_only
+from vlzoo._keras import without_weights
 from vlzoo.pretrained import catalogue
 from vlzoo.version import __version__
 
@@ -221,18 +223,9 @@ def count_parameters_abstractly(config):
 
 @functools.cache
 def _count_parameters(config_json):
-    from keras.src.backend.common import global_state
-
-    config = json.loads(config_json)
-    key = "uninitialized_variables"
-    pending = list(global_state.get_global_attribute(key, [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = keras.saving.deserialize_keras_object(config)
-            count = sum(int(np.prod(v.shape)) for v in model.weights)
-    finally:
-        global_state.set_global_attribute(key, pending)
-    return count
+    with without_weights():
+        model = keras.saving.deserialize_keras_object(json.loads(config_json))
+        return sum(int(np.prod(v.shape)) for v in model.weights)
 
 
 def preset_info(name):
@@ -407,7 +400,4 @@ def save_model_weights(model, path):
     (Keras writes a compiled model's optimizer variables into the file too: twice the
     weights' size again for Adam, and nothing `from_preset` would use.)
     """
-    from keras.src.saving import saving_lib
-
-    skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
-    saving_lib.save_weights_only(model, str(path), objects_to_skip=skip)
+    save_weights_only(model, path)

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from vlzoo._keras import without_weights
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -496,29 +497,6 @@ def warn_logit_scale(log_scale, source):
         )
 
 
-def _without_initialization(build):
-    """Runs `build()` with variable initialisation deferred (no random init: the converter fills every variable).
-
-    Random initialisation of a ViT-B costs seconds (JAX compiles one RNG
-    program per shape); `load_rules` initialises each variable from the
-    checkpoint instead. Falls back to a normal build if Keras' deferred
-    initialisation is unavailable.
-    """
-    import keras
-
-    try:
-        from keras.src.backend.common import global_state
-    except ImportError:
-        return build()
-    key = "uninitialized_variables"
-    pending = list(global_state.get_global_attribute(key, [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            return build()
-    finally:
-        global_state.set_global_attribute(key, pending)
-
-
 def build_model(family, vision, text, logit_scale, logit_bias=None, dtype=None, name=None, initialize=False):
     """Builds a vlzoo CLIP/SigLIP model from complete tower argument dicts.
 
@@ -542,7 +520,10 @@ def build_model(family, vision, text, logit_scale, logit_bias=None, dtype=None, 
         build = lambda: CLIP(**kwargs)  # noqa: E731
     else:
         raise ValueError(f"Unknown family {family!r}; expected 'clip' or 'siglip'.")
-    return build() if initialize else _without_initialization(build)
+    if initialize:
+        return build()
+    with without_weights():
+        return build()
 
 
 def attach_processing(model, family, image_size, preprocess=None, tokenizer=None, preprocessor=None):

@@ -23,6 +23,7 @@ import re
 
 import numpy as np
 
+from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 
@@ -71,8 +72,8 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
     from vlzoo.presets import from_preset
 
     state_dict = _canonical(C.read_state_dict(path_or_state_dict))
-    model = C._without_initialization(
-        lambda: from_preset(preset, load_weights=False, dtype=dtype, **config_overrides))
+    with without_weights():
+        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "llip":
         raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a Llip preset.")
     _check_geometry(state_dict, model, preset)

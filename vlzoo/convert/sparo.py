@@ -24,6 +24,7 @@ import re
 
 import numpy as np
 
+from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 
@@ -82,8 +83,8 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
 
     state_dict = C.read_state_dict(path_or_state_dict)
     where = f"preset {str(preset)!r}" + (f" with overrides {config_overrides}" if config_overrides else "")
-    model = C._without_initialization(
-        lambda: from_preset(preset, load_weights=False, dtype=dtype, **config_overrides))
+    with without_weights():
+        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "sparo":
         raise ValueError(
             f"{where} builds a {type(model).__name__}, not a SPARO model; pass a SPARO preset "
