@@ -30,12 +30,12 @@ from vlzoo import kaggle
 from vlzoo import presets
 from vlzoo import pretrained
 from vlzoo import transfer
-from vlzoo.convert.checkpoints import load_state_dict
 from vlzoo.convert.checkpoints import progress_bar
 from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.repository import convert_repository
 from vlzoo.convert.repository import detect_format
 from vlzoo.convert.repository import weight_files
+from vlzoo.convert.state_dict import load_state_dict
 
 _COMMIT = 40
 

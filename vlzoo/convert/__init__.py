@@ -15,9 +15,9 @@
 - `parity(model, peer)`: max abs differences against the peer on random inputs.
 - `convert_checkpoint(source, checkpoint, out)`: a checkpoint file or directory
   on disk -> a preset directory (what `vlzoo convert` and `tools/convert.py`
-  run); `load_state_dict(path)` reads `.pt`/`.bin`/`.safetensors` files
-  (module `vlzoo.convert.checkpoints`; only its optional parity check
-  imports a peer package).
+  run; only its optional parity check imports a peer package);
+  `load_state_dict(path)` reads `.pt`/`.bin`/`.safetensors` files
+  (module `vlzoo.convert.state_dict`).
 
 Nothing here downloads anything or imports the peers' packages: converters read
 the objects, state dicts and config dicts you pass. Every converter checks that
@@ -46,8 +46,9 @@ from vlzoo.convert.open_clip import (
     open_clip_config,
     to_open_clip_state_dict,
 )
-from vlzoo.convert.checkpoints import convert_checkpoint, load_state_dict
+from vlzoo.convert.checkpoints import convert_checkpoint
 from vlzoo.convert.sparo import from_sparo_checkpoint
+from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.convert.transformers import from_transformers, from_transformers_state_dict
 
 __all__ = [

@@ -13,77 +13,15 @@ round trip is exact.
 """
 
 import math
-import os
+import warnings
 
 import numpy as np
 
 from vlzoo._keras import without_weights
-
-
-# ----------------------------------------------------------------------------- arrays
-
-
-def to_numpy(x):
-    """A torch tensor / Keras variable / backend tensor / array-like -> numpy array (no copy when possible)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "path") and hasattr(x, "assign"):  # a Keras variable
-        import keras
-
-        return np.asarray(keras.ops.convert_to_numpy(x.value))
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor or parameter
-        tensor = x.detach().cpu()
-        if str(getattr(tensor, "dtype", "")) in ("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"):
-            tensor = tensor.float()
-        return tensor.numpy()
-    if hasattr(x, "numpy") and callable(x.numpy):  # tf eager
-        return np.asarray(x.numpy())
-    return np.asarray(x)
-
-
-def numpy_state_dict(state_dict):
-    """A plain `{str key: value}` dict of a state dict (values become numpy when a rule reads them)."""
-    if not hasattr(state_dict, "items"):
-        raise TypeError(f"`state_dict` must be a mapping of names to tensors; received {type(state_dict).__name__}.")
-    return {str(k): v for k, v in state_dict.items()}
-
-
-def strip_prefix(state_dict, prefixes=("module.", "_orig_mod.")):
-    """Drops DDP/compile wrappers' key prefixes (`module.`, `_orig_mod.`) when every key has them.
-
-    Nested wrappers are peeled in any order (`torch.compile` of a DDP model
-    gives `_orig_mod.module.`).
-    """
-    stripped = True
-    while stripped and state_dict:
-        stripped = False
-        for prefix in prefixes:
-            if all(k.startswith(prefix) for k in state_dict):
-                state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
-                stripped = True
-    return state_dict
-
-
-def read_state_dict(path_or_state_dict):
-    """`{key: tensor}` of a checkpoint file or mapping, training-checkpoint wrapper and prefixes removed.
-
-    Args:
-        path_or_state_dict: a `.pt`/`.pth`/`.bin`/`.safetensors` path, a bare
-            state dict, or a training checkpoint `{"state_dict": ..., ...}`.
-    """
-    if isinstance(path_or_state_dict, (str, os.PathLike)):
-        from vlzoo.convert.checkpoints import load_state_dict
-
-        return strip_prefix(numpy_state_dict(load_state_dict(path_or_state_dict)))
-    if not hasattr(path_or_state_dict, "items"):
-        raise TypeError(
-            "`path_or_state_dict` must be a checkpoint file path or a state dict mapping keys to tensors; "
-            f"received {type(path_or_state_dict).__name__}."
-        )
-    state_dict = path_or_state_dict
-    if "state_dict" in state_dict and hasattr(state_dict["state_dict"], "items"):
-        state_dict = state_dict["state_dict"]
-    return strip_prefix(numpy_state_dict(state_dict))
+from vlzoo.convert.state_dict import to_numpy
+from vlzoo.models import CLIP
+from vlzoo.models import SigLIP
+from vlzoo.models.base import LOGIT_SCALE_MAX
 
 
 # ----------------------------------------------------------------------------- rules
@@ -483,11 +421,7 @@ def warn_logit_scale(log_scale, source):
     Scores are exact (the forward pass never clamps), but the first
     fine-tuning step would pull the scale down to the bound.
     """
-    from vlzoo.models.base import LOGIT_SCALE_MAX
-
     if float(log_scale) > LOGIT_SCALE_MAX + 1e-6:
-        import warnings
-
         warnings.warn(
             f"{source}: logit_scale is {float(log_scale):.4f} (multiplier {math.exp(float(log_scale)):.2f}), "
             f"above the training bound ln(100) = {LOGIT_SCALE_MAX:.4f}. Scores match the source; "
@@ -503,8 +437,6 @@ def build_model(family, vision, text, logit_scale, logit_bias=None, dtype=None, 
     With `initialize=False` the variables stay uninitialised until
     `load_rules` fills them; such a model must not be used before that.
     """
-    from vlzoo.models import CLIP, SigLIP
-
     kwargs = dict(
         vision=dict(vision), text=dict(text),
         embed_dim=int(text["output_dim"] if text.get("output_dim") is not None else text["hidden_dim"]),

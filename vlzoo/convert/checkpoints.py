@@ -1,7 +1,5 @@
 """Checkpoint files on disk -> vlzoo preset directories (`vlzoo convert`, `tools/convert.py`).
 
-- `load_state_dict(path)`: `{key: tensor}` of a `.pt`/`.pth`/`.bin` (torch) or
-  `.safetensors` file; a training checkpoint's `"state_dict"` entry is unwrapped.
 - `open_clip_model_config(name)`: open_clip's `model_configs/<name>.json`, found
   without importing open_clip.
 - `transformers_files(checkpoint, config)`: state dict + `config.json` of a
@@ -22,7 +20,17 @@ import json
 import pathlib
 import sys
 
+import numpy as np
+
 from vlzoo.convert import _common as C
+from vlzoo.convert.keras_hub import from_keras_hub
+from vlzoo.convert.llip import from_llip_checkpoint
+from vlzoo.convert.open_clip import from_open_clip_state_dict
+from vlzoo.convert.sparo import from_sparo_checkpoint
+from vlzoo.convert.state_dict import load_state_dict
+from vlzoo.convert.state_dict import strip_prefix
+from vlzoo.convert.transformers import from_transformers_state_dict
+from vlzoo.presets import from_preset
 
 SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo")
 # The authors' checkpoints of these families carry no architecture: a vlzoo preset names it.
@@ -30,50 +38,12 @@ AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16"}
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
 __all__ = [
-    "AUTHOR_SOURCES", "SOURCES", "TOLERANCES", "convert_checkpoint", "load_state_dict", "open_clip_model_config",
+    "AUTHOR_SOURCES", "SOURCES", "TOLERANCES", "convert_checkpoint", "open_clip_model_config",
     "open_clip_peer", "transformers_files", "transformers_peer",
 ]
 
 
 # ----------------------------------------------------------------------------- reading files
-
-
-def load_state_dict(path, log=print, torchscript=True):
-    """`{key: tensor}` from a .pt/.pth/.bin/.safetensors file (a training checkpoint's `state_dict` is unwrapped).
-
-    Pickled files are read with torch's weights-only unpickler. `torchscript=True` also reads
-    TorchScript archives (OpenAI's original checkpoints) with `torch.jit.load`; files from a
-    download are read with `torchscript=False`, so nothing in them can run code.
-    """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint file not found: {path}.")
-    if path.suffix == ".safetensors":
-        try:
-            from safetensors.torch import load_file
-        except ImportError:
-            from safetensors.numpy import load_file
-        return dict(load_file(str(path)))
-    import torch
-
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as error:  # OpenAI's original checkpoints are TorchScript archives
-        if not torchscript:
-            raise ValueError(
-                f"Could not read {path} with torch's weights-only unpickler (TorchScript archives are not "
-                f"read from downloads): {error}"
-            ) from error
-        try:
-            obj = torch.jit.load(str(path), map_location="cpu").state_dict()
-        except Exception:
-            raise ValueError(f"Could not read {path} as a torch state dict: {error}") from error
-        log(f"{path.name}: TorchScript archive, read its state dict with torch.jit.load.")
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path} does not hold a state dict (found {type(obj).__name__}).")
-    return obj
 
 
 def open_clip_model_config(name):
@@ -275,11 +245,6 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     Raises:
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
     """
-    import numpy as np
-
-    import vlzoo
-    import vlzoo.convert as vc
-
     if source not in SOURCES:
         raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(SOURCES)}.")
     if (source in AUTHOR_SOURCES) != (preset is not None):
@@ -296,16 +261,16 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         config_dict = read_json(config, "open_clip model config") if config else open_clip_model_config(model_name)
         state_dict = load_state_dict(checkpoint, log)
         log(f"Assigning {len(state_dict)} tensors:")
-        model = vc.from_open_clip_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
+        model = from_open_clip_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
 
         def peer_factory():
-            return open_clip_peer(config_dict, C.strip_prefix(dict(state_dict)))
+            return open_clip_peer(config_dict, strip_prefix(dict(state_dict)))
 
         peer_name = "open_clip"
     elif source == "transformers":
         state_dict, config_dict = transformers_files(checkpoint, config, log)
         log(f"Assigning {len(state_dict)} tensors:")
-        model = vc.from_transformers_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
+        model = from_transformers_state_dict(state_dict, config_dict, dtype=dtype, progress=bar)
 
         def peer_factory():
             return transformers_peer(config_dict, state_dict)
@@ -314,7 +279,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     elif source in AUTHOR_SOURCES:
         state_dict = load_state_dict(checkpoint, log)
         log(f"Assigning {len(state_dict)} tensors to {preset}:")
-        convert = vc.from_llip_checkpoint if source == "llip" else vc.from_sparo_checkpoint
+        convert = from_llip_checkpoint if source == "llip" else from_sparo_checkpoint
         model = convert(state_dict, preset, dtype=dtype, progress=bar)
         peer_factory = peer_name = None
     else:
@@ -324,7 +289,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
 
         backbone = keras_hub.models.Backbone.from_preset(str(checkpoint))
         log(f"Assigning {len(backbone.weights)} variables:")
-        model = vc.from_keras_hub(backbone, dtype=dtype, progress=bar)
+        model = from_keras_hub(backbone, dtype=dtype, progress=bar)
 
         def peer_factory():
             return backbone
@@ -336,8 +301,8 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     if not check:
         return 0
 
-    reloaded = vlzoo.from_preset(str(out))
-    images, ids, mask = vc.random_inputs(model, batch_size, seed=0)
+    reloaded = from_preset(str(out))
+    images, ids, mask = C.random_inputs(model, batch_size, seed=0)
     texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
     a, b = (C.to_numpy(m.similarity(images, texts)) for m in (model, reloaded))
     if not np.array_equal(a, b):
@@ -355,7 +320,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     except ImportError as error:
         log(f"parity check skipped: the peer is not importable here ({error})")
         return 0
-    diffs = vc.parity(model, peer, batch_size=batch_size, seed=0)
+    diffs = C.parity(model, peer, batch_size=batch_size, seed=0)
     ok = all(diffs[k] < TOLERANCES[k] for k in diffs)
     log(
         f"parity vs {peer_name} (batch {batch_size}, max abs diff): "

@@ -26,6 +26,8 @@ import numpy as np
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
+from vlzoo.convert.state_dict import read_state_dict
+from vlzoo.presets import from_preset
 
 _ALIASES = {"out_proj": "pred.out_proj"}  # some exports keep the head's output matrix at the top level
 
@@ -69,9 +71,7 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
     >>> model.similarity(images, ["a dog", "two dogs"]).shape  # images: (B, 224, 224, 3), preprocessed
     (B, 2)
     """
-    from vlzoo.presets import from_preset
-
-    state_dict = _canonical(C.read_state_dict(path_or_state_dict))
+    state_dict = _canonical(read_state_dict(path_or_state_dict))
     with without_weights():
         model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "llip":

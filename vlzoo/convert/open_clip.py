@@ -23,6 +23,8 @@ import re
 import numpy as np
 
 from vlzoo.convert import _common as C
+from vlzoo.convert.state_dict import numpy_state_dict
+from vlzoo.convert.state_dict import strip_prefix
 
 # Keys that OpenAI's original checkpoints carry besides the weights.
 _METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
@@ -168,7 +170,7 @@ def open_clip_config(model, custom_text=None):
 def _unwrap(state_dict):
     if hasattr(state_dict, "keys") and "state_dict" in state_dict and hasattr(state_dict["state_dict"], "keys"):
         state_dict = state_dict["state_dict"]
-    return C.strip_prefix(C.numpy_state_dict(state_dict))
+    return strip_prefix(numpy_state_dict(state_dict))
 
 
 def _build_and_load(spec, state_dict, dtype, tokenizer, preprocessor, progress, ignore=()):

@@ -28,12 +28,12 @@ import pathlib
 import keras_hub
 import numpy as np
 
-from vlzoo.convert.checkpoints import load_state_dict
 from vlzoo.convert.checkpoints import read_json
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.convert._common import open_clip_preprocess
+from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.tokenizers import CLIPTokenizer
 from vlzoo.tokenizers import ImagePreprocessor
 from vlzoo.tokenizers import SentencePieceTokenizer

@@ -27,6 +27,8 @@ import numpy as np
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
+from vlzoo.convert.state_dict import read_state_dict
+from vlzoo.presets import from_preset
 
 # (checkpoint prefix of the read-out, of the tower's blocks; vlzoo tower, read-out)
 _TOWERS = (("visual.sparo.", "visual.transformer.resblocks.", "vision", "vision_readout"),
@@ -79,9 +81,7 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
     >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches
     (8, 64, 50)
     """
-    from vlzoo.presets import from_preset
-
-    state_dict = C.read_state_dict(path_or_state_dict)
+    state_dict = read_state_dict(path_or_state_dict)
     where = f"preset {str(preset)!r}" + (f" with overrides {config_overrides}" if config_overrides else "")
     with without_weights():
         model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)

@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 
 from vlzoo.convert import _common as C
+from vlzoo.convert.state_dict import numpy_state_dict
+from vlzoo.convert.state_dict import strip_prefix
 
 # Hugging Face defaults for keys a config.json may leave out.
 _CLIP_TEXT = dict(
@@ -78,7 +80,7 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         config = config.to_dict()
     if not isinstance(config, dict):
         raise TypeError(f"`config` must be a dict (config.json) or a transformers config; received {type(config).__name__}.")
-    state_dict = C.strip_prefix(C.numpy_state_dict(state_dict))
+    state_dict = strip_prefix(numpy_state_dict(state_dict))
     model_type = config.get("model_type")
     if model_type == "clip":
         spec = _clip_spec(config, state_dict)
