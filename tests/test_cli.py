@@ -335,7 +335,7 @@ def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsy
     safetensors.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(checkpoint))
     (tmp_path / "tiny.json").write_text(json.dumps(vc.open_clip_config(model)))
     out_dir = tmp_path / "converted"
-    status, out, err = run(capsys, "convert", "--from", "open_clip", "--source", checkpoint,
+    status, out, err = run(capsys, "convert", "--from", "open_clip", "--checkpoint", checkpoint,
                            "--config", tmp_path / "tiny.json", "--out", out_dir, "--no-peer-check", "--quiet",
                            "--batch-size", BATCH)
     assert status == 0, err
@@ -381,8 +381,8 @@ def test_top_level_help_lists_every_command(capsys):
     (["zeroshot", "--preset", "clip_tiny", "--images", "x", "--classes", "a", "--classes-file", "f"], "--classes"),
     (["retrieve", "--preset", "clip_tiny", "--data", "x", "--ks", "two"], "--ks"),
     (["train", "--preset", "clip_tiny", "--data", "x", "--out", "o", "--learning-rate", "-1"], "--learning-rate"),
-    (["convert", "--from", "onnx", "--source", "x", "--out", "o"], "--from"),
-    (["convert", "--source", "x", "--out", "o"], "--from"),
+    (["convert", "--from", "onnx", "--checkpoint", "x", "--out", "o"], "--from"),
+    (["convert", "--checkpoint", "x", "--out", "o"], "--from"),
 ])
 def test_bad_arguments_are_named_by_argparse(argv, named, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -407,9 +407,9 @@ def test_user_mistakes_are_one_line_errors_naming_the_argument(preset_dir, image
         (["retrieve", "--preset", preset_dir, "--data", tmp_path / "none.tar"], ["--data", "none.tar"]),
         (["train", "--preset", tmp_path / "missing_preset", "--data", path, "--out", tmp_path / "o"],
          ["--preset", "missing_preset"]),
-        (["convert", "--from", "open_clip", "--source", path, "--out", tmp_path / "o"], ["--model", "--config"]),
-        (["convert", "--from", "transformers", "--source", tmp_path / "no_dir", "--out", tmp_path / "o"],
-         ["--source", "not found"]),
+        (["convert", "--from", "open_clip", "--checkpoint", path, "--out", tmp_path / "o"], ["--model", "--config"]),
+        (["convert", "--from", "transformers", "--checkpoint", tmp_path / "no_dir", "--out", tmp_path / "o"],
+         ["--checkpoint", "not found"]),
     ]
     for argv, words in cases:
         status, _, err = run(capsys, *argv)

@@ -135,7 +135,7 @@ def test_tool_converts_a_local_keras_hub_preset(keras_hub, tmp_path, capsys):
     backbone = build_siglip(keras_hub)
     backbone.save_to_preset(str(tmp_path / "keras_hub_preset"))  # a local keras-hub preset, offline
     out = tmp_path / "preset"
-    status = tool.main(["--source", "keras_hub", "--checkpoint", str(tmp_path / "keras_hub_preset"), "--out", str(out)])
+    status = tool.main(["--from", "keras_hub", "--checkpoint", str(tmp_path / "keras_hub_preset"), "--out", str(out)])
     printed = capsys.readouterr().out
     print(printed)
     assert status == 0 and "parity vs keras-hub" in printed and "-> OK" in printed

@@ -244,7 +244,7 @@ def test_vlzoo_convert_command_writes_a_preset_with_the_authors_scores(tmp_path,
     vlzoo.from_preset("llip_tiny", load_weights=False, **overrides(config)).save_to_preset(str(architecture))
     checkpoint = tmp_path / "llip.safetensors"
     safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(checkpoint))
-    argv = ["convert", "--from", "llip", "--source", checkpoint, "--out", tmp_path / "converted", "--quiet"]
+    argv = ["convert", "--from", "llip", "--checkpoint", checkpoint, "--out", tmp_path / "converted", "--quiet"]
     assert cli.main([str(a) for a in argv]) == 2
     assert "--preset" in capsys.readouterr().err
     assert cli.main([str(a) for a in [*argv, "--preset", architecture]]) == 0

@@ -327,7 +327,7 @@ def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     (tmp_path / "tiny.json").write_text(json.dumps(config))
     out = tmp_path / "preset"
     status = peers.load_convert_tool().main([
-        "--source", "open_clip", "--checkpoint", str(checkpoint), "--config", str(tmp_path / "tiny.json"),
+        "--from", "open_clip", "--checkpoint", str(checkpoint), "--config", str(tmp_path / "tiny.json"),
         "--out", str(out),
     ])
     printed = capsys.readouterr().out
@@ -351,7 +351,7 @@ def test_tool_safetensors_and_named_model_config(open_clip, torch, tmp_path, cap
     safetensors.save_file({k: v.contiguous() for k, v in peer.state_dict().items()}, str(checkpoint))
     (tmp_path / "tiny.json").write_text(json.dumps(config))
     status = tool.main([
-        "--source", "open_clip", "--checkpoint", str(checkpoint), "--config", str(tmp_path / "tiny.json"),
+        "--from", "open_clip", "--checkpoint", str(checkpoint), "--config", str(tmp_path / "tiny.json"),
         "--out", str(tmp_path / "preset"), "--no-check",
     ])
     assert status == 0

@@ -198,7 +198,7 @@ def test_tool_converts_a_local_transformers_directory(hf, torch, tmp_path, capsy
     directory = tmp_path / "hf_model"
     peer.save_pretrained(str(directory))  # config.json + model.safetensors, offline
     out = tmp_path / "preset"
-    status = peers.load_convert_tool().main(["--source", "transformers", "--checkpoint", str(directory), "--out", str(out)])
+    status = peers.load_convert_tool().main(["--from", "transformers", "--checkpoint", str(directory), "--out", str(out)])
     printed = capsys.readouterr().out
     print(printed)
     assert status == 0

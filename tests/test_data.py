@@ -13,7 +13,8 @@ from PIL import Image
 
 from vlzoo import data
 from vlzoo.data import transforms
-from vlzoo.tokenizers import CLIP_BPE, CLIP_MEAN, CLIP_STD, ImagePreprocessor, bundled_tokenizer
+from vlzoo.preprocessing import CLIP_MEAN, CLIP_STD, ImagePreprocessor
+from vlzoo.tokenizers import CLIP_BPE, bundled_tokenizer
 
 try:
     from peers import open_clip_or_skip

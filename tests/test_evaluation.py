@@ -12,9 +12,9 @@ from keras import ops
 
 import vlzoo
 from vlzoo.evaluation import (
-    DEFAULT_TEMPLATES, ENSEMBLINGS, IMAGENET_TEMPLATES, SIMPLE_TEMPLATES, ClassTextsMethod, EmbeddingMean,
+    DEFAULT_TEMPLATES, IMAGENET_TEMPLATES, SIMPLE_TEMPLATES, ClassTextsMethod, EmbeddingMean,
     EnsembleScoresMethod, RetrievalCallback, TokenSimilarityMean, ZeroShotCallback, build_prompts,
-    get_ensembling, recall_at_k, retrieval_recall, zero_shot_accuracy, zero_shot_classifier,
+    recall_at_k, retrieval_recall, zero_shot_accuracy, zero_shot_classifier,
 )
 from vlzoo.models import CLIP
 
@@ -113,6 +113,8 @@ class MatrixModel:
     """Duck-typed model: an image is its row index (pixel [0, 0, 0]), a text its column index
     (`token_ids[:, 0]`); `score` reads fixed matrices, `S_T` from `t2i` when given (as FILIP's `direction`)."""
 
+    symmetric_score = True
+
     def __init__(self, i2t):
         self.i2t = i2t
 
@@ -127,6 +129,8 @@ class MatrixModel:
 
 
 class DirectionalMatrixModel(MatrixModel):
+    symmetric_score = False
+
     def __init__(self, i2t, t2i):
         super().__init__(i2t)
         self.t2i = t2i
@@ -302,9 +306,14 @@ def test_sparo_slot_restriction():
 
 
 class MaxTemplateCLIP(CLIP):
-    """A CLIP with its own `ensemble_scores` (the best template per class) and no registry entry."""
+    """A CLIP with its own `ensemble_scores` (the best template per class), which its ensembling names."""
 
     family = "max_template_clip"
+    ensembling = EnsembleScoresMethod()
+
+    @property
+    def prompt_ensembling(self):
+        return self.ensembling
 
     def ensemble_scores(self, images, class_texts):
         c, k, t = class_texts["token_ids"].shape
@@ -316,10 +325,10 @@ def test_dispatch(monkeypatch):
     expected = {"clip_tiny": EmbeddingMean, "siglip_tiny": EmbeddingMean, "sparo_tiny": EmbeddingMean,
                 "sparc_tiny": EmbeddingMean, "filip_tiny": TokenSimilarityMean, "llip_tiny": ClassTextsMethod}
     for name, cls in expected.items():
-        assert type(get_ensembling(preset(name))) is cls, name
-    assert get_ensembling(preset("sparc_tiny")).key == "global" and get_ensembling(preset("clip_tiny")).key is None
+        assert type(preset(name).prompt_ensembling) is cls, name
+    assert preset("sparc_tiny").prompt_ensembling.key == "global" and preset("clip_tiny").prompt_ensembling.key is None
 
-    # A model's own `ensemble_scores` is used when there is no registry entry...
+    # A model's own `ensemble_scores`, when its `prompt_ensembling` names it...
     model = MaxTemplateCLIP.from_config(preset("clip_tiny").get_config())
     images = images_of(4)
     per_template = [to_numpy(model.similarity(images, model.tokenizer(build_prompts(CLASS_NAMES, (t,)))))
@@ -327,14 +336,15 @@ def test_dispatch(monkeypatch):
     classifier = zero_shot_classifier(model, CLASS_NAMES, TEMPLATES, batch_size=4)
     assert isinstance(classifier.ensembling, EnsembleScoresMethod)
     np.testing.assert_allclose(to_numpy(classifier(images)), np.max(per_template, axis=0), rtol=1e-5, atol=1e-5)
-    # ... and a registry entry wins over the model's methods.
-    monkeypatch.setitem(ENSEMBLINGS, "max_template_clip", EmbeddingMean())
+    # ... and another ensembling of the same model gives that ensembling's scores.
+    monkeypatch.setattr(model, "ensembling", EmbeddingMean())
     np.testing.assert_allclose(to_numpy(zero_shot_classifier(model, CLASS_NAMES, TEMPLATES)(images)),
                                embedding_mean_reference(model, images), rtol=1e-4, atol=1e-4)
-    # A dict-encoding family without an entry gets a clear error.
-    monkeypatch.delitem(ENSEMBLINGS, "sparc")
-    with pytest.raises(TypeError, match="ENSEMBLINGS\\['sparc'\\] = EmbeddingMean\\(key=...\\)"):
-        zero_shot_classifier(preset("sparc_tiny"), CLASS_NAMES, TEMPLATES)
+    # A dict-encoding family whose ensembling does not name the entry to average gets a clear error.
+    sparc = preset("sparc_tiny")
+    monkeypatch.setattr(type(sparc), "prompt_ensembling", EmbeddingMean())
+    with pytest.raises(TypeError, match="`prompt_ensembling` should return `EmbeddingMean\\(key=...\\)`"):
+        zero_shot_classifier(sparc, CLASS_NAMES, TEMPLATES)
 
 
 def test_zero_shot_ties():

@@ -21,9 +21,12 @@ from vlzoo.losses.contrastive import siglip_logits, siglip_loss
 from vlzoo.losses.llip import (
     llip_attention_weights, llip_contextualize, llip_logits, llip_loss, llip_template_average,
 )
-from vlzoo.models.llip import PRESETS, Llip
+from vlzoo.models.llip import Llip
+from vlzoo import registry
 from vlzoo._keras import without_weights
 from vlzoo.presets import count_parameters_abstractly
+
+PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "llip"}
 
 # softplus(10) and softplus(-10): the per-pair losses of a positive and a
 # negative pair at S = 0 with the initial bias b = -10 (spec §1.5).

@@ -228,6 +228,30 @@ class TestBadInputs:
         with pytest.raises(ValueError, match="token_ids"):
             self.model({"images": np.zeros((1, 32, 32, 3), "float32")})
 
+    def test_fit_with_unequal_entries_names_them(self):
+        batch = tiny_batch(batch_size=4)
+        batch["images"] = np.concatenate([batch["images"]] * 2)
+        self.model.compile(optimizer="adam")
+        with pytest.raises(ValueError, match="`x` of `fit`.*same number.*`images` 8, `token_ids` 4"):
+            self.model.fit(batch, epochs=1, batch_size=2, verbose=0)
+        with pytest.raises(ValueError, match="`x` of `evaluate`.*`images` 8"):
+            self.model.evaluate(batch, batch_size=2, verbose=0)
+
+    @pytest.mark.parametrize("tower, key, value", [("vision", "hidden_dim", -3), ("text", "num_layers", 0),
+                                                   ("vision", "patch_size", 2.5), ("text", "num_heads", True)])
+    def test_invalid_tower_override_names_the_argument(self, tower, key, value):
+        with pytest.raises(ValueError, match=rf"`{tower}\['{key}'\]` must be a positive integer; received {value}"):
+            vlzoo.from_preset("clip_tiny", load_weights=False, **{tower: {key: value}})
+        with pytest.raises(ValueError, match="`embed_dim` must be a positive integer"):
+            vlzoo.from_preset("clip_tiny", load_weights=False, embed_dim=0)
+
+    def test_empty_batches_are_refused_by_name(self):
+        with pytest.raises(ValueError, match=r"`images` is an empty batch \(shape \(0, 32, 32, 3\)\)"):
+            self.model.encode_image(np.zeros((0, 32, 32, 3), "float32"))
+        ids = np.zeros((0, 12), "int32")
+        with pytest.raises(ValueError, match=r"`texts\['token_ids'\]` is an empty batch"):
+            self.model.encode_text({"token_ids": ids, "padding_mask": ids == 0})
+
     def test_strings_are_tokenised(self):
         model = tiny_model("clip", text=dict(vocabulary_size=49408))
         out = model.encode_text(["a red circle", "two dogs"])

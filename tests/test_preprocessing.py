@@ -1,4 +1,4 @@
-"""vlzoo.tokenizers.ImagePreprocessor: shapes, errors, parity with open_clip."""
+"""vlzoo.preprocessing.ImagePreprocessor: shapes, errors, parity with open_clip."""
 
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlzoo.tokenizers import CLIP_MEAN, CLIP_STD, ImagePreprocessor
+from vlzoo.preprocessing import CLIP_MEAN, CLIP_STD, ImagePreprocessor
 
 try:
     from peers import open_clip_or_skip

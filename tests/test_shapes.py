@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vlzoo.data import shapes
+from vlzoo.evaluation import shapes_benchmark
 
 COLOR_NAMES = tuple(shapes.COLORS)
 
@@ -291,13 +292,13 @@ def test_binding_accuracy_on_known_scores():
     true, swapped = texts[0::2], texts[1::2]
     for batch_size in (1, 3, 64):  # 3: the second batch is padded with a repeat of image 3
         model = FakeModel(texts, table)
-        assert shapes.binding_accuracy(model, pixels, true, swapped, batch_size=batch_size) == 0.5
+        assert shapes_benchmark.binding_accuracy(model, pixels, true, swapped, batch_size=batch_size) == 0.5
         assert model.calls == [min(batch_size, 4)] * -(-4 // batch_size)  # same shapes every call
-    assert shapes.binding_accuracy(FakeModel(texts, table), pixels, swapped, true) == 0.25
+    assert shapes_benchmark.binding_accuracy(FakeModel(texts, table), pixels, swapped, true) == 0.25
     with pytest.raises(ValueError, match="`true_texts`"):
-        shapes.binding_accuracy(FakeModel(texts, table), pixels, true[:3], swapped)
+        shapes_benchmark.binding_accuracy(FakeModel(texts, table), pixels, true[:3], swapped)
     with pytest.raises(ValueError, match="`batch_size`"):
-        shapes.binding_accuracy(FakeModel(texts, table), pixels, true, swapped, batch_size=0)
+        shapes_benchmark.binding_accuracy(FakeModel(texts, table), pixels, true, swapped, batch_size=0)
 
 
 def test_zero_shot_metrics_on_known_scores():
@@ -305,11 +306,11 @@ def test_zero_shot_metrics_on_known_scores():
     prompts = [f"a {n}" for n in names]
     labels = np.array([0, 1, 2, 2])
     table = np.array([[5, 1, 0], [0, 2, 9], [0, 0, 3], [0, 0, 4]])  # image 1 misclassified as 2
-    metrics = shapes.zero_shot_metrics(FakeModel(prompts, table), np.arange(4.0)[:, None], labels, names)
+    metrics = shapes_benchmark.zero_shot_metrics(FakeModel(prompts, table), np.arange(4.0)[:, None], labels, names)
     # Zero-shot 3/4; best image per prompt: 0 (label 0), 1 (label 1), 1 (label 1 != 2): R@1 2/3.
     assert metrics == {"zero_shot_accuracy": 0.75, "t2i_recall@1": pytest.approx(2 / 3)}
     with pytest.raises(ValueError, match="`labels`"):
-        shapes.zero_shot_metrics(FakeModel(prompts, table), np.arange(4.0)[:, None], labels[:3], names)
+        shapes_benchmark.zero_shot_metrics(FakeModel(prompts, table), np.arange(4.0)[:, None], labels[:3], names)
 
 
 @functools.lru_cache(maxsize=None)
@@ -332,7 +333,7 @@ def test_binding_accuracy_matches_the_similarity_diagonals(preset):
     scores = keras.ops.convert_to_numpy(model.similarity(pixels, texts))
     assert scores.shape == (5, 10)
     expected = np.mean(np.diag(scores[:, :5]) > np.diag(scores[:, 5:]))
-    assert shapes.binding_accuracy(model, pixels, pairs["captions"], pairs["swapped_captions"]) == expected
+    assert shapes_benchmark.binding_accuracy(model, pixels, pairs["captions"], pairs["swapped_captions"]) == expected
 
 
 def test_model_inputs_feed_fit():

@@ -1,7 +1,7 @@
 """The bundled `*_shapes` presets: real weights that reproduce their recorded held-out metrics.
 
 `tools/train_shapes.py` trained each preset on `vlzoo.data.shapes` and wrote the
-metrics of `shapes.evaluate` (held-out compositions) to `training.json`; here the
+metrics of `shapes_benchmark.evaluate` (held-out compositions) to `training.json`; here the
 shipped weights are loaded on the current backend and evaluated again, and the
 README's table is compared with those files.
 """
@@ -18,6 +18,7 @@ import vlzoo
 from backend_utils import run_once
 from vlzoo import presets
 from vlzoo.data import shapes
+from vlzoo.evaluation import shapes_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
@@ -60,7 +61,7 @@ def test_shipped_weights_reproduce_the_recorded_metrics(name):
     record = _record(name)["metrics"]
     model = vlzoo.from_preset(name)
     if keras.backend.backend() == "jax":
-        metrics, slack = shapes.evaluate(model), 0.0
+        metrics, slack = shapes_benchmark.evaluate(model), 0.0
         assert set(metrics) == set(record)
     else:
         scenes = shapes.retrieval_scenes("test")

@@ -12,12 +12,31 @@ from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
 
 import vlzoo
+from vlzoo import registry
 from vlzoo._keras import without_weights
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.models.sparo import (
-    PRESETS, SPARO, normalize_slots, per_slot_zero_shot_accuracy, rank_slots, sparo_clip_config,
+    SPARO, normalize_slots, per_slot_zero_shot_accuracy, rank_slots,
 )
+
+PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "sparo"}
+
+
+def sparo_clip_config(patch, num_slots=64, slot_dim=64, image_size=224):
+    """The authors' ViT-B-`patch`-SPARO: open_clip ViT-B + 12/512/8 text (exact GELU, LN eps 1e-5, context 77).
+
+    Depths are the full 12 with `reduce_depth=1`, so each tower keeps 11 blocks.
+    """
+    towers = dict(activation="gelu", layer_norm_epsilon=1e-5)
+    return dict(
+        vision=dict(image_size=image_size, patch_size=patch, hidden_dim=768, num_layers=12, num_heads=12,
+                    intermediate_dim=3072, **towers),
+        text=dict(vocabulary_size=49408, sequence_length=77, hidden_dim=512, num_layers=12, num_heads=8,
+                  intermediate_dim=2048, **towers),
+        num_slots=num_slots, slot_dim=slot_dim, reduce_depth=1,
+    )
+
 
 L, V, D = 4, 8, 8
 

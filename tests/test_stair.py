@@ -10,6 +10,7 @@ import reference_towers as ref
 from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 
+from vlzoo import registry
 from vlzoo._keras import without_weights
 from vlzoo.losses.stair import (
     flops_regularizer,
@@ -20,8 +21,10 @@ from vlzoo.losses.stair import (
     stair_loss,
     stair_pool,
 )
-from vlzoo.models.stair import PRESETS, STAIR
+from vlzoo.models.stair import STAIR
 from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
+
+PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "stair"}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT_ASSETS = os.path.join(ROOT, "presets", "_assets", "bert_uncased")

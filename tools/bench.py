@@ -268,9 +268,9 @@ def same_towers_config(family, towers):
     its own defaults for the rest (pooling, CLS, activation) plus
     `STEP_FAMILY_ARGS[family]`.
     """
-    from vlzoo.presets import registry
+    from vlzoo import registry
 
-    config = registry()[towers][2]["config"]
+    config = registry.definition(towers)["config"]
     if family == "clip":
         return config
     geometry = ("image_size", "patch_size", "vocabulary_size", "sequence_length",
@@ -303,10 +303,11 @@ def _family_step(family, towers, batch_size):
     """One `train_on_batch` of `family` on the towers of the CLIP preset `towers`: `(step, args)`."""
     import keras
 
-    from vlzoo.presets import registry
+    import vlzoo
+    from vlzoo import registry
 
-    families = {name: cls for name, cls, _ in registry().values()}
-    model = families[family](**same_towers_config(family, towers))
+    classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in registry.definitions().values()}
+    model = classes[family](**same_towers_config(family, towers))
     model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
                           model.text.vocabulary_size)

@@ -1,13 +1,15 @@
 """Writes (or checks) the registered preset directories under presets/.
 
-Each family module's `PRESETS` table is the source; this script turns every
-entry into a keras-hub style directory (config.json, metadata.json,
+`presets/registry.json` (read by `vlzoo.registry`) is the source; this script
+turns every entry into a keras-hub style directory (config.json, metadata.json,
 tokenizer.json, preprocessor.json, assets/tokenizer -> presets/_assets/...).
 Models are built inside a `keras.StatelessScope` that never allocates their
 weights, so the big presets cost nothing.
 
     python tools/build_presets.py            # write presets/
     python tools/build_presets.py --check    # exit 1 if presets/ is out of date
+
+Add a preset by adding its entry to presets/registry.json, then run the script.
 """
 
 import argparse
@@ -18,9 +20,12 @@ import tempfile
 
 import keras
 
+import vlzoo  # noqa: F401  (registers the model classes that the entries name)
 from vlzoo import presets
+from vlzoo import registry
 from vlzoo._keras import without_weights
-from vlzoo.tokenizers import ImagePreprocessor, bundled_assets_dir, bundled_tokenizer
+from vlzoo.preprocessing import ImagePreprocessor
+from vlzoo.tokenizers import bundled_assets_dir, bundled_tokenizer
 
 LICENCES = {
     "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
@@ -44,7 +49,11 @@ def shapes_words_files():
     return {"vocab.txt": "\n".join(shapes.vocabulary()) + "\n", "LICENSE_NOTE.md": SHAPES_WORDS_NOTE}
 
 
-def preset_files(name, family, cls, preset, directory):
+def preset_files(name, preset, directory):
+    family = preset["family"]
+    cls = keras.saving.get_registered_object(f"vlzoo>{preset['class_name']}")
+    if cls is None:
+        raise ValueError(f"presets/registry.json: {name!r} names class {preset['class_name']!r}, not a vlzoo model.")
     with without_weights():
         model = cls(**preset["config"], name=name)
         config = keras.saving.serialize_keras_object(model)
@@ -84,8 +93,8 @@ def build(root):
     assets.mkdir(parents=True, exist_ok=True)
     for file, text in shapes_words_files().items():
         (assets / file).write_text(text)
-    for name, (family, cls, preset) in sorted(presets.registry().items()):
-        preset_files(name, family, cls, preset, pathlib.Path(root) / name)
+    for name, preset in sorted(registry.definitions().items()):
+        preset_files(name, preset, pathlib.Path(root) / name)
         print(f"wrote {pathlib.Path(root) / name}")
 
 

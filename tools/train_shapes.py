@@ -1,6 +1,6 @@
 """Trains the bundled `*_shapes` presets on `vlzoo.data.shapes` and evaluates them.
 
-Every family's `<family>_shapes` preset (see `vlzoo.models.base.shapes_preset`) is
+Every family's `<family>_shapes` preset (defined in presets/registry.json) is
 trained from a seeded random initialisation with its own loss through `model.fit`:
 AdamW (`vlzoo.training.training_optimizer`) with linear warm-up and cosine decay, on
 two-object (80%) and one-object (20%) scenes of the `train` split. STAIR follows its
@@ -8,7 +8,7 @@ paper's three stages (text grounded to its own tokens, then the text side with t
 image tower frozen, then both) over half, a quarter and a quarter of the steps.
 
 The weights go to `presets/<name>/model.weights.h5`, the settings and the held-out
-metrics of `vlzoo.data.shapes.evaluate` (on compositions never seen in training) to
+metrics of `vlzoo.evaluation.shapes_benchmark.evaluate` (on compositions never seen in training) to
 `presets/<name>/training.json`; the README's shapes table is made from those files
 (`--table`), and tests check both against the shipped weights.
 
@@ -30,7 +30,7 @@ import time
 
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
 METRICS_FILE = "training.json"
-# (column title, key of `shapes.evaluate`) of the README table.
+# (column title, key of `shapes_benchmark.evaluate`) of the README table.
 TABLE_COLUMNS = (
     ("i2t R@1", "i2t_r@1"), ("t2i R@1", "t2i_r@1"), ("binding: colour", "binding_color"),
     ("shape", "binding_shape"), ("relation", "binding_relation"), ("zero-shot (24 classes)", "zero_shot_accuracy"),
@@ -109,7 +109,7 @@ def train(family, args, root):
     import keras
 
     import vlzoo
-    from vlzoo.data import shapes
+    from vlzoo.evaluation import shapes_benchmark
 
     name = f"{family}_shapes"
     keras.utils.set_random_seed(args.seed)
@@ -119,7 +119,7 @@ def train(family, args, root):
     data = training_data(model, args.examples - args.examples % args.batch_size, args.seed)
     seconds = fit(model, family, data, args)
     start = time.perf_counter()
-    metrics = shapes.evaluate(model)
+    metrics = shapes_benchmark.evaluate(model)
     print(f"  trained in {seconds:.0f} s; held-out: "
           + "  ".join(f"{key}={value:.3f}" for key, value in metrics.items()), flush=True)
     directory = pathlib.Path(root) / name

@@ -40,6 +40,7 @@ import re
 
 import keras
 
+from vlzoo import presets
 from vlzoo._keras import without_weights
 
 __all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]
@@ -74,15 +75,11 @@ def check_backend(what="keras.distribution"):
 
 def _model_for(model):
     """`model` itself, or the preset it names built without allocating weights."""
-    from vlzoo.models.base import ContrastiveModel
-
-    if isinstance(model, ContrastiveModel):
+    if isinstance(model, keras.Model):
         return model
     if not isinstance(model, str):
         raise TypeError(f"`model` must be a vlzoo model, a preset name or a preset directory; "
                         f"received {type(model).__name__}.")
-    from vlzoo import presets
-
     config = presets.model_config(model)
     with without_weights():
         return keras.saving.deserialize_keras_object(config)

@@ -9,9 +9,9 @@ A preset is a directory in keras-hub's layout:
     model.weights.h5     weights, when the preset has them
     assets/tokenizer/    tokenizer vocabularies
 
-Registered names resolve to `presets/<name>/` of the repository (or
-`$VLZOO_PRESETS_DIR/<name>/`), which `tools/build_presets.py` writes from the
-family modules' `PRESETS` tables.
+Registered names (`vlzoo.registry`, defined in `presets/registry.json`) resolve
+to `presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
+`tools/build_presets.py` writes from their registry entries.
 """
 
 import difflib
@@ -29,7 +29,11 @@ from packaging.version import Version
 
 from vlzoo._keras import save_weights_only
 from vlzoo._keras import without_weights
+from vlzoo import registry
+from vlzoo._paths import presets_root
 from vlzoo.pretrained import catalogue
+from vlzoo.tokenizers import UnavailableTokenizer
+from vlzoo.tokenizers import tokenizer_from_config
 from vlzoo.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -42,47 +46,17 @@ TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 _warned_random = set()
 
 
-def _family_modules():
-    from vlzoo.models import clip, filip, llip, siglip, sparc, sparo, stair
-
-    return {
-        "clip": (clip.CLIP, clip.PRESETS), "siglip": (siglip.SigLIP, siglip.PRESETS),
-        "filip": (filip.FILIP, filip.PRESETS), "sparc": (sparc.SPARC, sparc.PRESETS),
-        "sparo": (sparo.SPARO, sparo.PRESETS), "llip": (llip.Llip, llip.PRESETS),
-        "stair": (stair.STAIR, stair.PRESETS),
-    }
-
-
-def registry():
-    """`{name: (family, model_class, preset_dict)}` for every registered preset."""
-    table = {}
-    for family, (cls, presets) in _family_modules().items():
-        for name, preset in presets.items():
-            table[name] = (family, cls, preset)
-    return table
-
-
-def presets_root():
-    """Directory holding the registered preset directories."""
-    env = os.environ.get("VLZOO_PRESETS_DIR")
-    if env:
-        return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parent.parent / "presets"
-
-
 def list_presets(family=None, pretrained=False):
     """Names of every registered preset, optionally of one `family` (e.g. `"clip"`).
 
     With `pretrained=True`, the names of the catalogue of real public weights instead
     (`presets/pretrained.json`; downloaded on first use, see `preset_info`).
     """
-    table = registry()
-    families = sorted({f for f, _, _ in table.values()})
-    if family is not None and family not in families:
-        raise ValueError(f"Unknown `family` {family!r}; registered families: {families}.")
+    if family is not None and family not in registry.families():
+        raise ValueError(f"Unknown `family` {family!r}; registered families: {registry.families()}.")
     if pretrained:
         return sorted(name for name, entry in catalogue().items() if family in (None, entry["family"]))
-    return sorted(name for name, (f, _, _) in table.items() if family in (None, f))
+    return registry.names(family)
 
 
 def _unknown_preset_error(name):
@@ -114,7 +88,7 @@ def resolve_preset(preset):
     path = pathlib.Path(os.path.expanduser(str(preset)))
     if path.is_dir():
         return path
-    if str(preset) in registry():
+    if str(preset) in registry.definitions():
         directory = presets_root() / str(preset)
         if not directory.is_dir():
             raise FileNotFoundError(
@@ -166,21 +140,21 @@ def _check_version(metadata, path):
 def _check_family(config, metadata, directory):
     """The config's model class must be a vlzoo family (or a registered subclass) and agree with
     the metadata's family."""
-    families = {cls.__name__: family for family, (cls, _) in _family_modules().items()}
     class_name, family = config["class_name"], metadata.get("family")
-    if class_name in families:
-        if family is not None and family != families[class_name]:
-            raise ValueError(
-                f"Preset files disagree: {directory / METADATA_FILE} says family {family!r} but "
-                f"{directory / CONFIG_FILE} describes a {class_name}, a {families[class_name]!r} model "
-                f"(vlzoo's families: {', '.join(sorted(families.values()))})."
-            )
-    elif keras.saving.get_registered_object(config.get("registered_name") or class_name) is None:
+    cls = keras.saving.get_registered_object(config.get("registered_name") or class_name)
+    if cls is None:
         raise ValueError(
             f"Preset file {directory / CONFIG_FILE} describes a model of class {class_name!r} (family {family!r} "
-            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(sorted(families))}) nor a "
-            "registered Keras class. For your own subclass, import the module that registers it before calling "
+            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(registry.families())}) nor "
+            "a registered Keras class. For your own subclass, import the module that registers it before calling "
             "`from_preset`."
+        )
+    own = getattr(cls, "family", None) if cls.__module__.startswith("vlzoo.") else None
+    if family is not None and own is not None and family != own:
+        raise ValueError(
+            f"Preset files disagree: {directory / METADATA_FILE} says family {family!r} but "
+            f"{directory / CONFIG_FILE} describes a {class_name}, a {own!r} model "
+            f"(vlzoo's families: {', '.join(registry.families())})."
         )
 
 
@@ -332,8 +306,6 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
 
 def _load_tokenizer(tokenizer_file, assets, metadata, sequence_length):
     """The preset's tokenizer; a stand-in that explains itself when its files are declared unbundled."""
-    from vlzoo.tokenizers import UnavailableTokenizer, tokenizer_from_config
-
     config = _read_json(tokenizer_file)
     config.setdefault("config", {})["sequence_length"] = sequence_length
     try:
@@ -374,8 +346,6 @@ def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None,
 
 def save_to_preset(model, directory, metadata=None):
     """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory."""
-    from vlzoo.tokenizers import UnavailableTokenizer
-
     tokenizer = model.tokenizer
     info = {
         "family": getattr(model, "family", None),

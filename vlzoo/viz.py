@@ -4,7 +4,8 @@
 over the image's patch grid as a heatmap laid over the image, one panel per
 token, like the FILIP and SPARC papers' figures. The weights come from the
 family: SPARC's alignment weights (`vlzoo.losses.sparc_alignment_weights`),
-or FILIP's argmax matches turned into one-hot rows (`filip_match_weights`).
+or FILIP's argmax matches turned into one-hot rows; a model gives them with
+`token_patch_alignment`.
 
 `draw_caption_alignment(model, image, caption, path)` does both steps for
 a SPARC or FILIP model.
@@ -25,20 +26,6 @@ import numpy as np
 from keras import ops
 
 
-def filip_match_weights(token_to_patch, num_patches, offset=0):
-    """One-hot `(T, P)` rows from FILIP's token -> best patch indices `(T,)`.
-
-    `offset` is subtracted first (the number of prefix tokens when the
-    interaction includes the CLS token); a token whose best match is a
-    prefix token gets an all-zero row.
-    """
-    index = np.asarray(ops.convert_to_numpy(token_to_patch)).reshape(-1) - offset
-    weights = np.zeros((index.size, num_patches), np.float32)
-    rows = np.flatnonzero(index >= 0)
-    weights[rows, index[rows]] = 1.0
-    return weights
-
-
 def caption_alignment(model, image, caption):
     """Each real token of `caption` and its weights over `image`'s patch grid.
 
@@ -54,18 +41,12 @@ def caption_alignment(model, image, caption):
     """
     inputs = model.tokenizer([caption])
     images = ops.convert_to_tensor(np.asarray(image, np.float32)[None])
-    num_patches = (model.vision.image_size // model.vision.patch_size) ** 2
-    if hasattr(model, "alignment_weights"):
-        weights = np.asarray(ops.convert_to_numpy(model.alignment_weights(images, inputs)))[0]
-    elif hasattr(model, "token_alignment"):
-        _, token_to_patch = model.token_alignment(images, inputs)
-        offset = model.vision.num_prefix_tokens if model.interaction_include_cls else 0
-        weights = filip_match_weights(ops.convert_to_numpy(token_to_patch)[0, 0], num_patches, offset)
-    else:
+    if not model.has_token_alignment:
         raise TypeError(
-            f"`model` must be a token-level family with alignment weights (SPARC, FILIP); "
+            f"`model` must be a token-level family with token-to-patch alignment (SPARC, FILIP); "
             f"received {type(model).__name__}."
         )
+    weights = np.asarray(ops.convert_to_numpy(model.token_patch_alignment(images, inputs)))[0]
     ids = np.asarray(ops.convert_to_numpy(inputs["token_ids"]))[0]
     length = int(np.asarray(ops.convert_to_numpy(inputs["padding_mask"]))[0].sum())
     tokenizer = model.tokenizer

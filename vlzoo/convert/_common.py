@@ -17,11 +17,13 @@ import warnings
 
 import numpy as np
 
+from vlzoo._arrays import to_numpy
 from vlzoo._keras import without_weights
-from vlzoo.convert.state_dict import to_numpy
 from vlzoo.models import CLIP
 from vlzoo.models import SigLIP
 from vlzoo.models.base import LOGIT_SCALE_MAX
+from vlzoo.preprocessing import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD, ImagePreprocessor
+from vlzoo.tokenizers import UnavailableTokenizer
 
 
 # ----------------------------------------------------------------------------- rules
@@ -465,10 +467,6 @@ def attach_processing(model, family, image_size, preprocess=None, tokenizer=None
     BPE tokenizer (the family default); other vocabularies get an
     `UnavailableTokenizer` unless `tokenizer` is given.
     """
-    from vlzoo.tokenizers import (
-        CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD, ImagePreprocessor, UnavailableTokenizer,
-    )
-
     if preprocessor is None:
         if family == "siglip":
             cfg = dict(mean=SIGLIP_MEAN, std=SIGLIP_STD, interpolation="bicubic", crop="none")

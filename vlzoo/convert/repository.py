@@ -34,8 +34,8 @@ from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.convert._common import open_clip_preprocess
 from vlzoo.convert.state_dict import load_state_dict
+from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.tokenizers import CLIPTokenizer
-from vlzoo.tokenizers import ImagePreprocessor
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip")

@@ -1,36 +1,15 @@
-"""Reading checkpoints: `{key: tensor}` state dicts from files or mappings, and tensors as numpy.
+"""Reading checkpoints: `{key: tensor}` state dicts from files or mappings.
 
 - `load_state_dict(path)`: a `.pt`/`.pth`/`.bin` (torch) or `.safetensors`
   file; a training checkpoint's `"state_dict"` entry is unwrapped.
 - `read_state_dict(path_or_state_dict)`: the same for a path or a mapping,
   with DDP / `torch.compile` key prefixes removed.
-- `to_numpy(x)`: torch tensors, Keras variables and backend tensors as numpy.
 
 torch and safetensors are imported only when a file needs them.
 """
 
 import os
 import pathlib
-
-import numpy as np
-
-
-def to_numpy(x):
-    """A torch tensor / Keras variable / backend tensor / array-like -> numpy array (no copy when possible)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "path") and hasattr(x, "assign"):  # a Keras variable
-        import keras
-
-        return np.asarray(keras.ops.convert_to_numpy(x.value))
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor or parameter
-        tensor = x.detach().cpu()
-        if str(getattr(tensor, "dtype", "")) in ("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"):
-            tensor = tensor.float()
-        return tensor.numpy()
-    if hasattr(x, "numpy") and callable(x.numpy):  # tf eager
-        return np.asarray(x.numpy())
-    return np.asarray(x)
 
 
 def numpy_state_dict(state_dict):

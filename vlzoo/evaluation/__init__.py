@@ -2,7 +2,7 @@
 
 * `zero_shot_classifier` / `zero_shot_accuracy`: prompt-template zero-shot
   classification with each family's own ensembling (`zeroshot` module
-  docstring: the dispatch through `ENSEMBLINGS` and the models' methods).
+  docstring; each model names its own `prompt_ensembling`).
 * `recall_at_k` / `retrieval_recall`: image -> text and text -> image
   recall@K with several captions per image and documented tie handling.
 * `ZeroShotCallback` / `RetrievalCallback`: the same during `fit`, logged as
@@ -22,13 +22,13 @@ from vlzoo.evaluation.callbacks import RetrievalCallback, ZeroShotCallback
 from vlzoo.evaluation.retrieval import recall_at_k, retrieval_recall
 from vlzoo.evaluation.templates import DEFAULT_TEMPLATES, IMAGENET_TEMPLATES, SIMPLE_TEMPLATES, build_prompts
 from vlzoo.evaluation.zeroshot import (
-    ENSEMBLINGS, ClassTextsMethod, EmbeddingMean, EnsembleScoresMethod, Ensembling, TokenSimilarityMean,
-    ZeroShotClassifier, get_ensembling, zero_shot_accuracy, zero_shot_classifier,
+    ClassTextsMethod, EmbeddingMean, EnsembleScoresMethod, Ensembling, TokenSimilarityMean,
+    ZeroShotClassifier, zero_shot_accuracy, zero_shot_classifier,
 )
 
 __all__ = [
-    "DEFAULT_TEMPLATES", "ENSEMBLINGS", "IMAGENET_TEMPLATES", "SIMPLE_TEMPLATES", "ClassTextsMethod",
+    "DEFAULT_TEMPLATES", "IMAGENET_TEMPLATES", "SIMPLE_TEMPLATES", "ClassTextsMethod",
     "EmbeddingMean", "EnsembleScoresMethod", "Ensembling", "RetrievalCallback", "TokenSimilarityMean",
-    "ZeroShotCallback", "ZeroShotClassifier", "build_prompts", "get_ensembling", "recall_at_k",
+    "ZeroShotCallback", "ZeroShotClassifier", "build_prompts", "recall_at_k",
     "retrieval_recall", "zero_shot_accuracy", "zero_shot_classifier",
 ]

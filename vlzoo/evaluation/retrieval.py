@@ -31,7 +31,6 @@ Example:
 {'i2t_r@1': ..., 'i2t_r@5': ..., 'i2t_r@10': ..., 't2i_r@1': ..., ...}
 """
 
-import inspect
 
 import numpy as np
 from keras import ops
@@ -138,7 +137,7 @@ def recall_at_k(scores, image_ids=None, ks=(1, 5, 10), ties="pessimistic", t2i_s
 
 def _pair_scorer(model, text_embeds, score_kwargs):
     """`image_embeds -> (i2t, t2i)` scores with the family's `score`."""
-    if "direction" in inspect.signature(model.score).parameters:
+    if not model.symmetric_score:
         return lambda image_embeds: tuple(
             model.score(image_embeds, text_embeds, direction=direction, **score_kwargs)
             for direction in ("i2t", "t2i")

@@ -1,35 +1,10 @@
 """Zero-shot classification with prompt templates, ensembled the way each family does it.
 
-Every class name is written into `K` prompt templates; a family-specific
-*ensembling* turns the `K` prompts of each class into a class representation
-once, then scores images against it:
-
-* `EmbeddingMean()` (CLIP, SigLIP, SPARO, STAIR, any family without an
-  entry or method): the mean of the L2-normalised text embeddings
-  (`encode_text(normalize=True)`), renormalised with the model's own
-  normalisation (SPARO's: per slot), scored with `model.score`; SPARO's
-  `slots=` then restricts the score to chosen slots.
-* `EmbeddingMean(key="global")` (SPARC): the same on the global embedding.
-* `TokenSimilarityMean()` (FILIP): the mean over templates of the
-  token-wise similarity `S_I` (FILIP's `ensemble_scores`) times
-  `exp(logit_scale)`.
-* `ClassTextsMethod()` (Llip, any model with `encode_class_texts`): the
-  model's own template averaging (Llip: queries and targets), scored with
-  `model.score`.
-* `EnsembleScoresMethod()` (a model with `ensemble_scores` and no entry):
-  the model's own `ensemble_scores(images, class_texts)`.
-
-Dispatch (`get_ensembling`), first match wins:
-1. `ENSEMBLINGS[model.family]`: entries registered here (FILIP: its own
-   similarity mean with the prompts encoded once instead of per image
-   batch; SPARC: the global embedding). Add entries to plug in a family or
-   override one.
-2. the model's `encode_class_texts(class_texts)` method.
-3. the model's `ensemble_scores(images, class_texts)` method (the prompts are
-   then re-encoded with every image batch).
-4. `EmbeddingMean()`.
-Model files need no change: a new family (e.g. STAIR) is classified by
-embedding mean until it gains one of these methods or a registry entry.
+Every class name is written into `K` prompt templates; the model's
+`prompt_ensembling` (see `vlzoo.models.ensembling`: CLIP's embedding mean by
+default, FILIP's token-similarity mean, Llip's mean queries and targets)
+turns the `K` prompts of each class into a class representation once, then
+scores images against it.
 
 Scores are on each family's scale (`model.score`'s logits: scaled cosines,
 plus SigLIP's and Llip's bias), so `softmax` over classes gives CLIP-style
@@ -51,132 +26,14 @@ from vlzoo.evaluation._common import (
     take,
 )
 from vlzoo.evaluation.templates import DEFAULT_TEMPLATES, build_prompts
-from vlzoo.losses import filip_ensemble_scores
+from vlzoo.models.ensembling import (
+    ClassTextsMethod, EmbeddingMean, EnsembleScoresMethod, Ensembling, TokenSimilarityMean,
+)
 
 __all__ = [
-    "ENSEMBLINGS", "ClassTextsMethod", "EmbeddingMean", "EnsembleScoresMethod", "Ensembling",
-    "TokenSimilarityMean", "ZeroShotClassifier", "get_ensembling", "zero_shot_accuracy", "zero_shot_classifier",
+    "ClassTextsMethod", "EmbeddingMean", "EnsembleScoresMethod", "Ensembling", "TokenSimilarityMean",
+    "ZeroShotClassifier", "zero_shot_accuracy", "zero_shot_classifier",
 ]
-
-
-def _flatten_prompts(class_texts):
-    """`(C, K, T)` token dict -> `(C * K, T)`."""
-    return {key: ops.reshape(value, (-1, value.shape[-1])) for key, value in class_texts.items()}
-
-
-class Ensembling:
-    """How a family turns `K` prompts per class into zero-shot class scores.
-
-    Subclasses implement `encode_classes`; `score` defaults to
-    `model.score(model.encode_image(images), classes, **score_kwargs)`.
-    """
-
-    def encode_classes(self, model, class_texts):
-        """Class representation from the prompts of a group of classes.
-
-        Args:
-            model: the `ContrastiveModel`.
-            class_texts: tokenizer dict whose `token_ids` / `padding_mask`
-                have shape `(C, K, T)`: `K` prompts for each of `C` classes.
-
-        Returns:
-            A tensor or dict of tensors whose leading axis is `C` (groups of
-            classes are concatenated along it).
-        """
-        raise NotImplementedError
-
-    def score(self, model, images, classes, **score_kwargs):
-        """Scores `(B, C)` of float `(B, H, W, 3)` images against `encode_classes`' output."""
-        return model.score(model.encode_image(images), classes, **score_kwargs)
-
-
-class EmbeddingMean(Ensembling):
-    """CLIP's ensembling: `normalise(mean_k normalise(text_embed[c, k]))` per class.
-
-    Both normalisations are the model's own (`encode_text(normalize=True)`;
-    SPARO's normalises every slot, STAIR's guards all-zero vectors).
-
-    Args:
-        key: for families whose `encode_text` returns a dict, the entry that
-            `score` reads (SPARC: `"global"`); the class representation is
-            then `{key: (C, D)}`. None: `encode_text` returns a `(N, D)` tensor.
-    """
-
-    def __init__(self, key=None):
-        self.key = key
-
-    def encode_classes(self, model, class_texts):
-        c, k = tuple(class_texts["token_ids"].shape[:2])
-        embeds = model.encode_text(_flatten_prompts(class_texts), normalize=True)
-        if self.key is not None:
-            embeds = embeds[self.key]
-        elif isinstance(embeds, dict):
-            raise TypeError(
-                f"{type(model).__name__}.encode_text returns a dict (keys {sorted(embeds)}), so the embedding "
-                "mean needs to know which entry `score` reads: add "
-                f"`ENSEMBLINGS[{model.family!r}] = EmbeddingMean(key=...)` in `vlzoo.evaluation`."
-            )
-        mean = ops.mean(ops.reshape(embeds, (c, k, -1)), axis=1)
-        return model._normalize_embeds(mean if self.key is None else {self.key: mean})
-
-
-class TokenSimilarityMean(Ensembling):
-    """FILIP's ensembling: the mean over templates of the late-interaction similarity.
-
-    `score[b, c] = exp(logit_scale) * mean_k S_I(image_b, prompt_{c,k})`,
-    i.e. `exp(logit_scale) * model.ensemble_scores(images, class_texts)`,
-    with the prompt tokens `(C, K, T, D)` encoded once. Takes no score
-    arguments (the model's `chunk_size` and `similarity_dtype` apply).
-    """
-
-    def encode_classes(self, model, class_texts):
-        c, k, t = tuple(class_texts["token_ids"].shape)
-        text = model.encode_text(_flatten_prompts(class_texts))
-        return {"tokens": ops.reshape(text["tokens"], (c, k, t, -1)), "mask": ops.reshape(text["mask"], (c, k, t))}
-
-    def score(self, model, images, classes):
-        scores = filip_ensemble_scores(
-            model.encode_image(images)["tokens"], classes["tokens"], classes["mask"],
-            chunk_size=model.chunk_size, similarity_dtype=model.similarity_dtype,
-        )
-        return model.logit_scale_value() * scores
-
-
-class ClassTextsMethod(Ensembling):
-    """The model's own `encode_class_texts(class_texts)` (Llip: mean queries and targets), scored with `score`."""
-
-    def encode_classes(self, model, class_texts):
-        return model.encode_class_texts(class_texts)
-
-
-class EnsembleScoresMethod(Ensembling):
-    """The model's own `ensemble_scores(images, class_texts, **score_kwargs)`; prompts encoded per call."""
-
-    def encode_classes(self, model, class_texts):
-        return class_texts
-
-    def score(self, model, images, classes, **score_kwargs):
-        return model.ensemble_scores(images, classes, **score_kwargs)
-
-
-# Entries win over the model's methods (see the module docstring).
-ENSEMBLINGS = {
-    "filip": TokenSimilarityMean(),
-    "sparc": EmbeddingMean(key="global"),
-}
-
-
-def get_ensembling(model):
-    """The `Ensembling` of `model`: `ENSEMBLINGS[model.family]`, else the model's
-    `encode_class_texts`, else its `ensemble_scores`, else `EmbeddingMean()`."""
-    family = getattr(model, "family", None)
-    if family in ENSEMBLINGS:
-        return ENSEMBLINGS[family]
-    if callable(getattr(model, "encode_class_texts", None)):
-        return ClassTextsMethod()
-    if callable(getattr(model, "ensemble_scores", None)):
-        return EnsembleScoresMethod()
-    return EmbeddingMean()
 
 
 class ZeroShotClassifier:
@@ -290,7 +147,7 @@ def zero_shot_classifier(model, class_names, templates=DEFAULT_TEMPLATES, batch_
         key: ops.reshape(value, (len(class_names), len(templates)) + tuple(value.shape[1:]))
         for key, value in tokens.items()
     }
-    ensembling = get_ensembling(model)
+    ensembling = model.prompt_ensembling
     parts = [
         ensembling.encode_classes(model, take(class_texts, start, stop))
         for start, stop in batches(len(class_names), per_batch, verbose)

@@ -6,56 +6,19 @@ import keras
 from keras import ops
 
 from vlzoo import distribution
+from vlzoo import presets
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.losses import l2_normalize
 from vlzoo.models import validation
+from vlzoo.models.ensembling import EmbeddingMean
+from vlzoo.preprocessing import ImagePreprocessor
+from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
 LOGIT_SCALE_MAX = math.log(100.0)
 
 # Variable names that never receive weight decay besides rank < 2 tensors
 # (biases, norms, logit scale and bias): embedding tables and learned tokens.
 _NO_DECAY_NAMES = ("embeddings", "prefix_tokens", "latent")
-
-
-SHAPES_WEIGHTS_NOTE = (
-    "Trained from scratch on the synthetic `vlzoo.data.shapes` dataset by tools/train_shapes.py "
-    "(seeded; the run's settings and held-out metrics are in training.json)."
-)
-
-
-def shapes_preset(family, config, paper, tokenizer, vocabulary_size=49408, details="", preprocessor=None):
-    """A `*_shapes` preset entry: `config` on the towers every bundled shapes model shares.
-
-    The towers: 32 px images in 4 px patches (64 positions), 4 blocks of width 64
-    (4 heads, MLP 256); text of context 16, 4 blocks of width 32 (4 heads, MLP 128)
-    over `vocabulary_size` tokens. Each family keeps its own activations and norms.
-
-    Args:
-        family: the family's display name ("CLIP", ...), for the description.
-        config: the family's own constructor arguments (`embed_dim`, heads, ...);
-            its `vision`/`text` dicts are merged over the shared geometry.
-        paper, tokenizer: as in the family's other presets.
-        vocabulary_size: the tokenizer's vocabulary size.
-        details: words appended to the description.
-        preprocessor: extra `ImagePreprocessor` arguments (e.g. `mean`, `std`).
-
-    Returns:
-        the preset dict (`config`, `description`, `tokenizer`, `preprocessor`,
-        `paper`, `weights_note`).
-    """
-    towers = dict(
-        vision=dict(image_size=32, patch_size=4, hidden_dim=64, num_layers=4, num_heads=4, intermediate_dim=256),
-        text=dict(vocabulary_size=vocabulary_size, sequence_length=16, hidden_dim=32, num_layers=4,
-                  num_heads=4, intermediate_dim=128),
-    )
-    for tower in ("vision", "text"):
-        towers[tower].update(config.get(tower, {}))
-    description = (f"Small {family} trained on vlzoo.data.shapes (32 px, patch 4, 4+4 blocks, widths 64/32"
-                   f"{', ' + details if details else ''}); a working example, not a general-purpose model.")
-    return dict(
-        config={**config, **towers}, description=description, tokenizer=tokenizer,
-        preprocessor=dict(image_size=32, **(preprocessor or {})), paper=paper, weights_note=SHAPES_WEIGHTS_NOTE,
-    )
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -116,8 +79,12 @@ class ContrastiveModel(keras.Model):
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
         self.logit_scale_max = logit_scale_max
+        if embed_dim is not None and (isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim <= 0):
+            raise ValueError(f"`embed_dim` must be a positive integer; received {embed_dim!r}.")
         self.vision_config = {"output_dim": embed_dim, **self.vision_defaults, **vision}
         self.text_config = {"output_dim": embed_dim, **self.text_defaults, **text}
+        validation.check_tower_config(self.vision_config, "vision")
+        validation.check_tower_config(self.text_config, "text")
         self.vision = VisionTransformer(**self.vision_config, dtype=self.dtype_policy, name="vision")
         self.text = TextTransformer(**self.text_config, dtype=self.dtype_policy, name="text")
         self.logit_scale = self.add_weight(
@@ -157,8 +124,6 @@ class ContrastiveModel(keras.Model):
 
     def default_tokenizer(self):
         """The bundled CLIP BPE for a 49,408-token text tower; otherwise a stand-in that explains."""
-        from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
-
         if self.text.vocabulary_size == CLIP_BPE_VOCABULARY_SIZE:
             return bundled_tokenizer(CLIP_BPE, self.text.sequence_length)
         return UnavailableTokenizer(
@@ -167,8 +132,6 @@ class ContrastiveModel(keras.Model):
         )
 
     def default_preprocessor(self):
-        from vlzoo.tokenizers import ImagePreprocessor
-
         return ImagePreprocessor(image_size=self.vision.image_size)
 
     def logit_scale_value(self):
@@ -192,7 +155,7 @@ class ContrastiveModel(keras.Model):
         """
         self._check_image_inputs(images)
         embeds = self._image_features(images)
-        return self._normalize_embeds(embeds) if normalize else embeds
+        return self.normalize_embeds(embeds) if normalize else embeds
 
     def encode_text(self, texts, normalize=False):
         """Text embeddings.
@@ -208,7 +171,7 @@ class ContrastiveModel(keras.Model):
         inputs = self._tokenize(texts)
         self._check_text_inputs(inputs)
         embeds = self._text_features(inputs)
-        return self._normalize_embeds(embeds) if normalize else embeds
+        return self.normalize_embeds(embeds) if normalize else embeds
 
     def predict_step(self, *args):
         """`model.predict` / `predict_on_batch`: the embeddings of whichever inputs are given.
@@ -265,8 +228,12 @@ class ContrastiveModel(keras.Model):
     def _check_text_inputs(self, inputs):
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
 
-    def _normalize_embeds(self, embeds):
-        """L2-normalises what `encode_image` / `encode_text` return (`normalize=True`)."""
+    def normalize_embeds(self, embeds):
+        """The family's normalisation of what `encode_image` / `encode_text` return (`normalize=True`).
+
+        L2 over the last axis here; SPARO normalises each slot, STAIR guards
+        all-zero vectors, the token-level families normalise each entry.
+        """
         return l2_normalize(embeds)
 
     @staticmethod
@@ -290,7 +257,8 @@ class ContrastiveModel(keras.Model):
                 + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "") + "."
             )
         self._check_image_shape(inputs["images"])
-        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs")
+        validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs",
+                              values=False)
         validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
 
     def call(self, inputs, training=False):
@@ -330,6 +298,14 @@ class ContrastiveModel(keras.Model):
             optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
         super().compile(optimizer=optimizer, **kwargs)
 
+    def fit(self, x=None, y=None, *args, **kwargs):
+        validation.check_paired_arrays(x, "fit")
+        return super().fit(x, y, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        validation.check_paired_arrays(x, "evaluate")
+        return super().evaluate(x, y, *args, **kwargs)
+
     def no_weight_decay_variables(self):
         """Trainable variables that must not be decayed."""
         return [
@@ -343,9 +319,44 @@ class ContrastiveModel(keras.Model):
         return distribution.TOWER_RULES + tuple(self.extra_layout_rules)
 
     # ------------------------------------------------------ family interface
+    #
+    # What every family provides and evaluation, retrieval, visualisation and
+    # the CLI rely on (docs/adding_a_family.md walks through it).
 
-    def score(self, image_embeds, text_embeds):
+    # Whether `score(i, t)` ranks texts for an image and images for a text
+    # alike. False for FILIP, whose two directions differ (`direction=`).
+    symmetric_score = True
+
+    def score(self, image_embeds, text_embeds, **options):
+        """Scores `(N_images, N_texts)` of `encode_image` against `encode_text` outputs, on the loss's scale.
+
+        Options per family (none for CLIP, SigLIP, SPARC, STAIR):
+        FILIP `direction="i2t"|"t2i"` (its two late-interaction similarities),
+        SPARO `slots=` (score on chosen slots only), Llip `temperature=`
+        (the cross-attention's softmax temperature).
+        """
         raise NotImplementedError
+
+    @property
+    def prompt_ensembling(self):
+        """How zero-shot classification merges `K` prompts per class (`vlzoo.models.ensembling`).
+
+        CLIP's mean of normalised text embeddings by default.
+        """
+        return EmbeddingMean()
+
+    has_token_alignment = False
+
+    def token_patch_alignment(self, images, texts):
+        """Weights `(B, T, P)` of each caption token over its image's `P` patches, pair by pair.
+
+        Families whose tokens align with patches (SPARC's sparse weights,
+        FILIP's best matches) set `has_token_alignment` and implement this;
+        `vlzoo.viz` draws it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no token-to-patch alignment; SPARC and FILIP models have one."
+        )
 
     def contrastive_loss(self, outputs, training=False):
         """The family loss from `call`'s outputs; `training` is Keras' flag
@@ -356,9 +367,7 @@ class ContrastiveModel(keras.Model):
 
     def save_to_preset(self, directory):
         """Writes a preset directory that `vlzoo.from_preset` loads back exactly."""
-        from vlzoo.presets import save_to_preset
-
-        save_to_preset(self, directory)
+        presets.save_to_preset(self, directory)
 
     def get_config(self):
         config = super().get_config()

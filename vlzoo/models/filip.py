@@ -6,13 +6,23 @@ import keras
 from keras import ops
 
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
-from vlzoo.models.base import shapes_preset
-from vlzoo.models.clip import CLIP, clip_config
-from vlzoo.models.clip import PRESETS as CLIP_PRESETS
+from vlzoo.models.clip import CLIP
+from vlzoo.models.ensembling import TokenSimilarityMean
 from vlzoo.models.token_level import TokenContrastiveModel
-from vlzoo.tokenizers import CLIP_BPE
 
 DIRECTIONS = ("i2t", "t2i")
+
+
+def filip_match_weights(token_to_patch, num_patches, offset=0):
+    """One-hot rows `(..., T, P)` from FILIP's token -> best patch indices `(..., T)`.
+
+    `offset` is subtracted first (the number of prefix tokens when the
+    interaction includes the CLS token); a token whose best match is a
+    prefix token gets an all-zero row.
+    """
+    index = ops.convert_to_tensor(token_to_patch, "int32") - offset
+    inside = ops.cast(index >= 0, "float32")
+    return ops.one_hot(ops.maximum(index, 0), num_patches, dtype="float32") * inside[..., None]
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -139,6 +149,25 @@ class FILIP(TokenContrastiveModel):
                                      ops.reshape(text["mask"], (n, k, t)),
                                      chunk_size=self.chunk_size, similarity_dtype=self.similarity_dtype)
 
+    has_token_alignment = True
+    symmetric_score = False
+
+    @property
+    def prompt_ensembling(self):
+        """The mean over templates of the token-wise similarity `S_I`, prompts encoded once."""
+        return TokenSimilarityMean()
+
+    def token_patch_alignment(self, images, texts):
+        """One-hot `(B, T, P)`: each token of caption `b` on its best patch of image `b` (eq. 4's argmax).
+
+        A token whose best match is the CLS token (`interaction_include_cls`)
+        gets an all-zero row.
+        """
+        _, token_to_patch = self.token_alignment(images, texts)
+        pairs = ops.transpose(ops.diagonal(token_to_patch, axis1=0, axis2=1))  # (B, T): image b with caption b
+        offset = self.vision.num_prefix_tokens if self.interaction_include_cls else 0
+        return filip_match_weights(pairs, (self.vision.image_size // self.vision.patch_size) ** 2, offset)
+
     def token_alignment(self, images, texts):
         """Word-patch alignment `(patch_to_token, token_to_patch)`; see
         `vlzoo.losses.filip_token_alignment`."""
@@ -162,53 +191,3 @@ class FILIP(TokenContrastiveModel):
             similarity_dtype=self.similarity_dtype,
         )
         return config
-
-
-def _filip_config(patch, vision_width, vision_layers, vision_heads, text_width, text_heads,
-                  embed_dim=256, image_size=224, keep_ratio=0.25):
-    """CLIP's tower geometry (QuickGELU, context 77) with FILIP's embedding width and token dropping."""
-    config = clip_config(
-        patch, vision_width, vision_layers, vision_heads, text_width, text_heads, embed_dim, image_size
-    )
-    return {**config, "keep_ratio": keep_ratio}
-
-
-_PAPER = "Yao et al. 2022, FILIP: Fine-grained Interactive Language-Image Pre-training (ICLR)"
-_WEIGHTS = ("FILIP released no weights; the model is randomly initialised (architecture config). "
-            "Convert a local checkpoint of the same geometry if you have one.")
-_TOKENIZER = ("CLIP BPE (vocabulary 49408, context 77), the paper's tokenizer (lower-cased BPE, "
-              "same vocabulary size).")
-
-PRESETS = {
-    "filip_vit_b32": dict(
-        config=_filip_config(32, 768, 12, 12, 512, 8),
-        description="FILIP-base (paper Table 7): ViT-B/32 at 224 px (P=49 patches) + 12/512/8 causal text, "
-        "all tokens projected to 256, QuickGELU; 25% token dropping in training (keep_ratio=0.25). "
-        "Tokenizer: " + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "filip_vit_l14": dict(
-        config=_filip_config(14, 1024, 24, 16, 768, 12),
-        description="FILIP-large (paper Table 7): ViT-L/14 at 224 px (P=256) + 12/768/12 causal text, "
-        "all tokens projected to 256, QuickGELU; keep_ratio=0.25 in training. Tokenizer: " + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "filip_vit_b16": dict(
-        config=_filip_config(16, 768, 12, 12, 512, 8),
-        description="FILIP ViT-B/16 (EXTRAPOLATED, not in the paper): FILIP-base with 16 px patches "
-        "(P=196), 12/512/8 causal text, embed 256, keep_ratio=0.25 in training. Tokenizer: " + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "filip_tiny": dict(
-        config=dict(CLIP_PRESETS["clip_tiny"]["config"], embed_dim=16, keep_ratio=0.5),
-        description="Tiny FILIP for tests and examples (32 px, patch 8: P=16, 2+2 layers, width 32, "
-        "embed 16, keep_ratio 0.5 in training; CLIP BPE, context 16).",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
-        weights_note="Random initialisation; for tests.",
-    ),
-    "filip_shapes": shapes_preset(
-        "FILIP", dict(vision=dict(activation="quick_gelu"), text=dict(activation="quick_gelu"), embed_dim=64,
-                      keep_ratio=1.0),
-        paper=_PAPER, tokenizer=CLIP_BPE, details="embed 64, all patches kept; CLIP BPE",
-    ),
-}

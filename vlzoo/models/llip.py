@@ -8,10 +8,10 @@ from keras import ops
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
-from vlzoo.models.base import ContrastiveModel, shapes_preset
+from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
+from vlzoo.models.ensembling import ClassTextsMethod
 from vlzoo.models.token_level import token_projection
-from vlzoo.tokenizers import CLIP_BPE
 
 _IMAGE_KEYS = ("keys", "values")
 _TEXT_KEYS = ("queries", "embeds")
@@ -143,7 +143,7 @@ class Llip(ContrastiveModel):
         pooled = super()._text_features(inputs, training=training)  # g: end-token feature after ln_final
         return {"queries": self.cross_attention.text_queries(pooled), "embeds": self.text_projection(pooled)}
 
-    def _normalize_embeds(self, embeds):
+    def normalize_embeds(self, embeds):
         return {key: l2_normalize(value) if key == "embeds" else value for key, value in embeds.items()}
 
     def call(self, inputs, training=False):
@@ -191,6 +191,11 @@ class Llip(ContrastiveModel):
         return l2_normalize(z) if normalize else z
 
     # ------------------------------------------------------------ zero-shot
+
+    @property
+    def prompt_ensembling(self):
+        """Llip's own template averaging of queries and targets (`encode_class_texts`)."""
+        return ClassTextsMethod()
 
     def encode_class_texts(self, class_texts):
         """Template-averaged text side of zero-shot classification.
@@ -260,106 +265,3 @@ class Llip(ContrastiveModel):
             init_logit_bias=self.init_logit_bias, chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
         return config
-
-
-def llip_config(
-    patch, vision_width, vision_layers, vision_mlp, text_width, text_layers, text_heads, embed_dim,
-    num_tokens, temperature=5.0, use_qkv_norm=False, vision_head_width=64, text_length=77, image_size=224,
-):
-    """Constructor arguments of an authors' Llip model (open_clip `ViT-*-quickgelu` towers, M = 8)."""
-    return dict(
-        vision=dict(
-            image_size=image_size, patch_size=patch, hidden_dim=vision_width, num_layers=vision_layers,
-            num_heads=vision_width // vision_head_width, intermediate_dim=vision_mlp,
-            num_prefix_tokens=num_tokens,
-        ),
-        text=dict(
-            vocabulary_size=49408, sequence_length=text_length, hidden_dim=text_width,
-            num_layers=text_layers, num_heads=text_heads, intermediate_dim=4 * text_width,
-        ),
-        embed_dim=embed_dim, num_heads=8, temperature=temperature, use_qkv_norm=use_qkv_norm,
-    )
-
-
-_PAPER = ("Lavoie et al. 2024, Modeling Caption Diversity in Contrastive Vision-Language Pretraining "
-          "(Llip, ICML)")
-
-
-def _released(preset, checkpoint, accuracy, pretrained):
-    """`weights_note` and `upstream_weights` metadata of a geometry whose weights the authors released."""
-    command = f"vlzoo convert --from llip --source {checkpoint} --preset {preset} --out DIR"
-    note = (f"The authors released weights for this geometry ({checkpoint} in facebookresearch/Llip's README, "
-            f"{accuracy} average zero-shot accuracy): the pretrained preset `{pretrained}` downloads and converts "
-            f"them on first use; or convert a local copy with `{command}` (or "
-            f"`vlzoo.convert.from_llip_checkpoint(path, {preset!r})`). This architecture preset is randomly "
-            "initialised.")
-    upstream = dict(repository="https://github.com/facebookresearch/Llip", checkpoint=checkpoint, convert=command)
-    return dict(weights_note=note, upstream_weights=upstream)
-
-_UNRELEASED = "No released weights for this geometry; the model is randomly initialised (architecture config)."
-_TOWERS = ("QuickGELU, LayerNorm eps 1e-5, CLIP BPE (vocabulary 49408)")
-
-PRESETS = {
-    "llip_vit_b32": dict(
-        config=llip_config(32, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
-        description="Llip64 ViT-B/32 (paper Table 1): 224 px, P=49 patches + K=64 mixture tokens, "
-        "12/512/8 causal text (context 77), D=512, M=8 heads, tau=5, no qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
-    ),
-    "llip_vit_b16": dict(
-        config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=32),
-        description="Llip32 ViT-B/16 (the authors' released B/16 geometry): 224 px, P=196 + K=32 mixture "
-        "tokens, 12/512/8 causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
-        **_released("llip_vit_b16", "llip_b16_k32.pt", "69.6%", "llip_vit_b16_k32"),
-    ),
-    "llip_vit_b16_k64": dict(
-        config=llip_config(16, 768, 12, 3072, 512, 12, 8, 512, num_tokens=64),
-        description="Llip64 ViT-B/16 (paper Tables 1-2): 224 px, P=196 + K=64 mixture tokens, 12/512/8 "
-        "causal text (context 77), D=512, M=8, tau=5, no qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
-    ),
-    "llip_vit_l14": dict(
-        config=llip_config(14, 1024, 24, 4096, 768, 12, 12, 768, num_tokens=32, temperature=1.0, text_length=64),
-        description="Llip32 ViT-L/14 (paper Table 1): 224 px, P=256 + K=32 mixture tokens, 12/768/12 causal "
-        "text with context 64 (the authors' config), D=768, M=8, tau=1, no qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
-    ),
-    "llip_vit_h14": dict(
-        config=llip_config(14, 1280, 32, 5120, 1024, 24, 16, 1024, num_tokens=64, use_qkv_norm=True,
-                           vision_head_width=80),
-        description="Llip64 ViT-H/14 (paper Table 1): 224 px, P=256 + K=64 mixture tokens (16 heads of "
-        "width 80), 24/1024/16 causal text (context 77), D=1024, M=8, tau=5, qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_UNRELEASED,
-    ),
-    "llip_vit_g14": dict(
-        config=llip_config(14, 1664, 48, 8192, 1280, 32, 20, 1280, num_tokens=64, use_qkv_norm=True,
-                           vision_head_width=104),
-        description="Llip64 ViT-bigG/14 (the authors' released G/14 geometry): 224 px, P=256 + K=64 mixture "
-        "tokens (16 heads of width 104, MLP 8192), 32/1280/20 causal text (context 77), D=1280, M=8, "
-        "tau=5, qkv norm; " + _TOWERS + ".",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER,
-        **_released("llip_vit_g14", "llip_G14_k64.pt", "79.3%", "llip_vit_g14_k64"),
-    ),
-    "llip_tiny": dict(
-        config=dict(
-            vision=dict(
-                image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4,
-                intermediate_dim=64, num_prefix_tokens=4,
-            ),
-            text=dict(
-                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
-                num_heads=4, intermediate_dim=64,
-            ),
-            embed_dim=16, num_heads=2,
-        ),
-        description="Tiny Llip for tests and examples (32 px, patch 8: P=16 + K=4 mixture tokens, 2+2 "
-        "layers, width 32, D=16, M=2 heads, tau=5; CLIP BPE, context 16).",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
-        weights_note="Random initialisation; for tests.",
-    ),
-    "llip_shapes": shapes_preset(
-        "Llip", dict(vision=dict(num_prefix_tokens=8), embed_dim=64, num_heads=4),
-        paper=_PAPER, tokenizer=CLIP_BPE, details="K=8 mixture tokens, D=64, M=4 heads; CLIP BPE",
-    ),
-}

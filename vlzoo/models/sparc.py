@@ -6,9 +6,8 @@ import keras
 from keras import ops
 
 from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
-from vlzoo.models.base import shapes_preset
+from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.models.token_level import TokenContrastiveModel
-from vlzoo.tokenizers import CLIP_BPE
 
 TEXT_POOLS = ("masked_mean", "mean")
 
@@ -121,6 +120,17 @@ class SPARC(TokenContrastiveModel):
         """`exp(logit_scale) * cos` of the global embeddings, `(N_images, N_texts)`."""
         return clip_logits(image_embeds["global"], text_embeds["global"], self.logit_scale_value())
 
+    has_token_alignment = True
+
+    @property
+    def prompt_ensembling(self):
+        """CLIP's embedding mean on the global embeddings."""
+        return EmbeddingMean(key="global")
+
+    def token_patch_alignment(self, images, texts):
+        """SPARC's sparse weights `(B, T, P)` (`alignment_weights`)."""
+        return self.alignment_weights(images, texts)
+
     def alignment_weights(self, images, texts):
         """Sparse token-to-patch weights `(B, T, P)` of each (image, caption) pair."""
         text = self.encode_text(texts)
@@ -143,64 +153,3 @@ class SPARC(TokenContrastiveModel):
             global_vision_head=self.global_vision_head, text_pool=self.text_pool,
         )
         return config
-
-
-def _sparc_config(patch, vision_width, vision_layers, vision_heads, image_size=224):
-    return dict(
-        vision=dict(
-            image_size=image_size, patch_size=patch, hidden_dim=vision_width,
-            num_layers=vision_layers, num_heads=vision_heads, intermediate_dim=4 * vision_width,
-        ),
-        text=dict(
-            vocabulary_size=49408, sequence_length=55, hidden_dim=768, num_layers=12,
-            num_heads=12, intermediate_dim=3072,
-        ),
-        embed_dim=512,
-    )
-
-
-_PAPER = "Bica et al. 2024, Improving fine-grained understanding in image-text pre-training (SPARC, ICML)"
-_WEIGHTS = ("SPARC released no weights; the model is randomly initialised (architecture config). "
-            "Convert a local checkpoint of the same geometry if you have one.")
-_TOKENIZER = ("Tokenizer: the paper's 32k SentencePiece is internal and unreleased; this preset uses the "
-              "bundled CLIP BPE instead, so the text vocabulary is 49408 (not 32000) at the paper's context "
-              "of 55 tokens.")
-
-PRESETS = {
-    "sparc_vit_b32": dict(
-        config=_sparc_config(32, 768, 12, 12),
-        description="SPARC ViT-B/32 (paper D.1): no-CLS ViT-B/32 at 224 px (P=49, sigma=1/49), "
-        "12/768/12 bidirectional text, mean pooling, h_v head, embed 512, lambda_g=0.5, lambda_f=1. "
-        + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "sparc_vit_b16": dict(
-        config=_sparc_config(16, 768, 12, 12),
-        description="SPARC ViT-B/16 (paper D.1): no-CLS ViT-B/16 at 224 px (P=196, sigma=1/196), "
-        "12/768/12 bidirectional text, mean pooling, h_v head, embed 512. " + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "sparc_vit_l14": dict(
-        config=_sparc_config(14, 1024, 24, 16),
-        description="SPARC ViT-L/14 (paper D.1): no-CLS ViT-L/14 at 224 px (P=256, sigma=1/256), "
-        "12/768/12 text (D.1 lists only this text size), h_v head, embed 512. " + _TOKENIZER,
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS,
-    ),
-    "sparc_tiny": dict(
-        config=dict(
-            vision=dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64),
-            text=dict(
-                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=2,
-                num_heads=4, intermediate_dim=64,
-            ),
-            embed_dim=16,
-        ),
-        description="Tiny SPARC for tests and examples (32 px, patch 8: P=16, 2+2 layers, width 32, "
-        "embed 16, h_v head; CLIP BPE, context 16).",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
-        weights_note="Random initialisation; for tests.",
-    ),
-    "sparc_shapes": shapes_preset(
-        "SPARC", dict(embed_dim=64), paper=_PAPER, tokenizer=CLIP_BPE, details="embed 64; CLIP BPE",
-    ),
-}

@@ -9,10 +9,9 @@ from keras import ops
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.losses import clip_loss, l2_normalize
 from vlzoo.losses._utils import check_embeds, to_float32
-from vlzoo.models.base import ContrastiveModel, shapes_preset
-from vlzoo.models.clip import CLIP, clip_config
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP
 from vlzoo.models.validation import concrete_numpy
-from vlzoo.tokenizers import CLIP_BPE
 
 
 def normalize_slots(embeds, slot_dim):
@@ -252,7 +251,7 @@ class SPARO(ContrastiveModel):
     def _text_features(self, inputs, training=None):
         return self._flatten(self._text_readout(inputs, training=training)["slots"])
 
-    def _normalize_embeds(self, embeds):
+    def normalize_embeds(self, embeds):
         return normalize_slots(embeds, self.slot_dim)
 
     def _check_encoding(self, embeds, name):
@@ -281,7 +280,7 @@ class SPARO(ContrastiveModel):
     def _finish(self, embeds, normalize, slots):
         if slots is not None:
             embeds = self.select_slots(embeds, slots)
-        return self._normalize_embeds(embeds) if normalize else embeds
+        return self.normalize_embeds(embeds) if normalize else embeds
 
     def encode_image(self, images, normalize=False, slots=None):
         """Image encodings `(B, L * V)` (`(B, |S| * V)` with `slots`).
@@ -333,7 +332,7 @@ class SPARO(ContrastiveModel):
     def contrastive_loss(self, outputs, training=False):
         # clip_loss re-normalises globally: a no-op on these unit-norm encodings.
         return clip_loss(
-            self._normalize_embeds(outputs["image_embeds"]), self._normalize_embeds(outputs["text_embeds"]),
+            self.normalize_embeds(outputs["image_embeds"]), self.normalize_embeds(outputs["text_embeds"]),
             outputs["logit_scale"],
         )
 
@@ -375,68 +374,3 @@ class SPARO(ContrastiveModel):
             share_key_value=self.share_key_value, reduce_depth=self.reduce_depth, end_token_id=self.end_token_id,
         )
         return config
-
-
-def sparo_clip_config(patch, num_slots=64, slot_dim=64, image_size=224):
-    """Authors' ViT-B-`patch`-SPARO: open_clip ViT-B + 12/512/8 text (exact GELU, LN eps 1e-5, context 77).
-
-    Depths are the full 12 with `reduce_depth=1`, so each tower keeps 11 blocks.
-    """
-    config = clip_config(patch, 768, 12, 12, 512, 8, embed_dim=None, image_size=image_size)
-    del config["embed_dim"]
-    for tower in ("vision", "text"):
-        config[tower].update(activation="gelu", layer_norm_epsilon=1e-5)
-    return dict(config, num_slots=num_slots, slot_dim=slot_dim, reduce_depth=1)
-
-
-_PAPER = ("Vani et al. 2024, SPARO: Selective Attention for Robust and Compositional Transformer "
-          "Encodings for Vision")
-_WEIGHTS = ("SPARO released no checkpoints; the model is randomly initialised (architecture config). "
-            "A checkpoint you trained with the authors' open_clip fork (ankitkv/sparo-clip) converts with "
-            "`vlzoo convert --from sparo --source FILE --preset PRESET --out DIR` "
-            "(`vlzoo.convert.from_sparo_checkpoint`).")
-_COMMON = dict(tokenizer=CLIP_BPE, preprocessor=dict(image_size=224), paper=_PAPER, weights_note=_WEIGHTS)
-
-PRESETS = {
-    "sparo_clip_vit_b16": dict(
-        config=sparo_clip_config(16),
-        description="CLIP ViT-B/16 + SPARO (authors' ViT-B-16-SPARO, the paper's CC3M/12M/15M model): "
-        "11-block ViT-B/16 and 11-block 512-wide text tower, SPARO L=64, V=D=64 in both -> 4096-d "
-        "encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
-        **_COMMON,
-    ),
-    "sparo_clip_vit_b32": dict(
-        config=sparo_clip_config(32),
-        description="CLIP ViT-B/32 + SPARO (authors' ViT-B-32-SPARO): 11-block ViT-B/32 and text "
-        "towers, SPARO L=64, V=D=64 -> 4096-d encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
-        **_COMMON,
-    ),
-    "sparo_clip_vit_b32_l128": dict(
-        config=sparo_clip_config(32, num_slots=128),
-        description="CLIP ViT-B/32 + SPARO with L=128 slots (the paper's LAION-400M model): V=D=64 "
-        "-> 8192-d encoding; exact GELU, LayerNorm eps 1e-5; CLIP BPE, context 77.",
-        **_COMMON,
-    ),
-    "sparo_tiny": dict(
-        config=dict(
-            vision=dict(
-                image_size=32, patch_size=8, hidden_dim=32, num_layers=3, num_heads=4,
-                intermediate_dim=64, activation="gelu",
-            ),
-            text=dict(
-                vocabulary_size=49408, sequence_length=16, hidden_dim=32, num_layers=3,
-                num_heads=4, intermediate_dim=64, activation="gelu",
-            ),
-            num_slots=4, slot_dim=8, reduce_depth=1,
-        ),
-        description="Tiny SPARO for tests and examples (32 px, patch 8, width 32, 3 - 1 = 2 blocks "
-        "per tower, L=4 slots of V=D=8 -> 32-d encoding; CLIP BPE, context 16).",
-        tokenizer=CLIP_BPE, preprocessor=dict(image_size=32), paper=_PAPER,
-        weights_note="Random initialisation; for tests.",
-    ),
-    "sparo_shapes": shapes_preset(
-        "SPARO", dict(vision=dict(activation="gelu"), text=dict(activation="gelu"), num_slots=8, slot_dim=8,
-                      reduce_depth=1),
-        paper=_PAPER, tokenizer=CLIP_BPE, details="3 blocks + read-out, L=8 slots of 8 -> 64-d; CLIP BPE",
-    ),
-}

@@ -9,9 +9,9 @@ from keras import ops
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
-from vlzoo.models.base import ContrastiveModel, shapes_preset
-from vlzoo.data import shapes
-from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, SHAPES_WORDS
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.retrieval import top_terms
+from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, bundled_tokenizer
 
 STAGES = (1, 2, 3)
 STAGE2_IMAGE_EMBEDS = ("snapshot", "shared")
@@ -263,7 +263,7 @@ class STAIR(ContrastiveModel):
         self._check_image_inputs(images)
         return self.image_head.logits(self.vision(images)["tokens"], self._image_table())
 
-    def _normalize_embeds(self, embeds):
+    def normalize_embeds(self, embeds):
         return l2_normalize(embeds, epsilon=self.cosine_epsilon)
 
     def encode_image(self, images, normalize=False, top_k=None):
@@ -279,8 +279,6 @@ class STAIR(ContrastiveModel):
     def _top_terms(self, embeds, top_k):
         if top_k is None:
             return embeds
-        from vlzoo.retrieval import top_terms
-
         return top_terms(embeds, k=top_k, tokenizer=self.tokenizer)
 
     def caption_mask(self, texts):
@@ -354,8 +352,6 @@ class STAIR(ContrastiveModel):
 
     def default_tokenizer(self):
         """The bundled BERT uncased WordPiece for a 30,522-token text tower."""
-        from vlzoo.tokenizers import bundled_tokenizer
-
         if self.text.vocabulary_size == BERT_UNCASED_VOCABULARY_SIZE:
             return bundled_tokenizer(BERT_UNCASED, self.text.sequence_length)
         return super().default_tokenizer()
@@ -401,57 +397,3 @@ def _check_excluded(excluded_token_ids, vocabulary_size):
             f"`excluded_token_ids` must lie in [0, {vocabulary_size}); received values in [{ids[0]}, {ids[-1]}]."
         )
     return ids
-
-
-def stair_config(patch, vision_width, vision_layers, vision_heads, text_width, text_layers, text_heads,
-                 image_size=224, sequence_length=76, **options):
-    """Constructor arguments of a STAIR with BERT uncased vocabulary (30,522) and MLP 4x."""
-    return dict(
-        vision=dict(
-            image_size=image_size, patch_size=patch, hidden_dim=vision_width, num_layers=vision_layers,
-            num_heads=vision_heads, intermediate_dim=4 * vision_width,
-        ),
-        text=dict(
-            vocabulary_size=BERT_UNCASED_VOCABULARY_SIZE, sequence_length=sequence_length,
-            hidden_dim=text_width, num_layers=text_layers, num_heads=text_heads,
-            intermediate_dim=4 * text_width,
-        ),
-        **options,
-    )
-
-
-_PAPER = "Chen et al. 2023, STAIR: Learning Sparse Text and Image Representation in Grounded Tokens (EMNLP)"
-_TOKENIZER = "BERT uncased WordPiece (30,522 tokens, bundled)"
-
-PRESETS = {
-    "stair_vit_b16": dict(
-        config=stair_config(16, 768, 12, 12, 512, 12, 8, num_chunks=16),
-        description="STAIR ViT-B/16 (paper §4.2, Table 1): ViT-B/16 at 224 px (197 positions pooled) + "
-        "12/512/8 bidirectional text, context 76; tied MLM heads to the 30,522-token vocabulary (image "
-        "bridge 768->512); FLOPs weights 1e-3 with a 50k-step quadratic ramp; three training stages "
-        f"(`set_stage`). Vocabulary logits pooled in 16 chunks. Tokenizer: {_TOKENIZER}.",
-        tokenizer=BERT_UNCASED, preprocessor=dict(image_size=224), paper=_PAPER,
-        weights_note="STAIR released no code or weights; the model is randomly initialised (architecture config).",
-    ),
-    "stair_tiny": dict(
-        config=dict(
-            vision=dict(image_size=32, patch_size=8, hidden_dim=48, num_layers=2, num_heads=4, intermediate_dim=96),
-            text=dict(
-                vocabulary_size=BERT_UNCASED_VOCABULARY_SIZE, sequence_length=16, hidden_dim=32, num_layers=2,
-                num_heads=4, intermediate_dim=64,
-            ),
-            flops_warmup_steps=100, num_chunks=4,
-        ),
-        description="Tiny STAIR for tests and examples (32 px, patch 8: 17 positions, 2+2 layers, widths "
-        f"48/32 so the image bridge is exercised, FLOPs ramp 100 steps, 4 vocabulary chunks). Tokenizer: "
-        f"{_TOKENIZER}, context 16.",
-        tokenizer=BERT_UNCASED, preprocessor=dict(image_size=32), paper=_PAPER,
-        weights_note="Random initialisation; for tests.",
-    ),
-    "stair_shapes": shapes_preset(
-        "STAIR", dict(flops_warmup_steps=600, excluded_token_ids=list(range(len(shapes.WORDPIECE_SPECIALS)))),
-        paper=_PAPER, tokenizer=SHAPES_WORDS, vocabulary_size=len(shapes.vocabulary()),
-        details="FLOPs ramp 600 steps; a 45-word WordPiece vocabulary of the shapes captions and prompt words "
-        "(vlzoo.data.shapes.vocabulary) in place of BERT's 30,522, so its sparse embeddings weigh those words",
-    ),
-}

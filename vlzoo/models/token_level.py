@@ -57,7 +57,7 @@ class TokenContrastiveModel(ContrastiveModel):
         tokens = self.text_projection(self.text(inputs["token_ids"], mask, training=training)["tokens"])
         return {"global": self._pool_text(tokens, mask), "tokens": tokens, "mask": mask}
 
-    def _normalize_embeds(self, embeds):
+    def normalize_embeds(self, embeds):
         return {key: l2_normalize(value) if key in ("global", "tokens") else value for key, value in embeds.items()}
 
     def call(self, inputs, training=False):

@@ -1,7 +1,10 @@
 """Input checks shared by the public model methods.
 
-Static shapes are checked everywhere (they are known while tracing);
-values (token ids in range, finite pixels) only when the input is concrete.
+Static shapes are checked everywhere (they are known while tracing). Values
+(token ids in range, finite pixels) are checked by the eager user-facing
+calls (`encode_image`, `encode_text`, `similarity`) when the input is
+concrete, never in `call`: reading them copies the batch to the host, which
+inside `fit`'s step (eager on PyTorch) would cost a device round trip each step.
 """
 
 import numpy as np
@@ -22,15 +25,46 @@ def concrete_numpy(x):
         return None
 
 
+# Tower arguments that must be positive integers (None allowed where a tower accepts it).
+TOWER_SIZES = ("image_size", "patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim",
+               "vocabulary_size", "sequence_length", "output_dim")
+
+
+def check_tower_config(config, tower):
+    """Each size in `config` (the `vision` or `text` dict) is a positive int; the error names `tower[key]`."""
+    for key in TOWER_SIZES:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ValueError(f"`{tower}[{key!r}]` must be a positive integer; received {value!r}.")
+
+
+def check_paired_arrays(x, method):
+    """`fit` / `evaluate` inputs given as a dict of arrays: every entry holds the same number of pairs."""
+    if not isinstance(x, dict) or not all(hasattr(v, "shape") and len(v.shape) for v in x.values()):
+        return
+    sizes = {key: value.shape[0] for key, value in x.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"`x` of `{method}`: every entry must hold the same number of image-caption pairs; received "
+            + ", ".join(f"`{key}` {size}" for key, size in sizes.items()) + "."
+        )
+
+
+def _check_not_empty(shape, label, what):
+    if shape and shape[0] == 0:
+        raise ValueError(f"{label} is an empty batch (shape {shape}); pass at least one {what}.")
+
+
 def check_images(images, num_channels=3, patch_size=None, image_size=None, name="images"):
-    """Static shape of `images`: `(B, H, W, num_channels)`, `H = W = image_size` when given,
-    else `H` and `W` multiples of `patch_size` when given."""
+    """Static shape of `images`: `(B, H, W, num_channels)` with `B > 0`, `H = W = image_size` when
+    given, else `H` and `W` multiples of `patch_size` when given."""
     shape = _static_shape(images)
     if len(shape) != 4 or shape[-1] != num_channels:
         raise ValueError(
             f"`{name}` must be a float tensor of shape (B, H, W, {num_channels}), channels last; "
             f"received shape {shape}."
         )
+    _check_not_empty(shape, f"`{name}`", "image")
     if image_size is not None and any(size is not None and size != image_size for size in shape[1:3]):
         raise ValueError(
             f"`{name}` must be {image_size} x {image_size} pixels, the image tower's resolution; received "
@@ -59,7 +93,9 @@ def check_images_values(images, name="images"):
         raise ValueError(f"`{name}` contains non-finite values (NaN or inf).")
 
 
-def check_text(inputs, vocabulary_size, sequence_length, name="texts"):
+def check_text(inputs, vocabulary_size, sequence_length, name="texts", values=True):
+    """The tokenizer's dict: `token_ids` `(B, T)` with `B > 0` and `T <= sequence_length`, a
+    `padding_mask` of the same shape, and (with `values`, when concrete) ids in the vocabulary."""
     if not isinstance(inputs, dict) or "token_ids" not in inputs:
         raise TypeError(
             f"`{name}` must be the tokenizer's dict with `token_ids` (B, T) and `padding_mask` "
@@ -70,6 +106,7 @@ def check_text(inputs, vocabulary_size, sequence_length, name="texts"):
     shape = _static_shape(ids)
     if len(shape) != 2:
         raise ValueError(f"`token_ids` must have shape (B, T); received shape {shape}.")
+    _check_not_empty(shape, f"`{name}['token_ids']`", "caption")
     if shape[1] is not None and shape[1] > sequence_length:
         raise ValueError(
             f"`token_ids` has {shape[1]} positions but the text tower's context length is "
@@ -80,7 +117,7 @@ def check_text(inputs, vocabulary_size, sequence_length, name="texts"):
             f"`padding_mask` must have the shape of `token_ids` {shape}; "
             f"received {tuple(_static_shape(mask))}."
         )
-    values = concrete_numpy(ids)
+    values = concrete_numpy(ids) if values else None
     if values is not None:
         if not np.issubdtype(values.dtype, np.integer):
             raise TypeError(f"`token_ids` must be integers; received dtype {values.dtype}.")

@@ -1,0 +1,116 @@
+"""`vlzoo train`: fine-tune a preset on image-caption pairs with `model.fit` and save it as a preset."""
+
+import os
+
+from vlzoo.cli._common import (
+    UsageError, _add_caption_keys, _add_command, _add_preset, _check_preset, _load_preset, _naming,
+    _non_negative_float, _non_negative_int, _positive_float, _positive_int,
+)
+
+
+def register(sub):
+    p = _add_command(
+        sub, "train", "fine-tune a preset on image-caption pairs and save it as a preset",
+        "Fine-tune with model.fit (the family's own contrastive loss, AdamW without weight decay\n"
+        "on biases, norms, embeddings and the logit scale) on\n"
+        "vlzoo.data.image_text_dataset(--data, ..., training=True): random resized crops, shuffled,\n"
+        "seeded. An epoch is --steps-per-epoch batches (the data repeats), or one pass over a\n"
+        "caption file. Then save_to_preset(--out); load it with vlzoo.from_preset(--out) or\n"
+        "--preset OUT in the other commands.",
+        ["vlzoo train --preset clip_vit_b32 --data train.csv --epochs 2 --batch-size 64 "
+         "--learning-rate 1e-5 --out runs/b32_ft",
+         "vlzoo train --preset clip_vit_b16_openai --family sparc --data train.csv --out runs/sparc_openai",
+         "vlzoo train --preset clip_tiny --data 'shards/{000..009}.tar' --steps-per-epoch 500 "
+         "--warmup-steps 100 --out runs/tiny"],
+    )
+    _add_preset(p)
+    p.add_argument("--family", default=None, metavar="FAMILY",
+                   help="train this family (filip, sparc, sparo, llip or stair) built on the towers of "
+                   "--preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
+    p.add_argument("--data", required=True, metavar="SOURCE",
+                   help="caption file (.csv, .tsv, .jsonl), a directory holding one, or tar shards "
+                   "(path, glob, brace range or directory)")
+    p.add_argument("--out", required=True, metavar="DIR", help="preset directory the fine-tuned model is saved to")
+    p.add_argument("--epochs", type=_positive_int, default=1, help="training epochs (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="pairs per step; the last partial batch is dropped (default: %(default)s)")
+    p.add_argument("--learning-rate", type=_positive_float, default=1e-5,
+                   help="peak AdamW learning rate (default: %(default)s)")
+    p.add_argument("--weight-decay", type=_non_negative_float, default=0.1,
+                   help="AdamW decoupled weight decay (default: %(default)s)")
+    p.add_argument("--steps-per-epoch", type=_positive_int, default=None,
+                   help="batches per epoch, the data repeating as needed; required for tar shards "
+                   "(default: one pass over the caption file)")
+    p.add_argument("--schedule", default="cosine", choices=("cosine", "constant"),
+                   help="learning-rate schedule after the warm-up: cosine decay to 0 over the run, or "
+                   "constant (default: %(default)s)")
+    p.add_argument("--warmup-steps", type=_non_negative_int, default=0,
+                   help="linear warm-up steps from 0 to --learning-rate (default: %(default)s)")
+    p.add_argument("--gradient-accumulation-steps", type=_positive_int, default=None, metavar="N",
+                   help="average the gradients of N batches per optimizer update (less memory, but each "
+                   "batch's loss only contrasts its own pairs; default: no accumulation)")
+    p.add_argument("--remat", action="store_true",
+                   help="recompute the towers' activations in the backward pass (less memory, more time)")
+    p.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="seed of the data order, the crops and any random initialisation "
+                   "(default: %(default)s)")
+    _add_caption_keys(p, "column/key of the caption (caption files), or field of a tar sample's .json when it "
+                         "has no .txt (default: the first present of caption, text, title)")
+    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                   help="Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch "
+                   "(default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args, out):
+    _check_preset(args.preset)
+    # heavy: imports a backend
+    import keras
+
+    import vlzoo
+    from vlzoo.data import labels
+    from vlzoo.training import configure
+
+    if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
+        raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
+    steps = args.steps_per_epoch
+    if steps is None:
+        with _naming("--data"):
+            count = labels.count_pairs(args.data, args.image_key, args.caption_key, args.on_error)
+        if count is None:
+            raise UsageError("--steps-per-epoch", "required with tar shards (their length is unknown up front)")
+        steps = count // args.batch_size
+        if steps < 1:
+            raise UsageError("--batch-size", f"{args.data} has {count} usable pairs, fewer than one batch of "
+                                             f"{args.batch_size}")
+    total_steps = steps * args.epochs
+    if args.warmup_steps >= total_steps and args.warmup_steps > 0:
+        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the {total_steps} training steps")
+
+    keras.utils.set_random_seed(args.seed)
+    model = _load_preset(args.preset, out, family=args.family)
+    train = vlzoo.data.image_text_dataset(
+        args.data, model.tokenizer, model.preprocessor, args.batch_size, training=True, seed=args.seed,
+        image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
+        on_error=args.on_error,
+    )
+    stats = train.stats
+    # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
+    configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
+              alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
+              gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None)
+    print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
+          f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
+          f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
+          f"gradient accumulation {args.gradient_accumulation_steps or 1}, remat {args.remat}, "
+          f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, shuffle=False,
+                        verbose=args.verbose)  # the dataset shuffles itself
+    if stats.num_skipped:
+        print(f"note: {stats.summary()}", file=out)
+    losses = history.history.get("loss", [])
+    if losses:
+        print(f"final loss: {losses[-1]:.4f}", file=out)
+    model.save_to_preset(os.path.abspath(args.out))
+    print(f"saved to {os.path.abspath(args.out)}", file=out)
+    return 0

@@ -1,0 +1,153 @@
+"""Text tokenizers for vlzoo models.
+
+Everything here is backend-neutral: inputs may be Python strings, numpy arrays or any
+backend tensor, and outputs are always numpy arrays, so the same tokenization feeds a
+model on JAX, TensorFlow or PyTorch. These classes run eagerly in Python (they are not
+`tf.data` graph ops); use them in a Python input pipeline or before `model.predict`.
+
+- `CLIPTokenizer` (`clip_bpe.py`): OpenAI CLIP byte-pair encoding (49,408 tokens),
+  id-for-id identical to open_clip's `SimpleTokenizer` (with `ftfy` installed), backed
+  by `keras_hub.models.CLIPTokenizer` and `keras_hub.layers.StartEndPacker`.
+- `SentencePieceTokenizer` (`sentencepiece.py`): a SentencePiece model (e.g. SigLIP's),
+  backed by `keras_hub.tokenizers.SentencePieceTokenizer`. No SentencePiece model is
+  shipped.
+- `WordPieceTokenizer` (`wordpiece.py`): BERT WordPiece (STAIR's bert-base-uncased
+  vocabulary, 30,522 tokens, bundled), backed by `keras_hub.tokenizers.WordPieceTokenizer`.
+- `tokenizer_from_config(config, assets_dir)`: rebuild a tokenizer from a serialised
+  config plus the directory holding its asset files (what preset loading calls).
+- `bundled_tokenizer(spec, sequence_length)`: a tokenizer with one of the vocabularies
+  shipped under `presets/_assets/` (`CLIP_BPE`, `BERT_UNCASED`, `SHAPES_WORDS`).
+
+Image preprocessing (`ImagePreprocessor`) lives in `vlzoo.preprocessing`.
+
+Example:
+
+```python
+tok = CLIPTokenizer.from_assets("presets/_assets/clip_bpe")
+out = tok(["a photo of a cat", "a dog"])
+out["token_ids"].shape      # (2, 77) int32
+out["padding_mask"].shape   # (2, 77) bool
+```
+
+`keras_hub` (which imports TensorFlow) is imported lazily, on a tokenizer's first call.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vlzoo._paths import presets_root
+from vlzoo.tokenizers.clip_bpe import CLIPTokenizer
+from vlzoo.tokenizers.clip_bpe import bytes_to_unicode  # re-exported (tools/build_clip_bpe_assets.py)
+from vlzoo.tokenizers.clip_bpe import clip_clean_text  # re-exported
+from vlzoo.tokenizers.sentencepiece import SentencePieceTokenizer
+from vlzoo.tokenizers.wordpiece import WordPieceTokenizer
+
+__all__ = [
+    "CLIPTokenizer",
+    "SentencePieceTokenizer",
+    "WordPieceTokenizer",
+    "tokenizer_from_config",
+    "TOKENIZER_CLASSES",
+]
+
+# Keys accepted in a config's "class_name" (or "type").
+TOKENIZER_CLASSES = {
+    "CLIPTokenizer": CLIPTokenizer,
+    "vlzoo>CLIPTokenizer": CLIPTokenizer,
+    "clip_bpe": CLIPTokenizer,
+    "SentencePieceTokenizer": SentencePieceTokenizer,
+    "vlzoo>SentencePieceTokenizer": SentencePieceTokenizer,
+    "sentencepiece": SentencePieceTokenizer,
+    "WordPieceTokenizer": WordPieceTokenizer,
+    "vlzoo>WordPieceTokenizer": WordPieceTokenizer,
+    "wordpiece": WordPieceTokenizer,
+}
+
+
+def tokenizer_from_config(config, assets_dir=None):
+    """Build a tokenizer from a serialised config and its assets directory.
+
+    Args:
+        config: either `keras.saving.serialize_keras_object(tokenizer)` (a dict with
+            `"class_name"` and `"config"`), or a flat dict holding the constructor
+            arguments plus a `"class_name"` (or `"type"`) key naming one of
+            `TOKENIZER_CLASSES` (e.g. `"CLIPTokenizer"`, `"clip_bpe"`).
+        assets_dir: directory with the asset files named in the config (e.g. a
+            preset's `assets/tokenizer/` with `vocabulary.json` and `merges.txt`).
+            If `None`, the tokenizer is returned without a vocabulary.
+
+    Returns:
+        A `CLIPTokenizer`, `SentencePieceTokenizer` or `WordPieceTokenizer`.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(
+            f"`config` must be a dict; received {type(config).__name__}."
+        )
+    if "config" in config and isinstance(config["config"], dict):
+        name = config.get("class_name")
+        kwargs = dict(config["config"])
+    else:
+        kwargs = dict(config)
+        name = kwargs.pop("class_name", None)
+        type_name = kwargs.pop("type", None)
+        name = name or type_name
+    kwargs.pop("name", None)
+    if name not in TOKENIZER_CLASSES:
+        raise ValueError(
+            f"Unknown tokenizer class {name!r}; expected one of "
+            f"{sorted(TOKENIZER_CLASSES)}."
+        )
+    tokenizer = TOKENIZER_CLASSES[name].from_config(kwargs)
+    if assets_dir is not None:
+        tokenizer.load_assets(os.fspath(assets_dir))
+    return tokenizer
+
+
+CLIP_BPE = {"class_name": "CLIPTokenizer", "assets": "clip_bpe"}
+CLIP_BPE_VOCABULARY_SIZE = 49408
+BERT_UNCASED = {"class_name": "WordPieceTokenizer", "assets": "bert_uncased"}
+BERT_UNCASED_VOCABULARY_SIZE = 30522
+# The 45 words of `vlzoo.data.shapes.vocabulary()` (the `stair_shapes` preset).
+SHAPES_WORDS = {"class_name": "WordPieceTokenizer", "assets": "shapes_words"}
+
+
+def bundled_assets_dir(name):
+    """Directory of a tokenizer asset set shipped with vlzoo (e.g. `"clip_bpe"`)."""
+    return presets_root() / "_assets" / name
+
+
+def bundled_tokenizer(spec, sequence_length):
+    """Tokenizer described by a preset table's `tokenizer` entry.
+
+    Args:
+        spec: dict with `"class_name"` (a key of `TOKENIZER_CLASSES`) and
+            `"assets"` (a bundled asset set name, or `None` when the
+            vocabulary cannot be shipped).
+        sequence_length: the text tower's context length.
+
+    Returns:
+        The tokenizer, with its vocabulary loaded when bundled.
+    """
+    tokenizer = TOKENIZER_CLASSES[spec["class_name"]](sequence_length=sequence_length)
+    if spec.get("assets"):
+        tokenizer.load_assets(os.fspath(bundled_assets_dir(spec["assets"])))
+    return tokenizer
+
+
+class UnavailableTokenizer:
+    """Stands in for a tokenizer whose files are missing; calling it explains why.
+
+    Args:
+        message: why, and how to supply the files.
+        config: the serialised tokenizer it stands for, kept so that
+            `save_to_preset` writes it back (drop the files into the saved
+            preset's `assets/tokenizer/` and it loads).
+    """
+
+    def __init__(self, message, config=None):
+        self.message = message
+        self.config = config
+
+    def __call__(self, *args, **kwargs):
+        raise FileNotFoundError(f"No tokenizer available: {self.message}")

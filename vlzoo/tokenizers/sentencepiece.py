@@ -1,0 +1,190 @@
+"""SentencePiece tokenizer (e.g. SigLIP's), backed by keras_hub's, with the text
+cleanings of big_vision / open_clip and of keras-hub's SigLIP preprocessor."""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+
+import keras
+import numpy as np
+
+from vlzoo._arrays import to_numpy
+from vlzoo.tokenizers._base import _PackingTokenizer
+from vlzoo.tokenizers._base import _read_asset_file
+
+
+def _canonicalize_punctuation(text):
+    """big_vision / open_clip "canonicalize" cleaning: drop ASCII punctuation,
+    `_` -> space, lowercase, collapse whitespace."""
+    text = text.replace("_", " ")
+    text = text.translate(str.maketrans("", "", string.punctuation))
+    return " ".join(text.lower().split()).strip()
+
+
+# keras-hub's SigLIPPreprocessor cleaning (`canonicalize_text=True`) runs TensorFlow string ops:
+# `tf.strings.lower` lowercases ASCII letters only, its punctuation pattern is the 32 ASCII
+# punctuation characters (`_` deleted, not made a space), `\s+` in RE2 is ASCII whitespace.
+_KERAS_HUB_CLEAN = str.maketrans(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+)
+
+
+def _keras_hub_canonicalize(text):
+    """keras-hub SigLIP's cleaning: ASCII lowercase, ASCII punctuation deleted, ASCII whitespace collapsed."""
+    return re.sub(r"[\t\n\f\r ]+", " ", text.translate(_KERAS_HUB_CLEAN)).strip(" \t\n\v\f\r")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class SentencePieceTokenizer(_PackingTokenizer):
+    """SentencePiece tokenizer (e.g. SigLIP's) with the `CLIPTokenizer` contract.
+
+    Wraps `keras_hub.tokenizers.SentencePieceTokenizer(proto=...)`. vlzoo does not
+    ship any SentencePiece model (SigLIP's 32k `spiece.model` is not redistributable
+    offline here); supply the file yourself.
+
+    Args:
+        proto: path to a `.model` file, or its serialised bytes. May be `None` (e.g.
+            in `from_config`); then call `load_assets(directory)` before use.
+        sequence_length: output length `T` (64 for SigLIP).
+        start_token: piece put first, or `None` for no start token (SigLIP).
+        end_token: piece put last (kept on truncation), e.g. `"</s>"`.
+        pad_value: id used after the end token; `None` means the end token's id
+            (SigLIP pads with `</s>`).
+        clean: `"none"`, `"lower"` (lowercase + collapse whitespace) or
+            `"canonicalize"` (also strip ASCII punctuation; open_clip's SigLIP
+            setting) or `"keras_hub"` (keras-hub's SigLIP preprocessor: ASCII
+            letters lowercased, ASCII punctuation deleted, `_` included).
+        proto_file: file name used by `save_assets` / `load_assets`.
+
+    Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
+    """
+
+    _CONFIG_KEYS = (
+        "sequence_length",
+        "start_token",
+        "end_token",
+        "pad_value",
+        "clean",
+        "proto_file",
+    )
+    _ASSET_FILES = ("proto_file",)
+
+    def __init__(
+        self,
+        proto=None,
+        sequence_length=64,
+        start_token=None,
+        end_token="</s>",
+        pad_value=None,
+        clean="canonicalize",
+        proto_file="spiece.model",
+    ):
+        super().__init__(sequence_length)
+        if clean not in ("none", "lower", "canonicalize", "keras_hub"):
+            raise ValueError(
+                "`clean` must be 'none', 'lower', 'canonicalize' or 'keras_hub'; "
+                f"received {clean!r}."
+            )
+        self.start_token = start_token
+        self.end_token = end_token
+        self.pad_value = None if pad_value is None else int(pad_value)
+        self.clean = clean
+        self.proto_file = proto_file
+        self._proto = None
+        if proto is not None:
+            self.set_proto(proto)
+
+    def set_proto(self, proto):
+        if isinstance(proto, (str, os.PathLike)):
+            proto = _read_asset_file(
+                proto,
+                "SentencePiece model",
+                "vlzoo does not ship SentencePiece vocabularies (e.g. SigLIP's 32k "
+                "`spiece.model`, from the HF repo google/siglip-base-patch16-224 or "
+                "big_vision). Download it where you have network access and pass "
+                "`proto=<path>`, or copy it to that path "
+                f"(`{self.proto_file}` in the preset's assets/tokenizer dir).",
+                binary=True,
+            )
+        if not isinstance(proto, (bytes, bytearray)):
+            raise TypeError(
+                "`proto` must be a file path or the model's bytes; received "
+                f"{type(proto).__name__}."
+            )
+        self._proto = bytes(proto)
+        self._keras_hub_tokenizer = None
+        tok = self._backend()
+        for name in ("start_token", "end_token"):
+            piece = getattr(self, name)
+            if piece is not None and _as_str(
+                tok.id_to_token(tok.token_to_id(piece))
+            ) != piece:
+                raise ValueError(
+                    f"`{name}`={piece!r} is not in the SentencePiece vocabulary."
+                )
+
+    _set_assets = set_proto
+
+    def _check_ready(self):
+        if self._proto is None:
+            raise RuntimeError(
+                "This SentencePieceTokenizer has no model yet: pass `proto` or call "
+                "`load_assets(directory)`."
+            )
+
+    def _build_backend(self):
+        from keras_hub.tokenizers import SentencePieceTokenizer as _KHSP
+
+        return _KHSP(proto=self._proto)
+
+    @property
+    def vocabulary_size(self):
+        return int(self._backend().vocabulary_size())
+
+    @property
+    def start_token_id(self):
+        if self.start_token is None:
+            return None
+        return int(self._backend().token_to_id(self.start_token))
+
+    @property
+    def end_token_id(self):
+        if self.end_token is None:
+            return None
+        return int(self._backend().token_to_id(self.end_token))
+
+    @property
+    def pad_token_id(self):
+        if self.pad_value is not None:
+            return self.pad_value
+        return self.end_token_id if self.end_token is not None else 0
+
+    def _clean(self, text):
+        if self.clean == "canonicalize":
+            return _canonicalize_punctuation(text)
+        if self.clean == "keras_hub":
+            return _keras_hub_canonicalize(text)
+        if self.clean == "lower":
+            return " ".join(text.lower().split())
+        return text
+
+    def _decode(self, ids):
+        """keras_hub's SentencePiece detokenization."""
+        if not ids:
+            return ""
+        return _as_str(self._backend().detokenize(np.asarray(ids, np.int32)))
+
+    def _asset_contents(self):
+        if self._proto is None:
+            raise RuntimeError("No SentencePiece model to save.")
+        return (self._proto,)
+
+
+def _as_str(x):
+    x = to_numpy(x) if not isinstance(x, (str, bytes)) else x
+    if isinstance(x, np.ndarray):
+        x = x.item()
+    return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
