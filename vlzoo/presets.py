@@ -209,7 +209,9 @@ def preset_info(name):
     G/14) also give `upstream_weights`: the repository, the checkpoint file
     and the `vlzoo convert` command that turns it into a preset directory.
 
-    The parameter count is computed from the config without allocating the
+    The parameter count of a registered preset is its metadata's (written
+    by `tools/build_presets.py` from the config, and checked by its `--check`);
+    for a directory it is computed from the config without allocating the
     model's weights, so it works for presets too large for this machine.
     """
     if name in catalogue():
@@ -220,7 +222,8 @@ def preset_info(name):
     return {
         "name": metadata.get("name", str(name)),
         "family": metadata.get("family"),
-        "params": count_parameters_abstractly(config),
+        "params": (metadata["parameter_count"] if str(name) in registry.definitions() and "parameter_count" in metadata
+                   else count_parameters_abstractly(config)),
         "paper": metadata.get("paper"),
         "weights_available": (directory / WEIGHTS_FILE).is_file(),
         "weights_note": metadata.get("weights_note"),

@@ -25,7 +25,6 @@ Example:
 import json
 import pathlib
 
-import keras_hub
 import numpy as np
 
 from vlzoo.convert.checkpoints import read_json
@@ -222,6 +221,8 @@ def keras_hub_preprocessor(directory):
 
 
 def _from_keras_hub(directory, dtype, progress):
+    import keras_hub  # optional, and its import pulls in TensorFlow (seconds): only when a keras-hub preset loads
+
     backbone = keras_hub.models.Backbone.from_preset(str(directory))
     model = from_keras_hub(backbone, dtype=dtype, progress=progress, preprocessor=keras_hub_preprocessor(directory))
     tokenizer = keras_hub_tokenizer(directory, model.text.sequence_length)
