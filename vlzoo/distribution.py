@@ -42,36 +42,11 @@ import keras
 
 from vlzoo import presets
 from vlzoo._keras import without_weights
+from vlzoo.models.layout import MODEL_AXIS
+from vlzoo.models.layout import MODEL_AXIS as _M
+from vlzoo.models.layout import check_backend
 
 __all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]
-
-MODEL_AXIS = "model"
-_M = MODEL_AXIS  # the placeholder in the rules, replaced by the mesh's model axis
-
-# (path pattern, axes) shared by every family's towers; `re.fullmatch` on `variable.path`.
-TOWER_RULES = (
-    (r".*/attention/(query|key|value)/kernel", (None, _M)),
-    (r".*/attention/(query|key|value)/bias", (_M,)),
-    (r".*/attention/output/kernel", (_M, None)),
-    (r".*/mlp/fc1/kernel", (None, _M)),
-    (r".*/mlp/fc1/bias", (_M,)),
-    (r".*/mlp/fc2/kernel", (_M, None)),
-    (r".*/(token|position)_embedding/embeddings", (None, _M)),
-    (r".*/patch_embedding/conv/kernel", (None, None, None, _M)),
-    (r"(.*/)?\w*projection/kernel", (_M, None)),
-)
-
-
-def check_backend(what="keras.distribution"):
-    """Raises `NotImplementedError` unless the backend is JAX (see the module docstring)."""
-    backend = keras.backend.backend()
-    if backend != "jax":
-        raise NotImplementedError(
-            f"{what} needs the JAX backend: keras.distribution (DataParallel, ModelParallel) runs on JAX only "
-            f"in Keras {keras.__version__}, and vlzoo trains on one device on {backend}. Unset the distribution "
-            "(keras.distribution.set_distribution(None)) or run with KERAS_BACKEND=jax."
-        )
-
 
 def _model_for(model):
     """`model` itself, or the preset it names built without allocating weights."""

@@ -1,17 +1,16 @@
-"""Preset registry, `from_preset`, `save_to_preset`, `preset_info`.
+"""Loading presets: `from_preset`, `list_presets`, `preset_info`, `resolve_preset`.
 
-A preset is a directory in keras-hub's layout:
+A preset is a directory in keras-hub's layout (`vlzoo.preset_files`, which also
+writes them). Registered names (`vlzoo.registry`, defined in
+`presets/registry.json`) resolve to `presets/<name>/` of the repository (or
+`$VLZOO_PRESETS_DIR/<name>/`), which `tools/build_presets.py` writes from their
+registry entries. This module imports no model class: a config names its class,
+which Keras' registry resolves (the models register themselves on import).
 
-    config.json          Keras-serialised model (`registered_name` "vlzoo>CLIP", ...)
-    metadata.json        versions, family, parameter count, paper, licence, description
-    tokenizer.json       serialised tokenizer (its asset files named, not inlined)
-    preprocessor.json    serialised image preprocessor
-    model.weights.h5     weights, when the preset has them
-    assets/tokenizer/    tokenizer vocabularies
-
-Registered names (`vlzoo.registry`, defined in `presets/registry.json`) resolve
-to `presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
-`tools/build_presets.py` writes from their registry entries.
+Example:
+>>> model = from_preset("clip_tiny")
+>>> preset_info("clip_vit_b16")["params"]
+149620737
 """
 
 import difflib
@@ -27,21 +26,22 @@ import numpy as np
 from packaging.version import InvalidVersion
 from packaging.version import Version
 
-from vlzoo._keras import save_weights_only
-from vlzoo._keras import without_weights
 from vlzoo import registry
+from vlzoo._keras import without_weights
 from vlzoo._paths import presets_root
+from vlzoo.preset_files import CONFIG_FILE
+from vlzoo.preset_files import METADATA_FILE
+from vlzoo.preset_files import PREPROCESSOR_FILE
+from vlzoo.preset_files import TOKENIZER_ASSETS
+from vlzoo.preset_files import TOKENIZER_FILE
+from vlzoo.preset_files import WEIGHTS_FILE
+from vlzoo.preset_files import save_model_weights  # noqa: F401  (public names of vlzoo.presets)
+from vlzoo.preset_files import save_to_preset  # noqa: F401
+from vlzoo.preset_files import write_preset  # noqa: F401
 from vlzoo.pretrained import catalogue
 from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.tokenizers import tokenizer_from_config
 from vlzoo.version import __version__
-
-CONFIG_FILE = "config.json"
-METADATA_FILE = "metadata.json"
-TOKENIZER_FILE = "tokenizer.json"
-PREPROCESSOR_FILE = "preprocessor.json"
-WEIGHTS_FILE = "model.weights.h5"
-TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 
 _warned_random = set()
 
@@ -317,60 +317,3 @@ def _load_tokenizer(tokenizer_file, assets, metadata, sequence_length):
         if metadata.get("tokenizer_bundled", True) is False:
             return UnavailableTokenizer(f"{metadata.get('tokenizer_note', '')} ({error})", config=config)
         raise FileNotFoundError(f"Tokenizer asset missing in {assets} (named by {tokenizer_file}): {error}") from error
-
-
-def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):
-    """Writes the JSON files (and tokenizer assets) of a preset directory.
-
-    `assets` says how the tokenizer's files get there: `"copy"` (written by
-    the tokenizer), a directory (`assets/tokenizer` becomes a relative
-    symlink to it, for the registered presets) or `None` (not bundled).
-    """
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    info = {"keras_version": keras.__version__, "vlzoo_version": __version__, **metadata}
-    (directory / METADATA_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    if assets not in ("copy", None):
-        link = directory / TOKENIZER_ASSETS
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(os.path.relpath(assets, link.parent), target_is_directory=True)
-    elif tokenizer is not None and assets == "copy":
-        tokenizer.save_assets(str(directory / TOKENIZER_ASSETS))
-    if tokenizer is not None:
-        serialized = keras.saving.serialize_keras_object(tokenizer)
-        (directory / TOKENIZER_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
-    if preprocessor is not None:
-        serialized = keras.saving.serialize_keras_object(preprocessor)
-        (directory / PREPROCESSOR_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
-
-
-def save_to_preset(model, directory, metadata=None):
-    """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory."""
-    tokenizer = model.tokenizer
-    info = {
-        "family": getattr(model, "family", None),
-        "parameter_count": int(model.count_params()),
-        **(metadata or {}),
-    }
-    config = keras.saving.serialize_keras_object(model)
-    config.pop("compile_config", None)  # a preset carries no optimizer; compile after loading
-    if isinstance(tokenizer, UnavailableTokenizer):
-        info.update(tokenizer_bundled=False, tokenizer_note=tokenizer.message)
-        write_preset(directory, config, info, preprocessor=model.preprocessor)
-        if tokenizer.config is not None:
-            (pathlib.Path(directory) / TOKENIZER_FILE).write_text(json.dumps(tokenizer.config, indent=2) + "\n")
-    else:
-        write_preset(directory, config, info, tokenizer=tokenizer, preprocessor=model.preprocessor)
-    save_model_weights(model, pathlib.Path(directory) / WEIGHTS_FILE)
-
-
-def save_model_weights(model, path):
-    """`model.save_weights(path)` without the optimizer's state, which a preset does not carry.
-
-    (Keras writes a compiled model's optimizer variables into the file too: twice the
-    weights' size again for Adam, and nothing `from_preset` would use.)
-    """
-    save_weights_only(model, path)

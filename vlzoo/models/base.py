@@ -5,10 +5,10 @@ import math
 import keras
 from keras import ops
 
-from vlzoo import distribution
-from vlzoo import presets
+from vlzoo import preset_files
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.losses import l2_normalize
+from vlzoo.models import layout
 from vlzoo.models import validation
 from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.preprocessing import ImagePreprocessor
@@ -74,7 +74,7 @@ class ContrastiveModel(keras.Model):
         logit_scale_max=LOGIT_SCALE_MAX, dtype=None, **kwargs,
     ):
         if keras.distribution.distribution() is not None:
-            distribution.check_backend(f"Building {type(self).__name__} under a keras.distribution")
+            layout.check_backend(f"Building {type(self).__name__} under a keras.distribution")
         super().__init__(dtype=dtype, **kwargs)
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
@@ -292,7 +292,7 @@ class ContrastiveModel(keras.Model):
             )
         kwargs.pop("loss", None)
         if keras.distribution.distribution() is not None:
-            distribution.check_backend(f"Training {type(self).__name__} under a keras.distribution")
+            layout.check_backend(f"Training {type(self).__name__} under a keras.distribution")
         optimizer = keras.optimizers.get(optimizer)
         if getattr(optimizer, "weight_decay", None):
             optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
@@ -316,7 +316,7 @@ class ContrastiveModel(keras.Model):
     def layout_rules(self):
         """`(path pattern, axes)` rules of `vlzoo.distribution.layout_map`: the towers' Megatron
         split, then `extra_layout_rules`; `"model"` marks the dimension split over devices."""
-        return distribution.TOWER_RULES + tuple(self.extra_layout_rules)
+        return layout.TOWER_RULES + tuple(self.extra_layout_rules)
 
     # ------------------------------------------------------ family interface
     #
@@ -367,7 +367,7 @@ class ContrastiveModel(keras.Model):
 
     def save_to_preset(self, directory):
         """Writes a preset directory that `vlzoo.from_preset` loads back exactly."""
-        presets.save_to_preset(self, directory)
+        preset_files.save_to_preset(self, directory)
 
     def get_config(self):
         config = super().get_config()

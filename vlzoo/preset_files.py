@@ -1,0 +1,91 @@
+"""The preset directory format, and writing it: `save_to_preset`, `write_preset`.
+
+A preset is a directory in keras-hub's layout:
+
+    config.json          Keras-serialised model (`registered_name` "vlzoo>CLIP", ...)
+    metadata.json        versions, family, parameter count, paper, licence, description
+    tokenizer.json       serialised tokenizer (its asset files named, not inlined)
+    preprocessor.json    serialised image preprocessor
+    model.weights.h5     weights, when the preset has them
+    assets/tokenizer/    tokenizer vocabularies
+
+`vlzoo.presets` reads them back (`from_preset`). This module imports no model
+class, so models can save themselves (`ContrastiveModel.save_to_preset`).
+
+Example:
+>>> save_to_preset(model, "my_preset")     # then vlzoo.from_preset("my_preset")
+"""
+
+import json
+import os
+import pathlib
+
+import keras
+
+from vlzoo._keras import save_weights_only
+from vlzoo.tokenizers import UnavailableTokenizer
+from vlzoo.version import __version__
+
+CONFIG_FILE = "config.json"
+METADATA_FILE = "metadata.json"
+TOKENIZER_FILE = "tokenizer.json"
+PREPROCESSOR_FILE = "preprocessor.json"
+WEIGHTS_FILE = "model.weights.h5"
+TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
+
+
+def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):
+    """Writes the JSON files (and tokenizer assets) of a preset directory.
+
+    `assets` says how the tokenizer's files get there: `"copy"` (written by
+    the tokenizer), a directory (`assets/tokenizer` becomes a relative
+    symlink to it, for the registered presets) or `None` (not bundled).
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    info = {"keras_version": keras.__version__, "vlzoo_version": __version__, **metadata}
+    (directory / METADATA_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    if assets not in ("copy", None):
+        link = directory / TOKENIZER_ASSETS
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(assets, link.parent), target_is_directory=True)
+    elif tokenizer is not None and assets == "copy":
+        tokenizer.save_assets(str(directory / TOKENIZER_ASSETS))
+    if tokenizer is not None:
+        serialized = keras.saving.serialize_keras_object(tokenizer)
+        (directory / TOKENIZER_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
+    if preprocessor is not None:
+        serialized = keras.saving.serialize_keras_object(preprocessor)
+        (directory / PREPROCESSOR_FILE).write_text(json.dumps(serialized, indent=2, sort_keys=True) + "\n")
+
+
+def save_to_preset(model, directory, metadata=None):
+    """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory."""
+    tokenizer = model.tokenizer
+    info = {
+        "family": getattr(model, "family", None),
+        "parameter_count": int(model.count_params()),
+        **(metadata or {}),
+    }
+    config = keras.saving.serialize_keras_object(model)
+    config.pop("compile_config", None)  # a preset carries no optimizer; compile after loading
+    if isinstance(tokenizer, UnavailableTokenizer):
+        info.update(tokenizer_bundled=False, tokenizer_note=tokenizer.message)
+        write_preset(directory, config, info, preprocessor=model.preprocessor)
+        if tokenizer.config is not None:
+            (pathlib.Path(directory) / TOKENIZER_FILE).write_text(json.dumps(tokenizer.config, indent=2) + "\n")
+    else:
+        write_preset(directory, config, info, tokenizer=tokenizer, preprocessor=model.preprocessor)
+    save_model_weights(model, pathlib.Path(directory) / WEIGHTS_FILE)
+
+
+def save_model_weights(model, path):
+    """`model.save_weights(path)` without the optimizer's state, which a preset does not carry.
+
+    (Keras writes a compiled model's optimizer variables into the file too: twice the
+    weights' size again for Adam, and nothing `from_preset` would use.)
+    """
+    save_weights_only(model, path)
