@@ -64,11 +64,12 @@ def run(args, out):
 
     from vlzoo.data import labels
     from vlzoo.evaluation import zero_shot_accuracy
+    from vlzoo.evaluation.templates import read_templates
 
     images_arg = args.images
     _check_file(images_arg, "--images", "image folder or caption file")
     with _naming("--templates"):
-        templates = labels.read_templates(args.templates)
+        templates = read_templates(args.templates)
     from_folders = os.path.isdir(images_arg)
     if from_folders:
         with _naming("--images"):

@@ -3,7 +3,7 @@
 
 - `ImageFiles`: image paths (or encoded bytes) that look like a preprocessed `(N, H, W, 3)` array,
   decoded a batch at a time when sliced.
-- Class names and prompt templates: `split_classes`, `read_classes_file`, `read_templates`.
+- Class names: `split_classes`, `read_classes_file`.
 - Labels: `folder_labels` (`DIR/<class>/*.jpg`, ImageNet style), `caption_file_labels` (a CSV /
   TSV / JSONL label column), `label_indices` (labels -> int indices into the class names).
 - Pairs: `data_source`, `retrieval_pairs` and `count_pairs` of a caption file or tar shards.
@@ -20,15 +20,13 @@ import numpy as np
 
 from vlzoo.data import records, transforms
 from vlzoo.data.pipeline import resolve_source
-from vlzoo.evaluation.templates import DEFAULT_TEMPLATES, IMAGENET_TEMPLATES, SIMPLE_TEMPLATES
 
 FOLDER_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
-TEMPLATE_SETS = ("imagenet", "simple", "default")
 LABEL_KEYS = ("label", "class", "class_name", "classname")
 
 __all__ = [
-    "FOLDER_IMAGE_EXTENSIONS", "LABEL_KEYS", "TEMPLATE_SETS", "ImageFiles", "caption_file_labels", "count_pairs",
-    "data_source", "folder_labels", "label_indices", "read_classes_file", "read_templates", "retrieval_pairs",
+    "FOLDER_IMAGE_EXTENSIONS", "LABEL_KEYS", "ImageFiles", "caption_file_labels", "count_pairs",
+    "data_source", "folder_labels", "label_indices", "read_classes_file", "retrieval_pairs",
     "split_classes",
 ]
 
@@ -97,23 +95,6 @@ def read_classes_file(path):
         raise FileNotFoundError(f"file not found: {path}")
     with open(path, encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip()]
-
-
-def read_templates(spec):
-    """Prompt templates of a set name (`TEMPLATE_SETS`) or of a file (one template with `{}` a line)."""
-    sets = {"imagenet": IMAGENET_TEMPLATES, "simple": SIMPLE_TEMPLATES, "default": DEFAULT_TEMPLATES}
-    if spec in sets:
-        return tuple(sets[spec])
-    if not os.path.isfile(spec):
-        raise ValueError(f"expected one of {', '.join(TEMPLATE_SETS)} or a template file; {spec!r} is neither")
-    with open(spec, encoding="utf-8") as f:
-        templates = tuple(line.rstrip("\n") for line in f if line.strip())
-    bad = [t for t in templates if t.count("{}") != 1]
-    if not templates or bad:
-        problem = f"bad line: {bad[0]!r}" if bad else "the file is empty"
-        raise ValueError(f"{spec}: every line must be a template with exactly one '{{}}' "
-                         f"(e.g. 'a photo of a {{}}.'); {problem}")
-    return templates
 
 
 # ----------------------------------------------------------------------------- labels

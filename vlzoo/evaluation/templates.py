@@ -8,13 +8,19 @@ A template is a string with one `{}` where the class name goes
 * `SIMPLE_TEMPLATES`: the 7 of them CLIP's authors found to do as well as the
   80 on ImageNet (the same notebook; open_clip's `SIMPLE_IMAGENET_TEMPLATES`).
 * `DEFAULT_TEMPLATES`: the single prompt `"a photo of a {}."`.
+* `read_templates(spec)`: one of those sets by name (`TEMPLATE_SETS`), or a
+  file of templates, one with `{}` a line (`vlzoo zeroshot --templates`).
 
 Example:
 >>> build_prompts(["cat", "dog"], ("a photo of a {}.", "art of the {}."))
 ['a photo of a cat.', 'art of the cat.', 'a photo of a dog.', 'art of the dog.']
 """
 
-__all__ = ["DEFAULT_TEMPLATES", "IMAGENET_TEMPLATES", "SIMPLE_TEMPLATES", "build_prompts"]
+import os
+
+__all__ = [
+    "DEFAULT_TEMPLATES", "IMAGENET_TEMPLATES", "SIMPLE_TEMPLATES", "TEMPLATE_SETS", "build_prompts", "read_templates",
+]
 
 IMAGENET_TEMPLATES = (
     "a bad photo of a {}.",
@@ -153,3 +159,23 @@ def build_prompts(class_names, templates):
         template.format(name) if isinstance(template, str) else template(name)
         for name in class_names for template in templates
     ]
+
+
+TEMPLATE_SETS = ("imagenet", "simple", "default")
+
+
+def read_templates(spec):
+    """Prompt templates of a set name (`TEMPLATE_SETS`) or of a file (one template with `{}` a line)."""
+    sets = {"imagenet": IMAGENET_TEMPLATES, "simple": SIMPLE_TEMPLATES, "default": DEFAULT_TEMPLATES}
+    if spec in sets:
+        return tuple(sets[spec])
+    if not os.path.isfile(spec):
+        raise ValueError(f"expected one of {', '.join(TEMPLATE_SETS)} or a template file; {spec!r} is neither")
+    with open(spec, encoding="utf-8") as f:
+        templates = tuple(line.rstrip("\n") for line in f if line.strip())
+    bad = [t for t in templates if t.count("{}") != 1]
+    if not templates or bad:
+        problem = f"bad line: {bad[0]!r}" if bad else "the file is empty"
+        raise ValueError(f"{spec}: every line must be a template with exactly one '{{}}' "
+                         f"(e.g. 'a photo of a {{}}.'); {problem}")
+    return templates
