@@ -1,5 +1,5 @@
 """Numpy references of the token-level losses (FILIP, SPARC), independent of
-vlzoo and Keras, in float64, written from the papers / specs with plain
+vlzoo and Keras, in float64, written from the papers (docs/families/filip.md, sparc.md) with plain
 loops over pairs and tokens where it keeps them obviously right.
 """
 

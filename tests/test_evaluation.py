@@ -16,6 +16,7 @@ from vlzoo.evaluation import (
     EnsembleScoresMethod, RetrievalCallback, TokenSimilarityMean, ZeroShotCallback, build_prompts,
     recall_at_k, retrieval_recall, zero_shot_accuracy, zero_shot_classifier,
 )
+from vlzoo.evaluation.slots import slot_zero_shot_accuracy
 from vlzoo.models import CLIP
 
 CLASS_NAMES = ["red circle", "blue square", "green triangle", "yellow star", "purple cross", "orange ring"]
@@ -299,7 +300,7 @@ def test_sparo_slot_restriction():
     assert not np.allclose(reference, embedding_mean_reference(model, images), atol=1e-3)
     # One slot at a time: the same accuracies as SPARO's own per-slot selection criterion.
     labels = labels_from(embedding_mean_reference(model, images))
-    own = to_numpy(model.slot_zero_shot_accuracy(images, labels, class_texts(model)))
+    own = to_numpy(slot_zero_shot_accuracy(model, images, labels, class_texts(model)))
     ours = [zero_shot_accuracy(model, images, labels, CLASS_NAMES, TEMPLATES, top_k=1, slots=[slot])["top1"]
             for slot in range(model.num_slots)]
     np.testing.assert_allclose(ours, own, atol=1e-6)

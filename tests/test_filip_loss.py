@@ -87,13 +87,13 @@ def test_hand_case_loss_and_known_wrong_variants():
         to_numpy(filip_loss(img, txt, mask, 1 / 0.07, chunk_size=1)),
         5.742255182927085, rtol=1e-6)
     ours = 0.886756844191823
-    # The spec's known-wrong values, recomputed in numpy (scale 1).
+    # The known-wrong values of docs/families/filip.md §Hand-checked cases, recomputed in numpy (scale 1).
     s_i, s_t = tref.filip_similarity(img, txt, mask)
     wrong = tref.filip_wrong_variants(s_i, s_t, 1.0)
     unmasked = tref.filip_loss(img, txt, np.ones_like(mask), 1.0)
     x, y = ref.l2_normalize(img), ref.l2_normalize(txt)
     # "Sum instead of mean" of the valid-token maxima in S_T (summing in
-    # S_I too would give 1.175341, not the spec's number).
+    # S_I too would give 1.175341, not the number in docs/families/filip.md).
     s_t_sum = np.array([[(x[i] @ y[j][mask[j]].T).max(0).sum()
                          for j in range(2)] for i in range(2)])
     summed = tref.filip_loss_from_similarity(s_i, s_t_sum, 1.0)

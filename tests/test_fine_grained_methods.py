@@ -50,7 +50,8 @@ def test_filip_ensemble_averages_scores_over_templates(filip, images):
     per_template = _i2t_numpy(image_tokens, to_numpy(text["tokens"]), to_numpy(text["mask"]))  # (B, N*K)
     expected = per_template.reshape(2, n, k).mean(-1)
     np.testing.assert_allclose(got, expected, atol=1e-5)
-    # Averaging embeddings instead of scores (the spec's known-wrong variant) gives other numbers.
+    # Averaging embeddings instead of scores (a known-wrong variant, docs/families/filip.md §Hand-checked cases)
+    # gives other numbers.
     mean_tokens = to_numpy(text["tokens"]).reshape(n, k, length, -1).mean(1)
     wrong = _i2t_numpy(image_tokens, mean_tokens, to_numpy(text["mask"]).reshape(n, k, length)[:, 0])
     assert np.abs(wrong - expected).max() > 1e-4

@@ -29,7 +29,7 @@ from vlzoo.presets import count_parameters_abstractly
 PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "llip"}
 
 # softplus(10) and softplus(-10): the per-pair losses of a positive and a
-# negative pair at S = 0 with the initial bias b = -10 (spec §1.5).
+# negative pair at S = 0 with the initial bias b = -10 (docs/families/llip.md §Loss).
 SOFTPLUS_10 = 10.000045398899218
 SOFTPLUS_MINUS_10 = 4.5398899216870535e-05
 
@@ -498,7 +498,7 @@ def _serialized(name):
 
 
 def _closed_form(config):
-    """The spec's closed form of the parameter count."""
+    """The closed form of the parameter count (docs/families/llip.md §Presets)."""
     vision, text = config["vision"], config["text"]
     d, k = config["embed_dim"], vision["num_prefix_tokens"]
     w_v, w_t, p = vision["hidden_dim"], text["hidden_dim"], vision["patch_size"]

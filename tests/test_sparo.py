@@ -1,5 +1,6 @@
-"""SPARO: the read-out against a numpy loop of Eq. 1, the spec's invariants (section 7), the model
-against numpy towers, slot selection, parameter counts of the presets, training and persistence."""
+"""SPARO: the read-out against a numpy loop of Eq. 1, the invariants of docs/families/sparo.md
+(§Hand-checked cases), the model against numpy towers, slot selection, parameter counts of the presets,
+training and persistence."""
 
 import math
 
@@ -14,10 +15,11 @@ from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_num
 import vlzoo
 from vlzoo import registry
 from vlzoo._keras import without_weights
+from vlzoo.evaluation.slots import per_slot_zero_shot_accuracy, rank_slots, select_slots, slot_zero_shot_accuracy
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.models.sparo import (
-    SPARO, normalize_slots, per_slot_zero_shot_accuracy, rank_slots,
+    SPARO, normalize_slots,
 )
 
 PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "sparo"}
@@ -186,7 +188,7 @@ def test_parameter_count_and_key_value_tying():
         untied = SPAROReadout(num_slots, v, dk, group_size=group_size, share_key_value=False)
         untied.build((None, None, d))
         assert untied.count_params() == tied.count_params() + (d + 1) * keys * dk
-    # The spec's per-tower module sizes.
+    # The per-tower read-out sizes of docs/families/sparo.md §Presets.
     for d, num_slots, expected in ((768, 64, 3_158_080), (768, 128, 6_312_000), (512, 64, 2_109_504),
                                    (512, 128, 4_214_848), (384, 64, 1_585_216)):
         assert num_slots * 64 + (d + 1) * num_slots * 64 + 65 * 64 == expected
@@ -403,11 +405,11 @@ def test_model_ranks_slots_by_zero_shot_accuracy():
     labels = np.array([0, 1, 2, 0, 1, 2])
     prompts = tiny_batch(batch_size=6, seed=3)
     class_texts = {key: prompts[key].reshape(3, 2, -1) for key in ("token_ids", "padding_mask")}
-    acc = to_numpy(model.slot_zero_shot_accuracy(batch["images"], labels, class_texts))
+    acc = to_numpy(slot_zero_shot_accuracy(model, batch["images"], labels, class_texts))
     class_embeds = to_numpy(model.encode_text(prompts)).reshape(3, 2, L * V)
     expected = np_slot_accuracy(to_numpy(model.encode_image(batch["images"])), class_embeds, labels, V)
     np.testing.assert_allclose(acc, expected, atol=1e-6)
-    np.testing.assert_array_equal(model.rank_slots(batch["images"], labels, class_texts, top_k=2),
+    np.testing.assert_array_equal(select_slots(model, batch["images"], labels, class_texts, top_k=2),
                                   np.argsort(-expected, kind="stable")[:2])
 
 

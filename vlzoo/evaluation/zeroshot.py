@@ -136,7 +136,7 @@ def zero_shot_classifier(model, class_names, templates=DEFAULT_TEMPLATES, batch_
         A `ZeroShotClassifier`; `classifier(images)` gives `(B, C)` scores.
 
     Example:
-    >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES, slots=sparo.rank_slots(...))
+    >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES, slots=select_slots(sparo, ...))
     >>> classifier.accuracy(images, labels)
     {'top1': ..., 'top5': ...}
     """

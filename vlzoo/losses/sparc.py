@@ -1,7 +1,7 @@
 """Fine-grained (token-to-patch) loss of SPARC.
 
 Bica et al. 2024, "Improving fine-grained understanding in image-text
-pre-training" (NeurIPS). For each image-text pair `b`, with
+pre-training" (ICML). For each image-text pair `b`, with
 raw (projected, *unnormalised*) patch embeddings `V_b` `(P, D)` and token
 embeddings `T_b` `(T, D)`:
 

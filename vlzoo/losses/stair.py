@@ -1,7 +1,7 @@
 """Sparse vocabulary pooling, FLOPs regulariser and contrastive loss of STAIR.
 
 Chen et al. 2023, "STAIR: Learning Sparse Text and Image Representation in
-Grounded Tokens" (ICLR). Every token position `j` of a tower
+Grounded Tokens" (EMNLP). Every token position `j` of a tower
 gets vocabulary logits `p(h_j)` (`(B, S, V)`, from a head tied to the text
 token embedding); the sparse embedding is
 

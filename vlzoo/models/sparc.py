@@ -46,9 +46,9 @@ class SPARC(TokenContrastiveModel):
         text_pool: "masked_mean" (default) or "mean" (Listing 1).
         projection_bias: bias in `g_v` / `g_t` (unstated in the paper; off).
 
-    `encode_image` returns `{"global", "tokens"}` (plus `"dense"`,
-    `g_v(h_v(F_v[p]))` per patch as the paper's zero-shot segmentation uses,
-    when `h_v` is on); `encode_text` returns `{"global", "tokens", "mask"}`.
+    `encode_image` returns `{"global", "tokens"}`, `encode_text`
+    `{"global", "tokens", "mask"}`; `dense_image_embeddings` gives
+    `g_v(h_v(F_v[p]))` per patch, as the paper's zero-shot segmentation uses.
     """
 
     family = "sparc"

@@ -8,7 +8,7 @@ from keras import ops
 
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.losses import clip_loss, l2_normalize
-from vlzoo.losses._utils import check_embeds, to_float32
+from vlzoo.losses._utils import check_embeds
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.validation import concrete_numpy
@@ -66,73 +66,6 @@ def _slot_indices(slots, num_slots):
     return np.sort(values).astype("int32")
 
 
-def per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim):
-    """Zero-shot accuracy of every slot on its own (the paper's post-hoc concept selection, Sec. 5.1).
-
-    Slot `l`'s classifier: `w_{c,l} = normalise(mean_k normalise(y^t_{c,k,l}))`
-    over the K prompt templates of class c; an image's prediction is
-    `argmax_c cos(y^i_l, w_{c,l})`. (The paper gives the per-slot accuracy,
-    not the classifier; this one is CLIP's prompt ensembling applied to one
-    slot.) Accuracies are means over the images given: to accumulate over
-    batches, weight each batch's result by its size.
-
-    Args:
-        image_embeds: `(N, L * V)` image encodings (raw or normalised).
-        class_embeds: `(C, K, L * V)` text encodings of K templates per
-            class, or `(C, L * V)` for one template.
-        labels: int `(N,)` class of every image, in `[0, C)`.
-        slot_dim: slot width `V`.
-
-    Returns:
-        float32 `(L,)`.
-
-    Example:
-    >>> acc = per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim=64)  # doctest: +SKIP
-    >>> rank_slots(acc, top_k=32)  # doctest: +SKIP
-    """
-    image_embeds = check_embeds(image_embeds, "image_embeds")
-    class_embeds = to_float32(class_embeds)
-    if len(class_embeds.shape) == 2:
-        class_embeds = class_embeds[:, None]
-    total = image_embeds.shape[-1]
-    if len(class_embeds.shape) != 3 or class_embeds.shape[-1] != total or total % slot_dim:
-        raise ValueError(
-            f"`class_embeds` must have shape (C, K, {total}) or (C, {total}) matching `image_embeds` "
-            f"{tuple(image_embeds.shape)} (slots of width {slot_dim}); received shape {tuple(class_embeds.shape)}."
-        )
-    labels = ops.convert_to_tensor(labels)
-    if tuple(labels.shape) != tuple(image_embeds.shape[:1]):
-        raise ValueError(
-            f"`labels` must have shape (N,) = {tuple(image_embeds.shape[:1])}; received {tuple(labels.shape)}."
-        )
-    num_classes, templates, num_slots = class_embeds.shape[0], class_embeds.shape[1], total // slot_dim
-    images = l2_normalize(ops.reshape(image_embeds, (-1, num_slots, slot_dim)))
-    texts = l2_normalize(ops.reshape(class_embeds, (num_classes, templates, num_slots, slot_dim)))
-    weights = l2_normalize(ops.mean(texts, axis=1))  # (C, L, V)
-    predictions = ops.argmax(ops.einsum("nlv,clv->nlc", images, weights), axis=-1)
-    correct = ops.equal(predictions, ops.cast(labels, predictions.dtype)[:, None])
-    return ops.mean(ops.cast(correct, "float32"), axis=0)
-
-
-def rank_slots(slot_scores, top_k=None):
-    """Slot indices by decreasing score (ties: lower index first).
-
-    Args:
-        slot_scores: `(L,)`, e.g. `per_slot_zero_shot_accuracy`.
-        top_k: keep the `top_k` best (the paper keeps 32); None keeps all.
-
-    Returns:
-        numpy int32 `(top_k or L,)`, best first; pass it as `slots=` to
-        `SPARO.similarity`.
-    """
-    scores = np.asarray(ops.convert_to_numpy(slot_scores), dtype="float64")
-    if scores.ndim != 1:
-        raise ValueError(f"`slot_scores` must have shape (L,); received shape {scores.shape}.")
-    if top_k is not None and not 1 <= top_k <= scores.size:
-        raise ValueError(f"`top_k` must lie in [1, {scores.size}]; received {top_k!r}.")
-    return np.argsort(-scores, kind="stable")[:top_k].astype("int32")
-
-
 @keras.saving.register_keras_serializable(package="vlzoo")
 class SPARO(ContrastiveModel):
     """CLIP + SPARO: both towers lose their last block, pooling and projection to a SPARO read-out.
@@ -149,8 +82,8 @@ class SPARO(ContrastiveModel):
     Score: `exp(logit_scale) * mean_l cos(y^i_l, y^t_l)` (the dot product of
     the normalised encodings); loss: symmetric InfoNCE on the normalised
     encodings (`clip_loss`). At inference `slots=` restricts encodings and
-    scores to chosen slots (`rank_slots` ranks them by per-slot zero-shot
-    accuracy, the paper's post-hoc concept selection).
+    scores to chosen slots (`vlzoo.evaluation.slots.select_slots` ranks them by
+    per-slot zero-shot accuracy, the paper's post-hoc concept selection).
 
     Args:
         vision, text: tower arguments of the **full-depth** towers
@@ -337,32 +270,6 @@ class SPARO(ContrastiveModel):
         )
 
     # ------------------------------------------------------ slot selection
-
-    def slot_zero_shot_accuracy(self, images, labels, class_texts):
-        """Zero-shot accuracy of every slot alone on labelled images, float32 `(L,)`.
-
-        Args:
-            images: float `(N, H, W, 3)`.
-            labels: int `(N,)`.
-            class_texts: tokenizer dict whose `token_ids` / `padding_mask`
-                have shape `(C, K, T)` (K prompt templates per class) or
-                `(C, T)`.
-
-        See `per_slot_zero_shot_accuracy` for the classifier.
-        """
-        ids = ops.convert_to_tensor(class_texts["token_ids"])
-        flat = {"token_ids": ops.reshape(ids, (-1, ids.shape[-1])),
-                "padding_mask": ops.reshape(self._padding_mask(class_texts), (-1, ids.shape[-1]))}
-        text = ops.reshape(self.encode_text(flat), tuple(ids.shape[:-1]) + (self.embed_dim,))
-        return per_slot_zero_shot_accuracy(self.encode_image(images), text, labels, self.slot_dim)
-
-    def rank_slots(self, images, labels, class_texts, top_k=None):
-        """Slot indices by decreasing per-slot zero-shot accuracy (`slot_zero_shot_accuracy`).
-
-        The paper keeps the top 32 (ImageNet validation set) and evaluates
-        with `similarity(..., slots=model.rank_slots(...))`.
-        """
-        return rank_slots(self.slot_zero_shot_accuracy(images, labels, class_texts), top_k)
 
     def get_config(self):
         config = super().get_config()

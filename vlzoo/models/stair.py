@@ -40,7 +40,7 @@ class STAIR(ContrastiveModel):
     `L_con + l_1(t) F(ENC_I) + l_2(t) F(ENC_T)` with the FLOPs regulariser
     `F` and SPLADE's quadratic ramp `l(t) = l * min(1, t / T)^2`.
 
-    Training stages (`set_stage`; the paper's two-stage schedule):
+    Training stages (`set_stage`; the paper's three-stage schedule):
     1. everything trains; the text vector in the loss is masked to the ids of
        its own caption (`caption_mask`), so the image learns to put its
        weight on real words.
