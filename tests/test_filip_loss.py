@@ -19,11 +19,11 @@ from backend_utils import to_numpy
 from backend_utils import value_and_grad
 from vlzoo.losses import clip_loss
 from vlzoo.losses.filip import _keep_count
-from vlzoo.losses.filip import filip_ensemble_scores
 from vlzoo.losses.filip import filip_loss
 from vlzoo.losses.filip import filip_select_tokens
-from vlzoo.losses.filip import filip_similarity
-from vlzoo.losses.filip import filip_token_alignment
+from vlzoo.losses.late_interaction import filip_ensemble_scores
+from vlzoo.losses.late_interaction import filip_similarity
+from vlzoo.losses.late_interaction import filip_token_alignment
 
 BACKEND = keras.backend.backend()
 # One shared random shape (eager JAX compiles every op once per shape).

@@ -6,11 +6,11 @@ from vlzoo.losses.contrastive import l2_normalize
 from vlzoo.losses.contrastive import siglip_logits
 from vlzoo.losses.contrastive import siglip_loss
 from vlzoo.losses.contrastive import siglip_loss_chunked
-from vlzoo.losses.filip import filip_ensemble_scores
 from vlzoo.losses.filip import filip_loss
 from vlzoo.losses.filip import filip_select_tokens
-from vlzoo.losses.filip import filip_similarity
-from vlzoo.losses.filip import filip_token_alignment
+from vlzoo.losses.late_interaction import filip_ensemble_scores
+from vlzoo.losses.late_interaction import filip_similarity
+from vlzoo.losses.late_interaction import filip_token_alignment
 from vlzoo.losses.llip import llip_attention_weights
 from vlzoo.losses.llip import llip_contextualize
 from vlzoo.losses.llip import llip_logits
