@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[all]"
 	touch $(STAMP)
 
+# TensorFlow's C++ logs ("failed call to cuInit", "Could not find cuda drivers": errors in looks only)
+# are hidden unless VLZOO_VERBOSE=1 or TF_CPP_MIN_LOG_LEVEL is set: vlzoo.cli sets the same default,
+# but on Keras's TensorFlow backend `import vlzoo` loads TensorFlow first.
 demo: $(STAMP)
-	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m vlzoo.cli demo
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(if $(filter-out 0,$(VLZOO_VERBOSE)),,TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL:-3} )$(PY) -m vlzoo.cli demo
 
 # The whole suite once per backend; tests that start every backend themselves (conformance, the
 # demo, the notebooks) run once, in the torch pass (tests/backend_utils.py: run_once).

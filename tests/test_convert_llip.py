@@ -2,7 +2,7 @@
 
 `tests/fixtures/llip/<variant>/` holds a small random `CMP` model of the
 authors (facebookresearch/Llip @ d5649c3), its inputs and its outputs, written
-by `tools/make_llip_fixture.py` (see the fixtures' README). Every compared
+by `tests/fixtures/llip/make_fixture.py` (see the fixtures' README). Every compared
 number comes from their code; nothing here imports torch except the file
 test, which skips without it.
 """

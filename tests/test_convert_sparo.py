@@ -2,7 +2,7 @@
 
 `tests/fixtures/sparo/` holds a small random-init model of the authors' fork
 (github.com/ankitkv/sparo-clip), its inputs and what their code returned for
-them (`tools/make_sparo_fixture.py`, see the README there). Only numpy is
+them (written by `make_fixture.py` there; see its README). Only numpy is
 needed, so this runs on every backend; torch only for the `.pt` file test.
 """
 

@@ -3,11 +3,14 @@
     python tools/bench.py                       # every entry, every backend
     python tools/bench.py --entries filip_loss --backends jax torch
     python tools/bench.py --quick               # tiny sizes (a smoke run, used by the tests)
+    python tools/bench.py --markdown docs/bench.md                  # also a Markdown page of the results
+    python tools/bench.py --from-json out/bench/bench.json --markdown docs/bench.md  # a page, no runs
 
 Each case runs in a fresh process so that its peak memory (the peak resident
 memory of its calls above the resident set once its inputs are built) belongs
 to it alone (a `--quick` smoke run shares one process among consecutive cases of
-a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown table.
+a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown table; `--markdown
+PATH` also writes them as a Markdown page (`tools/bench_report.py`: the tables).
 
 Entries:
   open_clip    vlzoo against open_clip on the same weights (open_clip's
@@ -63,14 +66,16 @@ import time
 
 import numpy as np
 
-from vlzoo.host import describe_host
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no package (loaded from a path)
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench_report import (  # noqa: E402,F401  (the report tables; re-exported for scripts that read them here)
+    BF16_USABLE, INFERENCE_TARGET, PEER_TARGETS, bf16_plan, describe, markdown, memory_table, not_run,
+    open_clip_table, page, peer_target, precision_table, rooflines,
+)
 
 ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
-# Throughput targets on the CPU machine, as vlzoo's images/s over open_clip's, per (task, backend).
-PEER_TARGETS = {"train_step": {"jax": 1.0, "tensorflow": 0.9, "torch": 0.9}}
-INFERENCE_TARGET = 0.95
 MEMORY_LOSSES = ("clip", "filip", "llip")
 PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_clip's (bfloat16: autocast)
 # vlzoo's dtype policies per task: inference in bfloat16 weights, training with float32 master weights.
@@ -82,7 +87,7 @@ JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_cus
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
 STEP_FAMILY_ARGS = {
-    "sparo": dict(embed_dim=None),  # the encoding is L * V = 64 * 64 (the spec's B/16)
+    "sparo": dict(embed_dim=None),  # the encoding is L * V = 64 * 64 (sparo_clip_vit_b16, docs/families/sparo.md §Presets)
     "llip": dict(vision=dict(num_prefix_tokens=32)),  # K = 32 mixture tokens (the issue's target)
 }
 BACKENDS = ("jax", "tensorflow", "torch")
@@ -580,31 +585,6 @@ def _open_clip_config(name):
     return open_clip_model_config(name)
 
 
-# A framework whose bfloat16 matmul runs below this share of its float32 speed (a CPU without
-# AVX512-BF16 or AMX: PyTorch's falls back to a kernel at ~1 GFLOP/s) gets no bfloat16 model runs.
-BF16_USABLE = 0.1
-
-
-def bf16_plan(case, backend, roofline):
-    """`(case to run, reason)` for a precision model case given the measured matmul rooflines.
-
-    open_clip runs in PyTorch whatever the Keras backend: its bfloat16 run is dropped when
-    PyTorch's bfloat16 matmul is unusable; the case is skipped (None) when vlzoo's own backend's is.
-    """
-    def unusable(framework):
-        f32, bf16 = roofline.get((framework, "float32")), roofline.get((framework, "bfloat16"))
-        if f32 and bf16 is not None and bf16 < BF16_USABLE * f32:
-            return f"{framework}'s bfloat16 matmul runs at {bf16} GFLOP/s against {f32} in float32"
-        return None
-
-    if case["dtype"] != "float32" and unusable(backend):
-        return None, unusable(backend)
-    reason = unusable("torch")
-    if reason and "bfloat16" in case["peer_precisions"]:
-        return dict(case, peer_precisions=[p for p in case["peer_precisions"] if p != "bfloat16"]), reason
-    return case, None
-
-
 def run_in_subprocess(cases, backend, timeout):
     """Runs `cases` (a list) one after another in one fresh process of `backend`: their results, in order.
 
@@ -638,130 +618,11 @@ def shares_process(case, other):
     return case["backend"] == other["backend"] and not alone(case) and not alone(other)
 
 
-def describe(row):
-    """Short human label of a case."""
-    if row["entry"] == "open_clip":
-        peer = row["peer"] if isinstance(row["peer"], str) else "tiny CLIP"
-        return (f"{row['task']}, {peer}, batch {row['batch_size']}" + (f", {row['only']} alone" if "only" in row else "")
-                + (", host memory retained" if row.get("retain_host_memory") else ""))
-    if row["entry"] == "filip_loss":
-        return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
-    if row["entry"] == "loss_memory":
-        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
-        return f"{row['loss']} loss, B={row['B']} ({dims}), chunk {row['chunk_size'] or '-'}"
-    if row["entry"] == "precision":
-        if row["task"] == "matmul":
-            return f"matmul {row['N']}x{row['N']}, {row['dtype']}" + (f", {row['xla_flags']}" if row.get("xla_flags") else "")
-        return f"{row['task']}, {row['peer'] if isinstance(row['peer'], str) else 'tiny CLIP'}, batch " \
-               f"{row['batch_size']}, vlzoo {row['dtype']}"
-    if row["entry"] == "stair_pool":
-        return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
-    return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
-
-
-def peer_target(task, backend):
-    """vlzoo's required throughput over open_clip's for `task` on `backend` (issue 8's CPU targets)."""
-    return PEER_TARGETS.get(task, {}).get(backend, INFERENCE_TARGET)
-
-
-def open_clip_table(rows):
-    """Markdown rows of the open_clip comparison: throughput, ratio, compile time, memory, agreement."""
-    paired = [row for row in rows if row["entry"] == "open_clip" and "only" not in row]
-    if not paired:
-        return []
-    # Keyed by (task, framework, backend); open_clip alone ran once, whatever the Keras backend.
-    alone = {(row["task"], row["only"], row["backend"] if row["only"] == "vlzoo" else None): row["result"]
-             for row in rows if row["entry"] == "open_clip" and "only" in row}
-    out = ["| task | backend | vlzoo items/s | open_clip items/s | vlzoo / open_clip | target | compile (s) "
-           "| peak MB: vlzoo | open_clip | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in paired:
-        r, b = row["result"], row["batch_size"]
-        retained = row.get("retain_host_memory", False)
-        task = row["task"] + (" (host memory retained)" if retained else "")
-        if "error" in r:
-            out.append(f"| {task} | {row['backend']} | error: {r['error']} | | | | | | | |")
-            continue
-        # Memory alone was measured with the default allocator settings only.
-        memory = [alone.get((row["task"], side, key), {}).get("peak_mb", "") if not retained else ""
-                  for side, key in (("vlzoo", row["backend"]), ("open_clip", None))]
-        ratio = 1 / r["vs_open_clip"]
-        target = peer_target(row["task"], row["backend"])
-        out.append(
-            f"| {task} | {row['backend']} | {b / r['median_s']:.2f} | {b / r['open_clip_median_s']:.2f} "
-            f"| {ratio:.2f}x {'(met)' if ratio >= target else '(short)'} | {target}x | {r['compile_s']} "
-            f"| {memory[0]} | {memory[1]} | {r['max_abs_diff']:.1e} |"
-        )
-    return out + [""]
-
-
-def memory_table(rows):
-    """Markdown rows of `loss_memory`: peak MB per loss and backend (rows) against batch size (columns)."""
-    memory = [row for row in rows if row["entry"] == "loss_memory" and "error" not in row["result"]]
-    sizes = sorted({row["B"] for row in memory})
-    if not memory:
-        return []
-    out = ["| loss (forward + backward) | backend | " + " | ".join(f"B={b}" for b in sizes) + " |",
-           "|---|---|" + "---:|" * len(sizes)]
-    for key in dict.fromkeys((row["loss"], row["backend"]) for row in memory):
-        peaks = {row["B"]: row["result"]["peak_mb"] for row in memory if (row["loss"], row["backend"]) == key}
-        first = next(row for row in memory if (row["loss"], row["backend"]) == key)
-        label = describe(first).replace(f", B={first['B']}", "")
-        out.append(f"| {label} | {key[1]} | " + " | ".join(f"{peaks.get(b, '')} MB" for b in sizes) + " |")
-    return out + [""]
-
-
-def rooflines(rows):
-    """`{(backend, dtype): GFLOP/s}` of the plain matmul rows (no XLA flags) that ran among `rows`."""
-    return {(row["backend"], row["dtype"]): row["result"]["gflops"] for row in rows
-            if row["entry"] == "precision" and row["task"] == "matmul" and not row.get("xla_flags")
-            and "gflops" in row["result"]}
-
-
-def precision_table(rows):
-    """Markdown rows of `precision`: the matmul roofline per backend and dtype, then vlzoo's encode_image
-    and training step in each precision against open_clip in float32 and in bfloat16 (autocast)."""
-    done = [row for row in rows if row["entry"] == "precision"]
-    if not done:
-        return []
-    roofline = rooflines(done)
-    out = ["| matmul (roofline) | backend | GFLOP/s |", "|---|---|---:|"]
-    for row in (row for row in done if row["task"] == "matmul"):
-        value = "error" if "error" in row["result"] else row["result"]["gflops"]
-        out.append(f"| {describe(row)} | {row['backend']} | {value} |")
-    out += ["", "| task | backend | vlzoo dtype | vlzoo items/s | GFLOP/s | % of matmul roofline "
-                "| / open_clip float32 | / open_clip bfloat16 | max abs diff vs open_clip float32 |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for row in (row for row in done if row["task"] != "matmul"):
-        r = row["result"]
-        if "error" in r or "skipped" in r:
-            what = f"error: {r['error']}" if "error" in r else f"not run: {r['skipped']}"
-            out.append(f"| {row['task']} | {row['backend']} | {row['dtype']} | {what} | | | | | |")
-            continue
-        peak = roofline.get((row["backend"], "float32" if row["dtype"] == "float32" else "bfloat16"))
-        share = f"{100 * r['gflops'] / peak:.0f}%" if peak else ""
-        bf16 = f"{1 / r['vs_open_clip_bfloat16']:.2f}x" if "vs_open_clip_bfloat16" in r else "not run"
-        out.append(
-            f"| {row['task']} | {row['backend']} | {row['dtype']} | {row['batch_size'] / r['median_s']:.2f} "
-            f"| {r['gflops']} | {share} | {1 / r['vs_open_clip_float32']:.2f}x | {bf16} | {r['max_abs_diff']:.1e} |"
-        )
-    return out + [""]
-
-
-def markdown(rows, machine):
-    out = [f"Machine: {machine}", ""] + open_clip_table(rows) + precision_table(rows) + memory_table(rows)
-    out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
-            "|---|---|---|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        if row["entry"] in ("open_clip", "precision"):
-            continue
-        r = row["result"]
-        head = f"| {row['entry']} | {row['backend']} | {describe(row)} |"
-        if "error" in r:
-            out.append(f"{head} error: {r['error']} | | | | |")
-        else:
-            out.append(f"{head} {r['first_call_s']} | {r['median_s']} | {r['peak_mb']} | "
-                       f"{r.get('clip_median_s', '')} | {r.get('vs_clip', '')} |")
-    return "\n".join(out) + "\n"
+def write_text(path, text):
+    """Writes `text` to `path`, creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def main(argv=None):
@@ -771,8 +632,20 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that every entry runs")
     parser.add_argument("--out", default="out/bench", help="directory for bench.json and bench.md")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per case")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="also write the results as a Markdown page (title, tables, runs not run) to PATH")
+    parser.add_argument("--from-json", metavar="BENCH_JSON",
+                        help="run nothing: render this bench.json (to --markdown PATH, or print it)")
     parser.add_argument("--cases", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            text = page(json.load(f))
+        if args.markdown:
+            write_text(args.markdown, text)
+        else:
+            print(text, end="")
+        return 0
     if args.cases:
         import vlzoo  # first, as in a user's program: it sets TensorFlow's CPU defaults
 
@@ -782,6 +655,8 @@ def main(argv=None):
         for case in cases_here:
             print("RESULT " + json.dumps(run_case(case)), flush=True)
         return 0
+    from vlzoo.host import describe_host  # imports Keras and its backend: not for --from-json
+
     machine = describe_host()
     rows = []
     # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
@@ -821,12 +696,12 @@ def main(argv=None):
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump({"machine": machine, "rows": rows}, f, indent=2)
     table = markdown(rows, machine)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(table)
+    write_text(os.path.join(args.out, "bench.md"), table)
+    if args.markdown:
+        write_text(args.markdown, page({"machine": machine, "rows": rows}))
     print(table)
-    notes = sorted({row["result"]["note"] for row in rows if "note" in row["result"]})
-    if notes:
-        print("Not run: open_clip's bfloat16 (autocast) steps, since " + "; ".join(notes))
+    if not_run(rows):
+        print(not_run(rows))
     return 1 if any("error" in row["result"] for row in rows) else 0
 
 

@@ -1,8 +1,9 @@
 """Pictures of what a model aligns: per-token maps over the patch grid, as PNG files.
 
 `alignment_maps` draws, for one image and one caption, each token's weights
-over the image's patch grid as a heatmap laid over the image, one panel per
-token, like the FILIP and SPARC papers' figures. The weights come from the
+over the image's patch grid as a smoothed heatmap laid over the darkened image
+(opacity growing with the weight, one colour scale for all panels), one panel
+per token, like the FILIP and SPARC papers' figures. The weights come from the
 family: SPARC's alignment weights (`vlzoo.losses.sparc_alignment_weights`),
 or FILIP's argmax matches turned into one-hot rows; a model gives them with
 `token_patch_alignment`.
@@ -76,7 +77,8 @@ def _pyplot():
 def _save(plt, figure, path, title):
     if title:
         figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
+    if figure.get_layout_engine() is None:  # a figure made with layout="constrained" lays itself out
+        figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)
     return path
@@ -90,15 +92,43 @@ def _display_image(image):
     return (image - low) / (high - low) if high > low else np.zeros_like(image)
 
 
+# Panels are drawn at least this many pixels on a side (a 32-pixel image is scaled up, pixels kept sharp).
+_PANEL_PIXELS = 128
+# The weights are smoothed with a Gaussian of this width in patches: a word's weight spread over an object's
+# patches reads as one blob, a lone patch above its neighbours fades.
+_SMOOTHING_PATCHES = 0.7
+# Strongest overlay opacity; under the overlay the image is darkened, so the bright colours are the weights.
+_MAX_ALPHA = 0.9
+
+
+def _upsample(grid, size, smoothing, outside):
+    """`grid` `(gh, gw)` to `size` `(H, W)`: each pixel takes its patch's value, then a Gaussian blur of
+    `smoothing` patches that reads `outside` beyond the image's edges (no patch there picks anything,
+    so a lone patch at an edge does not outshine one inside)."""
+    from scipy import ndimage
+
+    rows = np.arange(size[0]) * grid.shape[0] // size[0]
+    columns = np.arange(size[1]) * grid.shape[1] // size[1]
+    heat = grid[rows][:, columns]
+    sigma = (smoothing * size[0] / grid.shape[0], smoothing * size[1] / grid.shape[1])
+    return ndimage.gaussian_filter(heat, sigma, mode="constant", cval=outside) if smoothing else heat
+
+
 def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, columns=4):
-    """Writes a PNG grid: the image, then one heatmap panel per token.
+    """Writes a PNG grid: the image, then one panel per token showing the patches it picks.
+
+    Each token's weights are spread from the patch grid to the image's pixels (nearest patch, then a
+    Gaussian blur of `_SMOOTHING_PATCHES` patches) and laid over a darkened copy of the image in one
+    colour scale shared by every panel (the colour bar, in weight units): a weight at or below the
+    uniform `1 / P` is transparent, the largest weight of the figure is opaque; the overlay's opacity grows
+    with the weight. Weak tokens stay dark, next to strong ones.
 
     Args:
         image: `(H, W, 3)` uint8, float or preprocessed pixels (rescaled to
             [0, 1] for display).
         tokens: `T` token strings, the panel titles.
         weights: `(T, P)` alignment weights of each token over the patches
-            (rows need not sum to 1; each panel is scaled to its own max).
+            (rows need not sum to 1; all panels share one scale).
         path: PNG file to write.
         grid_size: `(gh, gw)` with `gh * gw = P`; a square grid by default.
         title: optional figure title (e.g. the caption).
@@ -108,6 +138,8 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
         `path`.
     """
     plt = _pyplot()
+    from matplotlib import cm, colors
+
     weights = np.asarray(ops.convert_to_numpy(weights), np.float32)
     if weights.ndim != 2 or weights.shape[0] != len(tokens):
         raise ValueError(
@@ -121,21 +153,41 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
     if grid_size[0] * grid_size[1] != num_patches:
         raise ValueError(f"`grid_size` {tuple(grid_size)} does not hold P = {num_patches} patches.")
     picture = _display_image(image)
+    scale = max(1, math.ceil(_PANEL_PIXELS / max(picture.shape[:2])))
+    size = (picture.shape[0] * scale, picture.shape[1] * scale)
+    picture = np.repeat(np.repeat(picture, scale, axis=0), scale, axis=1)  # sharp pixels, the heat's size
+    # One scale for the figure, from "no preference" to its largest weight. Rows that sum to 1 (SPARC's
+    # weights, FILIP's one-hot matches) start at the uniform 1 / P; other weights at 0 (or their minimum).
+    sums = weights.sum(axis=1)
+    uniform = bool(weights.size) and weights.min() >= 0 and np.allclose(sums[sums > 0], 1.0, atol=1e-3)
+    low = 1.0 / num_patches if uniform else min(float(weights.min()) if weights.size else 0.0, 0.0)
+    heats = np.zeros((len(tokens),) + size, np.float32)
+    for heat, row in zip(heats, weights):
+        heat[:] = _upsample(row.reshape(grid_size), size, _SMOOTHING_PATCHES, outside=low)
+    high = float(heats.max()) if heats.size and heats.max() > low else low + 1.0
+    norm = colors.Normalize(vmin=low, vmax=high, clip=True)
+    colormap = plt.get_cmap("inferno")
+    under = 0.25 * picture  # the image darkened: what no weight lights up stays dark
+
     panels = len(tokens) + 1
     rows = math.ceil(panels / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(2.2 * columns, 2.4 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.2 * columns + 0.8, 2.4 * rows), squeeze=False,
+                                layout="constrained")
     for axis in axes.ravel():
         axis.axis("off")
-    axes[0, 0].imshow(picture)
+    axes[0, 0].imshow(picture, interpolation="nearest")
     axes[0, 0].set_title("image", fontsize=9)
-    extent = (0, picture.shape[1], picture.shape[0], 0)
-    for k, (token, row) in enumerate(zip(tokens, weights), start=1):
+    for k, (token, heat) in enumerate(zip(tokens, heats), start=1):
         axis = axes.ravel()[k]
-        heat = row.reshape(grid_size)
-        heat = heat / heat.max() if heat.max() > 0 else heat
-        axis.imshow(picture)
-        axis.imshow(heat, cmap="inferno", alpha=0.6, extent=extent, interpolation="nearest", vmin=0, vmax=1)
+        level = norm(heat).filled(0)[..., None]  # 0 at the uniform weight, 1 at the figure's largest
+        alpha = _MAX_ALPHA * level
+        axis.imshow(under * (1 - alpha) + colormap(level[..., 0])[..., :3] * alpha, interpolation="nearest")
         axis.set_title(token, fontsize=9)
+    bar = figure.colorbar(cm.ScalarMappable(norm=norm, cmap=colormap), ax=axes.ravel().tolist(), shrink=0.5,
+                          aspect=30, pad=0.02)
+    bar.set_label("weight, smoothed" + (f" (bottom: uniform, 1/P = 1/{num_patches})" if uniform else ""),
+                  fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     return _save(plt, figure, path, title)
 
 

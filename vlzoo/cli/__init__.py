@@ -47,16 +47,21 @@ One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve
 `convert`, `demo`), each with `register(subparsers)` and `run(args, out)`; shared helpers in
 `_common`, the readers of labelled images and pairs in `vlzoo.data.labels`. The command modules
 import no backend at module level: each `run` imports what it needs.
+
+Framework C++ logs that read as errors but are not ("failed call to cuInit", "oneDNN custom
+operations are on") stay hidden unless `VLZOO_VERBOSE=1` or the user's own `TF_CPP_MIN_LOG_LEVEL`
+is set (`_logs`).
 """
 
 import argparse
 import sys
 
+from vlzoo.cli._logs import QUIET_NATIVE_LOGS  # first: sets the C++ log level before a framework loads
 from vlzoo.cli import catalogue, convert, demo, retrieve, train, zeroshot
 from vlzoo.cli._common import UsageError
 from vlzoo.cli.demo import DEMO_TEMPLATE
 
-__all__ = ["COMMANDS", "DEMO_TEMPLATE", "UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "DEMO_TEMPLATE", "QUIET_NATIVE_LOGS", "UsageError", "build_parser", "main"]
 
 COMMANDS = (catalogue, zeroshot, retrieve, train, convert, demo)
 

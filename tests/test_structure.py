@@ -1,0 +1,158 @@
+"""The package's shape, read from the source (no import, no backend): no import cycle, layers
+that import only downwards, no import hidden in a function but the CLI's, Keras internals
+behind one module, no module over 800 lines."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "vlzoo"
+MAX_LINES = 800
+
+# Lower layers must not import higher ones (prefix match on module names).
+FORBIDDEN = {
+    "vlzoo.models": ("vlzoo.presets", "vlzoo.distribution", "vlzoo.loading", "vlzoo.convert", "vlzoo.evaluation",
+                     "vlzoo.cli", "vlzoo.training", "vlzoo.transfer"),
+    "vlzoo.presets": ("vlzoo.models", "vlzoo.loading", "vlzoo.convert"),
+    "vlzoo.preset_files": ("vlzoo.models", "vlzoo.presets"),
+    "vlzoo.tokenizers": ("vlzoo.models", "vlzoo.presets"),
+    "vlzoo.preprocessing": ("vlzoo.models", "vlzoo.presets"),
+    "vlzoo.layers": ("vlzoo.models",),
+    "vlzoo.losses": ("vlzoo.models", "vlzoo.layers"),
+    "vlzoo.data": ("vlzoo.models", "vlzoo.evaluation", "vlzoo.cli"),
+}
+# Modules that must import without Keras (what listing and checking names reads).
+KERAS_FREE = ("vlzoo.registry", "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _resolve(module, node, path):
+    """The vlzoo modules an import statement names (a package's submodule when it is one)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        if node.level:
+            base = ".".join(base.split(".")[: len(base.split(".")) - node.level + 1])
+            base = ".".join(filter(None, [base, node.module]))
+        else:
+            base = node.module
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+    found = []
+    for name in names:
+        while name not in MODULES and "." in name:
+            name = name.rpartition(".")[0]
+        if name in MODULES and name != module:
+            found.append(name)
+    return found
+
+
+def _imports():
+    """`(module, imported module, line, inside a function)` for every vlzoo import in the package."""
+    rows = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        nested = {id(inner) for outer in ast.walk(tree) if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for inner in ast.walk(outer) if isinstance(inner, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                rows += [(module, target, node.lineno, id(node) in nested) for target in _resolve(module, node, path)]
+    return rows
+
+
+IMPORTS = _imports()
+
+
+def _cycles(edges):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_the_analysis_sees_the_package():
+    # Guards the guard: the parser finds the modules and the edges it must.
+    assert {"vlzoo.models.base", "vlzoo.presets", "vlzoo.cli", "vlzoo.tokenizers"} <= set(MODULES)
+    edges = {(a, b) for a, b, _, _ in IMPORTS}
+    assert ("vlzoo.models.base", "vlzoo.preset_files") in edges
+    assert ("vlzoo.distribution", "vlzoo.presets") in edges
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle():
+    """Counting imports inside functions too: a cycle held by a late import is still a cycle."""
+    edges = {}
+    for module, target, _, _ in IMPORTS:
+        edges.setdefault(module, set()).add(target)
+    assert _cycles(edges) == []
+
+
+@pytest.mark.parametrize("lower", sorted(FORBIDDEN))
+def test_lower_layers_do_not_import_higher_ones(lower):
+    wrong = [f"{m} -> {t} (line {line})" for m, t, line, _ in IMPORTS
+             if (m == lower or m.startswith(lower + ".")) and t.startswith(FORBIDDEN[lower])]
+    assert wrong == []
+
+
+def test_imports_inside_functions_only_in_the_cli():
+    """The CLI imports a command's backend-heavy modules when the command runs (so `--help` stays
+    light); nowhere else does an import of vlzoo hide inside a function."""
+    hidden = [f"{m} -> {t} (line {line})" for m, t, line, nested in IMPORTS
+              if nested and not (m == "vlzoo.cli" or m.startswith("vlzoo.cli."))]
+    assert hidden == []
+
+
+def test_keras_free_modules_do_not_import_keras():
+    for module in KERAS_FREE:
+        tree = ast.parse(MODULES[module].read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not any(name.split(".")[0] in ("keras", "jax", "tensorflow", "torch") for name in names), module
+        assert not [t for m, t, _, _ in IMPORTS if m == module and t not in KERAS_FREE], module
+
+
+def test_keras_internals_only_behind_one_helper():
+    users = sorted(str(path.relative_to(ROOT)) for folder in ("vlzoo", "tools", "tests")
+                   for path in (ROOT / folder).rglob("*.py")
+                   if path != pathlib.Path(__file__) and "keras.src" in path.read_text())
+    assert users == ["vlzoo/_keras.py"]
+
+
+def test_no_module_over_800_lines():
+    long = {str(path.relative_to(ROOT)): n for folder in ("vlzoo", "tools", "tests")
+            for path in (ROOT / folder).rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}

@@ -1,0 +1,185 @@
+"""Report tables of tools/bench.py: `bench.json` rows rendered as Markdown.
+
+    python tools/bench.py --from-json out/bench/bench.json --markdown docs/bench.md
+
+`markdown(rows, machine)` is the table that `tools/bench.py` prints and writes to `bench.md`;
+`page(results)` is a whole Markdown page of one `bench.json` (`{"machine": ..., "rows": [...]}`).
+`bf16_plan` reads the measured matmul rooflines (`rooflines`) to decide which bfloat16 runs are worth
+running. Nothing here runs a benchmark or imports a framework.
+"""
+
+# Throughput targets on the CPU machine, as vlzoo's images/s over open_clip's, per (task, backend).
+PEER_TARGETS = {"train_step": {"jax": 1.0, "tensorflow": 0.9, "torch": 0.9}}
+INFERENCE_TARGET = 0.95
+
+
+# A framework whose bfloat16 matmul runs below this share of its float32 speed (a CPU without
+# AVX512-BF16 or AMX: PyTorch's falls back to a kernel at ~1 GFLOP/s) gets no bfloat16 model runs.
+BF16_USABLE = 0.1
+
+
+def bf16_plan(case, backend, roofline):
+    """`(case to run, reason)` for a precision model case given the measured matmul rooflines.
+
+    open_clip runs in PyTorch whatever the Keras backend: its bfloat16 run is dropped when
+    PyTorch's bfloat16 matmul is unusable; the case is skipped (None) when vlzoo's own backend's is.
+    """
+    def unusable(framework):
+        f32, bf16 = roofline.get((framework, "float32")), roofline.get((framework, "bfloat16"))
+        if f32 and bf16 is not None and bf16 < BF16_USABLE * f32:
+            return f"{framework}'s bfloat16 matmul runs at {bf16} GFLOP/s against {f32} in float32"
+        return None
+
+    if case["dtype"] != "float32" and unusable(backend):
+        return None, unusable(backend)
+    reason = unusable("torch")
+    if reason and "bfloat16" in case["peer_precisions"]:
+        return dict(case, peer_precisions=[p for p in case["peer_precisions"] if p != "bfloat16"]), reason
+    return case, None
+
+
+def describe(row):
+    """Short human label of a case."""
+    if row["entry"] == "open_clip":
+        peer = row["peer"] if isinstance(row["peer"], str) else "tiny CLIP"
+        return (f"{row['task']}, {peer}, batch {row['batch_size']}" + (f", {row['only']} alone" if "only" in row else "")
+                + (", host memory retained" if row.get("retain_host_memory") else ""))
+    if row["entry"] == "filip_loss":
+        return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
+    if row["entry"] == "loss_memory":
+        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
+        return f"{row['loss']} loss, B={row['B']} ({dims}), chunk {row['chunk_size'] or '-'}"
+    if row["entry"] == "precision":
+        if row["task"] == "matmul":
+            return f"matmul {row['N']}x{row['N']}, {row['dtype']}" + (f", {row['xla_flags']}" if row.get("xla_flags") else "")
+        return f"{row['task']}, {row['peer'] if isinstance(row['peer'], str) else 'tiny CLIP'}, batch " \
+               f"{row['batch_size']}, vlzoo {row['dtype']}"
+    if row["entry"] == "stair_pool":
+        return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
+    return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
+
+
+def peer_target(task, backend):
+    """vlzoo's required throughput over open_clip's for `task` on `backend` (issue 8's CPU targets)."""
+    return PEER_TARGETS.get(task, {}).get(backend, INFERENCE_TARGET)
+
+
+def open_clip_table(rows):
+    """Markdown rows of the open_clip comparison: throughput, ratio, compile time, memory, agreement."""
+    paired = [row for row in rows if row["entry"] == "open_clip" and "only" not in row]
+    if not paired:
+        return []
+    # Keyed by (task, framework, backend); open_clip alone ran once, whatever the Keras backend.
+    alone = {(row["task"], row["only"], row["backend"] if row["only"] == "vlzoo" else None): row["result"]
+             for row in rows if row["entry"] == "open_clip" and "only" in row}
+    out = ["| task | backend | vlzoo items/s | open_clip items/s | vlzoo / open_clip | target | compile (s) "
+           "| peak MB: vlzoo | open_clip | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in paired:
+        r, b = row["result"], row["batch_size"]
+        retained = row.get("retain_host_memory", False)
+        task = row["task"] + (" (host memory retained)" if retained else "")
+        if "error" in r:
+            out.append(f"| {task} | {row['backend']} | error: {r['error']} | | | | | | | |")
+            continue
+        # Memory alone was measured with the default allocator settings only.
+        memory = [alone.get((row["task"], side, key), {}).get("peak_mb", "") if not retained else ""
+                  for side, key in (("vlzoo", row["backend"]), ("open_clip", None))]
+        ratio = 1 / r["vs_open_clip"]
+        target = peer_target(row["task"], row["backend"])
+        out.append(
+            f"| {task} | {row['backend']} | {b / r['median_s']:.2f} | {b / r['open_clip_median_s']:.2f} "
+            f"| {ratio:.2f}x {'(met)' if ratio >= target else '(short)'} | {target}x | {r['compile_s']} "
+            f"| {memory[0]} | {memory[1]} | {r['max_abs_diff']:.1e} |"
+        )
+    return out + [""]
+
+
+def memory_table(rows):
+    """Markdown rows of `loss_memory`: peak MB per loss and backend (rows) against batch size (columns)."""
+    memory = [row for row in rows if row["entry"] == "loss_memory" and "error" not in row["result"]]
+    sizes = sorted({row["B"] for row in memory})
+    if not memory:
+        return []
+    out = ["| loss (forward + backward) | backend | " + " | ".join(f"B={b}" for b in sizes) + " |",
+           "|---|---|" + "---:|" * len(sizes)]
+    for key in dict.fromkeys((row["loss"], row["backend"]) for row in memory):
+        peaks = {row["B"]: row["result"]["peak_mb"] for row in memory if (row["loss"], row["backend"]) == key}
+        first = next(row for row in memory if (row["loss"], row["backend"]) == key)
+        label = describe(first).replace(f", B={first['B']}", "")
+        out.append(f"| {label} | {key[1]} | " + " | ".join(f"{peaks.get(b, '')} MB" for b in sizes) + " |")
+    return out + [""]
+
+
+def rooflines(rows):
+    """`{(backend, dtype): GFLOP/s}` of the plain matmul rows (no XLA flags) that ran among `rows`."""
+    return {(row["backend"], row["dtype"]): row["result"]["gflops"] for row in rows
+            if row["entry"] == "precision" and row["task"] == "matmul" and not row.get("xla_flags")
+            and "gflops" in row["result"]}
+
+
+def precision_table(rows):
+    """Markdown rows of `precision`: the matmul roofline per backend and dtype, then vlzoo's encode_image
+    and training step in each precision against open_clip in float32 and in bfloat16 (autocast)."""
+    done = [row for row in rows if row["entry"] == "precision"]
+    if not done:
+        return []
+    roofline = rooflines(done)
+    out = ["| matmul (roofline) | backend | GFLOP/s |", "|---|---|---:|"]
+    for row in (row for row in done if row["task"] == "matmul"):
+        value = "error" if "error" in row["result"] else row["result"]["gflops"]
+        out.append(f"| {describe(row)} | {row['backend']} | {value} |")
+    out += ["", "| task | backend | vlzoo dtype | vlzoo items/s | GFLOP/s | % of matmul roofline "
+                "| / open_clip float32 | / open_clip bfloat16 | max abs diff vs open_clip float32 |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in (row for row in done if row["task"] != "matmul"):
+        r = row["result"]
+        if "error" in r or "skipped" in r:
+            what = f"error: {r['error']}" if "error" in r else f"not run: {r['skipped']}"
+            out.append(f"| {row['task']} | {row['backend']} | {row['dtype']} | {what} | | | | | |")
+            continue
+        peak = roofline.get((row["backend"], "float32" if row["dtype"] == "float32" else "bfloat16"))
+        share = f"{100 * r['gflops'] / peak:.0f}%" if peak else ""
+        bf16 = f"{1 / r['vs_open_clip_bfloat16']:.2f}x" if "vs_open_clip_bfloat16" in r else "not run"
+        out.append(
+            f"| {row['task']} | {row['backend']} | {row['dtype']} | {row['batch_size'] / r['median_s']:.2f} "
+            f"| {r['gflops']} | {share} | {1 / r['vs_open_clip_float32']:.2f}x | {bf16} | {r['max_abs_diff']:.1e} |"
+        )
+    return out + [""]
+
+
+def markdown(rows, machine):
+    out = [f"Machine: {machine}", ""] + open_clip_table(rows) + precision_table(rows) + memory_table(rows)
+    out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
+            "|---|---|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row["entry"] in ("open_clip", "precision"):
+            continue
+        r = row["result"]
+        head = f"| {row['entry']} | {row['backend']} | {describe(row)} |"
+        if "error" in r:
+            out.append(f"{head} error: {r['error']} | | | | |")
+        else:
+            out.append(f"{head} {r['first_call_s']} | {r['median_s']} | {r['peak_mb']} | "
+                       f"{r.get('clip_median_s', '')} | {r.get('vs_clip', '')} |")
+    return "\n".join(out) + "\n"
+
+
+def not_run(rows):
+    """The line naming the bfloat16 runs that were dropped and why, or None when every run ran."""
+    notes = sorted({row["result"]["note"] for row in rows if "note" in row["result"]})
+    if notes:
+        return "Not run: open_clip's bfloat16 (autocast) steps, since " + "; ".join(notes)
+    return None
+
+
+def page(results, title="vlzoo benchmarks"):
+    """A Markdown page of one `bench.json`'s `results`: a title, the tables of `markdown`, and the
+    runs that were not run (the same tables as `bench.md`; see README.md's Benchmarks section for
+    what each entry measures)."""
+    rows = results["rows"]
+    errors = sum("error" in row["result"] for row in rows)
+    out = [f"# {title}", "", "Written by `tools/bench.py` (`make bench`) from its `bench.json`: "
+           f"{len(rows)} cases" + (f", {errors} failed." if errors else "."), "",
+           markdown(rows, results["machine"]).rstrip("\n")]
+    note = not_run(rows)
+    return "\n".join(out + (["", note] if note else [])) + "\n"
