@@ -54,6 +54,7 @@ Example:
 
 ```python
 from vlzoo.data import shapes
+from vlzoo.evaluation import shapes_benchmark
 
 train = shapes.generate("train", 1000, image_size=32, seed=0)
 train["images"].shape, train["captions"][:2]
@@ -63,8 +64,8 @@ x = shapes.model_inputs(train["images"], train["captions"], model.tokenizer, mod
 model.fit(x, batch_size=32, epochs=5)
 
 pairs = shapes.binding_pairs("test", 200, swap="color")
-shapes.binding_accuracy(model, model.preprocessor(pairs["images"]),
-                        pairs["captions"], pairs["swapped_captions"])   # chance 0.5
+shapes_benchmark.binding_accuracy(model, model.preprocessor(pairs["images"]),
+                                  pairs["captions"], pairs["swapped_captions"])   # chance 0.5
 ```
 """
 
