@@ -264,7 +264,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
 
     Example:
     >>> model = vlzoo.from_preset("clip_tiny")
-    >>> model.encode_text(["a photo of a cat"]).shape
+    >>> model.encode_text(["a photo of a cat"])["embeds"].shape
     (1, 24)
     """
     directory = resolve_preset(preset)

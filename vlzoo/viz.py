@@ -26,6 +26,8 @@ import math
 import numpy as np
 from keras import ops
 
+from vlzoo.retrieval import top_terms
+
 
 def caption_alignment(model, image, caption):
     """Each real token of `caption` and its weights over `image`'s patch grid.
@@ -195,8 +197,8 @@ def top_terms_chart(terms, path, image=None, title=None):
     """Writes a PNG bar chart of sparse-embedding terms, heaviest on top, beside `image` when given.
 
     Args:
-        terms: `[(token, weight), ...]` (e.g. one row of
-            `vlzoo.retrieval.top_terms`, or `model.encode_image(x, top_k=20)[0]`).
+        terms: `[(token, weight), ...]`, e.g. one row of
+            `vlzoo.retrieval.top_terms(model.encode_image(x)["embeds"], k=20, tokenizer=model.tokenizer)`.
         path: PNG file to write.
         image: optional `(H, W, 3)` image drawn on the left (rescaled to [0, 1]).
         title: optional figure title.
@@ -236,4 +238,5 @@ def draw_image_terms(model, image, path, k=20, title=None):
     >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)
     """
     images = ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(image), np.float32)[None])
-    return top_terms_chart(model.encode_image(images, top_k=k)[0], path, image=image, title=title)
+    terms = top_terms(model.encode_image(images)["embeds"], k=k, tokenizer=model.tokenizer)[0]
+    return top_terms_chart(terms, path, image=image, title=title)

@@ -571,9 +571,10 @@ def parity(model, peer, batch_size=3, seed=0):
     """
     images, ids, mask = random_inputs(model, batch_size, seed)
     texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
-    image = to_numpy(model.encode_image(images, normalize=True))
-    text = to_numpy(model.encode_text(texts, normalize=True))
-    logits = to_numpy(model.score(image, text))
+    image_embeds = model.encode_image(images, normalize=True)
+    text_embeds = model.encode_text(texts, normalize=True)
+    logits = to_numpy(model.score(image_embeds, text_embeds))
+    image, text = to_numpy(image_embeds["embeds"]), to_numpy(text_embeds["embeds"])
     p_image, p_text, p_logits = peer_outputs(peer, images, ids)
     return {
         "image": float(np.max(np.abs(image - p_image))),

@@ -58,7 +58,7 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
     Returns:
         The `SPARO` model. Its log-scale `logit_scale` is the checkpoint's
         (both store the log; scores use `exp(logit_scale)`), and its outputs
-        are the authors': `encode_image(x, normalize=True)` `(B, L V)` is
+        are the authors': `encode_image(x, normalize=True)["embeds"]` `(B, L V)` is
         their `encode_image(x, normalize=True)`, `image_attention(x)`
         `(B, L, 1 + P)` their `return_attn` maps, likewise for text.
         Only their released `sparo_type="cont:const"` is meant: a
@@ -76,7 +76,7 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
 
     Example:
     >>> model = vlzoo.convert.from_sparo_checkpoint("epoch_25.pt", "sparo_clip_vit_b32")
-    >>> model.encode_image(images, normalize=True).shape  # images: (8, 224, 224, 3), preprocessed
+    >>> model.encode_image(images, normalize=True)["embeds"].shape  # images: (8, 224, 224, 3), preprocessed
     (8, 4096)
     >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches
     (8, 64, 50)

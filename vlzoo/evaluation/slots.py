@@ -110,8 +110,8 @@ def slot_zero_shot_accuracy(model, images, labels, class_texts):
     mask = class_texts.get("padding_mask")
     mask = ops.ones_like(ids, dtype="bool") if mask is None else ops.convert_to_tensor(mask)
     flat = {"token_ids": ops.reshape(ids, (-1, ids.shape[-1])), "padding_mask": ops.reshape(mask, (-1, ids.shape[-1]))}
-    text = ops.reshape(model.encode_text(flat), tuple(ids.shape[:-1]) + (model.embed_dim,))
-    return per_slot_zero_shot_accuracy(model.encode_image(images), text, labels, model.slot_dim)
+    text = ops.reshape(model.encode_text(flat)["embeds"], tuple(ids.shape[:-1]) + (model.embed_dim,))
+    return per_slot_zero_shot_accuracy(model.encode_image(images)["embeds"], text, labels, model.slot_dim)
 
 
 def select_slots(model, images, labels, class_texts, top_k=None):

@@ -40,6 +40,11 @@ class ClampLogitScale(keras.constraints.Constraint):
         return {"max_value": self.max_value}
 
 
+def _prefixed(side, embeds):
+    """`{"embeds": x, "tokens": y}` -> `{"image_embeds": x, "image_tokens": y}` (`side="image"`)."""
+    return {f"{side}_{key}": value for key, value in embeds.items()}
+
+
 class ContrastiveModel(keras.Model):
     """Image tower + text tower + learned temperature, trained with a family loss.
 
@@ -144,29 +149,43 @@ class ContrastiveModel(keras.Model):
         return texts
 
     def encode_image(self, images, normalize=False):
-        """Image embeddings.
+        """Image embeddings: a dict with the global embedding under `"embeds"`.
+
+        Every family returns the same structure (`image_embedding_keys`):
+        `"embeds"` `(B, D)` is the image's global embedding, and the family's
+        extras sit beside it under fixed names (FILIP and SPARC `"tokens"`
+        `(B, P, D)`; Llip `"keys"` and `"values"`). `score` takes the dict.
 
         Args:
             images: float `(B, H, W, 3)` preprocessed pixels.
-            normalize: L2-normalise the result.
+            normalize: apply `normalize_embeds`.
 
         Returns:
-            `(B, embed_dim)`.
+            `{"embeds": (B, embed_dim), ...}`.
+
+        Example:
+        >>> model = vlzoo.from_preset("clip_tiny")
+        >>> model.encode_image(np.zeros((2, 32, 32, 3)))["embeds"].shape
+        (2, 24)
         """
         self._check_image_inputs(images)
         embeds = self._image_features(images)
         return self.normalize_embeds(embeds) if normalize else embeds
 
     def encode_text(self, texts, normalize=False):
-        """Text embeddings.
+        """Text embeddings: a dict with the global embedding under `"embeds"`.
+
+        The structure is `text_embedding_keys`: `"embeds"` `(B, D)` plus the
+        family's extras (FILIP and SPARC `"tokens"` `(B, T, D)` and `"mask"`
+        `(B, T)`; Llip `"queries"`).
 
         Args:
             texts: the tokenizer's dict (`token_ids`, `padding_mask`, each
                 `(B, T)`) or a list of strings (tokenised with `tokenizer`).
-            normalize: L2-normalise the result.
+            normalize: apply `normalize_embeds`.
 
         Returns:
-            `(B, embed_dim)`.
+            `{"embeds": (B, embed_dim), ...}`.
         """
         inputs = self._tokenize(texts)
         self._check_text_inputs(inputs)
@@ -179,9 +198,11 @@ class ContrastiveModel(keras.Model):
         The compiled, batched inference path (jitted on JAX, a `tf.function`
         on TensorFlow, no autograd graph on PyTorch), with `predict`'s
         progress bar: `model.predict({"images": x}, batch_size=64)` returns
-        `{"image_embeds": encode_image(x)}` as numpy, `model.predict(tokens)`
-        (the tokenizer's dict) `{"text_embeds": ...}`, both keys when both
-        inputs are given. `encode_image` / `encode_text` remain the eager,
+        the entries of `encode_image(x)` prefixed with `image_` (the names
+        `call` uses: `{"image_embeds": ...}` for CLIP, with `image_tokens`
+        for FILIP and SPARC) as numpy, `model.predict(tokens)` (the
+        tokenizer's dict) those of `encode_text` prefixed with `text_`, both
+        when both inputs are given. `encode_image` / `encode_text` remain the eager,
         differentiable calls.
 
         Keras' JAX trainer calls `predict_step(state, data)` with the
@@ -205,9 +226,10 @@ class ContrastiveModel(keras.Model):
             )
         outputs = {}
         if "images" in x:
-            outputs["image_embeds"] = self.encode_image(x["images"])
+            outputs.update(_prefixed("image", self.encode_image(x["images"])))
         if "token_ids" in x:
-            outputs["text_embeds"] = self.encode_text({k: x[k] for k in ("token_ids", "padding_mask") if k in x})
+            text = self.encode_text({k: x[k] for k in ("token_ids", "padding_mask") if k in x})
+            outputs.update(_prefixed("text", text))
         return outputs
 
     def similarity(self, images, texts):
@@ -229,12 +251,31 @@ class ContrastiveModel(keras.Model):
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
 
     def normalize_embeds(self, embeds):
-        """The family's normalisation of what `encode_image` / `encode_text` return (`normalize=True`).
+        """`encode_image` / `encode_text`'s dict with the family's normalisation applied (`normalize=True`).
 
-        L2 over the last axis here; SPARO normalises each slot, STAIR guards
-        all-zero vectors, the token-level families normalise each entry.
+        The entries named in `normalized_keys` are normalised by
+        `normalize_vectors`, the others pass through.
         """
-        return l2_normalize(embeds)
+        return {key: self.normalize_vectors(value) if key in self.normalized_keys else value
+                for key, value in embeds.items()}
+
+    def normalize_vectors(self, vectors):
+        """The family's normalisation of `(..., D)` embeddings: L2 over the last axis here;
+        SPARO normalises each slot, STAIR guards all-zero vectors."""
+        return l2_normalize(vectors)
+
+    def check_embeds(self, embeds, side, name=None):
+        """`embeds` as `encode_image` (`side="image"`) or `encode_text` returns it; a clear error otherwise."""
+        keys = self.image_embedding_keys if side == "image" else self.text_embedding_keys
+        if not isinstance(embeds, dict) or not set(keys) <= set(embeds):
+            name = name or f"{side}_embeds"
+            raise TypeError(
+                f"`{name}` must be the dict returned by `{type(self).__name__}.encode_{side}` (keys {list(keys)}); "
+                f"received {type(embeds).__name__}"
+                + (f" with keys {sorted(embeds)}" if isinstance(embeds, dict) else "")
+                + ". Wrap a bare `(N, D)` tensor `x` as `{'embeds': x}`."
+            )
+        return embeds
 
     @staticmethod
     def _padding_mask(inputs):
@@ -244,10 +285,10 @@ class ContrastiveModel(keras.Model):
         return mask
 
     def _image_features(self, images, training=None):
-        return self.vision(images, training=training)["pooled"]
+        return {"embeds": self.vision(images, training=training)["pooled"]}
 
     def _text_features(self, inputs, training=None):
-        return self.text(inputs["token_ids"], self._padding_mask(inputs), training=training)["pooled"]
+        return {"embeds": self.text(inputs["token_ids"], self._padding_mask(inputs), training=training)["pooled"]}
 
     def _check_training_inputs(self, inputs):
         if not isinstance(inputs, dict) or not {"images", "token_ids"} <= set(inputs):
@@ -262,12 +303,12 @@ class ContrastiveModel(keras.Model):
         validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
 
     def call(self, inputs, training=False):
+        """`encode_image` and `encode_text`'s entries, prefixed with `image_` / `text_`, and `logit_scale`."""
         self._check_training_inputs(inputs)
-        return {
-            "image_embeds": self._image_features(inputs["images"], training=training),
-            "text_embeds": self._text_features(inputs, training=training),
-            "logit_scale": self.logit_scale_value(),
-        }
+        outputs = _prefixed("image", self._image_features(inputs["images"], training=training))
+        outputs.update(_prefixed("text", self._text_features(inputs, training=training)))
+        outputs["logit_scale"] = self.logit_scale_value()
+        return outputs
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         if y_pred is None:
@@ -323,12 +364,21 @@ class ContrastiveModel(keras.Model):
     # What every family provides and evaluation, retrieval, visualisation and
     # the CLI rely on (docs/adding_a_family.md walks through it).
 
+    # The entries of `encode_image` / `encode_text`'s dicts (global embedding first)
+    # and those that `normalize_embeds` normalises.
+    image_embedding_keys = ("embeds",)
+    text_embedding_keys = ("embeds",)
+    normalized_keys = ("embeds",)
+
     # Whether `score(i, t)` ranks texts for an image and images for a text
     # alike. False for FILIP, whose two directions differ (`direction=`).
     symmetric_score = True
 
     def score(self, image_embeds, text_embeds, **options):
         """Scores `(N_images, N_texts)` of `encode_image` against `encode_text` outputs, on the loss's scale.
+
+        Both arguments are the dicts the encoders return (normalised or not;
+        `check_embeds` says what is missing).
 
         Options per family (none for CLIP, SigLIP, SPARC, STAIR):
         FILIP `direction="i2t"|"t2i"` (its two late-interaction similarities),

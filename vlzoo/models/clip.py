@@ -43,7 +43,9 @@ class CLIP(ContrastiveModel):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
 
     def score(self, image_embeds, text_embeds):
-        return clip_logits(image_embeds, text_embeds, self.logit_scale_value())
+        """`exp(logit_scale) * cos` of the global embeddings, `(N_images, N_texts)` float32."""
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        return clip_logits(image["embeds"], text["embeds"], self.logit_scale_value())
 
     def contrastive_loss(self, outputs, training=False):
         return clip_loss(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])

@@ -3,11 +3,10 @@
 Every model names its own through the `prompt_ensembling` property of
 `ContrastiveModel`; `vlzoo.evaluation.zero_shot_classifier` uses it.
 
-* `EmbeddingMean()` (the default: CLIP, SigLIP, SPARO, STAIR): the mean of
-  the L2-normalised text embeddings (`encode_text(normalize=True)`),
-  renormalised with the model's own `normalize_embeds` (SPARO's: per slot),
-  scored with `model.score`.
-* `EmbeddingMean(key="global")` (SPARC): the same on the global embedding.
+* `EmbeddingMean()` (the default: CLIP, SigLIP, SPARC, SPARO, STAIR): the
+  mean of the normalised global text embeddings (`encode_text(normalize=True)
+  ["embeds"]`), renormalised with the model's own `normalize_embeds`
+  (SPARO's: per slot), scored with `model.score`.
 * `TokenSimilarityMean()` (FILIP): the mean over templates of the token-wise
   similarity `S_I` times `exp(logit_scale)`, the prompts encoded once.
 * `ClassTextsMethod()` (Llip): the model's own `encode_class_texts` (mean
@@ -63,30 +62,16 @@ class EmbeddingMean(Ensembling):
     """CLIP's ensembling: `normalise(mean_k normalise(text_embed[c, k]))` per class.
 
     Both normalisations are the model's own (`encode_text(normalize=True)`;
-    SPARO's normalises every slot, STAIR's guards all-zero vectors).
-
-    Args:
-        key: for families whose `encode_text` returns a dict, the entry that
-            `score` reads (SPARC: `"global"`); the class representation is
-            then `{key: (C, D)}`. None: `encode_text` returns a `(N, D)` tensor.
+    SPARO's normalises every slot, STAIR's guards all-zero vectors), on the
+    global embedding `"embeds"`; the class representation is
+    `{"embeds": (C, D)}`, which every family whose `score` reads the global
+    embeddings takes as `text_embeds`.
     """
-
-    def __init__(self, key=None):
-        self.key = key
 
     def encode_classes(self, model, class_texts):
         c, k = tuple(class_texts["token_ids"].shape[:2])
-        embeds = model.encode_text(_flatten_prompts(class_texts), normalize=True)
-        if self.key is not None:
-            embeds = embeds[self.key]
-        elif isinstance(embeds, dict):
-            raise TypeError(
-                f"{type(model).__name__}.encode_text returns a dict (keys {sorted(embeds)}), so the embedding "
-                "mean needs to know which entry `score` reads: its `prompt_ensembling` should return "
-                "`EmbeddingMean(key=...)`."
-            )
-        mean = ops.mean(ops.reshape(embeds, (c, k, -1)), axis=1)
-        return model.normalize_embeds(mean if self.key is None else {self.key: mean})
+        embeds = model.encode_text(_flatten_prompts(class_texts), normalize=True)["embeds"]
+        return model.normalize_embeds({"embeds": ops.mean(ops.reshape(embeds, (c, k, -1)), axis=1)})
 
 
 class TokenSimilarityMean(Ensembling):

@@ -64,9 +64,9 @@ class FILIP(TokenContrastiveModel):
             products (FILIP's fp16 trick); results stay float32.
         projection_bias: bias in the token projections (CLIP: none).
 
-    `encode_image` returns `{"global", "tokens"}` and `encode_text`
-    `{"global", "tokens", "mask"}`: `tokens` are the projected interaction
-    tokens, `global` their (masked) mean, a pooled convenience that FILIP's
+    `encode_image` returns `{"embeds", "tokens"}` and `encode_text`
+    `{"embeds", "tokens", "mask"}`: `tokens` are the projected interaction
+    tokens, `embeds` their (masked) mean, a pooled convenience that FILIP's
     score does not use.
 
     Example:
@@ -109,7 +109,7 @@ class FILIP(TokenContrastiveModel):
         if not self.interaction_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         tokens = self.image_projection(tokens)
-        return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
+        return {"embeds": ops.mean(tokens, axis=1), "tokens": tokens}
 
     # --------------------------------------------------------------- scores
 
@@ -123,8 +123,8 @@ class FILIP(TokenContrastiveModel):
         `encode_text` outputs."""
         if direction not in DIRECTIONS:
             raise ValueError(f"`direction` must be one of {DIRECTIONS}; received {direction!r}.")
-        s_i, s_t = filip_similarity(image_embeds["tokens"], text_embeds["tokens"], text_embeds["mask"],
-                                    **self._chunks())
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        s_i, s_t = filip_similarity(image["tokens"], text["tokens"], text["mask"], **self._chunks())
         return self.logit_scale_value() * (s_i if direction == "i2t" else s_t)
 
     def similarity(self, images, texts, direction="i2t"):

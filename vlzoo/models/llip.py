@@ -13,19 +13,6 @@ from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import ClassTextsMethod
 from vlzoo.models.token_level import token_projection
 
-_IMAGE_KEYS = ("keys", "values")
-_TEXT_KEYS = ("queries", "embeds")
-
-
-def _check_embeds(embeds, keys, name, method):
-    if not isinstance(embeds, dict) or not set(keys) <= set(embeds):
-        raise TypeError(
-            f"`{name}` must be the dict returned by `{method}` (keys {list(keys)}); "
-            f"received {type(embeds).__name__}"
-            + (f" with keys {sorted(embeds)}" if isinstance(embeds, dict) else "") + "."
-        )
-
-
 @keras.saving.register_keras_serializable(package="vlzoo")
 class Llip(ContrastiveModel):
     """Llip: a ViT with K mixture tokens, a causal text tower, a text-conditioned cross-attention.
@@ -64,11 +51,15 @@ class Llip(ContrastiveModel):
         num_chunks: alternative to `chunk_size`, a static number of blocks
             (works when the batch size is unknown while tracing).
 
-    `encode_image` returns `{"tokens": (B, K, W_v), "keys": (B, K, M, d_h),
-    "values": (B, K, M, D)}` (values folded through `W_O`, see
-    `LlipCrossAttention`); `encode_text` returns `{"queries": (B, M, d_h),
-    "embeds": (B, D)}` (`normalize=True` normalises `embeds`). Images
-    cannot be reduced to one vector: cache these dicts for retrieval.
+    `encode_image` returns `{"embeds": (B, D), "keys": (B, K, M, d_h),
+    "values": (B, K, M, D), "mixture_tokens": (B, K, W_v)}` (values folded
+    through `W_O`, see `LlipCrossAttention`); `encode_text` returns
+    `{"embeds": (B, D), "queries": (B, M, d_h)}`; `normalize=True`
+    normalises both `embeds`. Llip scores each pair with its own
+    text-conditioned image embedding, so an image's `embeds` is only a
+    text-independent summary: the contextualised embedding under uniform
+    attention over the mixture tokens (the limit of a large temperature),
+    which `score` does not use. Cache the whole dicts for retrieval.
 
     Weight decay (`compile`): every parameter of rank >= 2 is decayed,
     mixture tokens, position and token embeddings included (the authors'
@@ -81,6 +72,8 @@ class Llip(ContrastiveModel):
     """
 
     family = "llip"
+    image_embedding_keys = ("embeds", "keys", "values", "mixture_tokens")
+    text_embedding_keys = ("embeds", "queries")
     extra_layout_rules = (
         ("cross_attention/q_proj", (None, "model")),
         ("cross_attention/(k|v)_proj", (None, None, "model")),
@@ -137,24 +130,18 @@ class Llip(ContrastiveModel):
     def _image_features(self, images, training=None):
         tokens = self.vision(images, training=training)["tokens"][:, : self.num_mixture_tokens]
         keys, values = self.cross_attention.image_keys_values(tokens)
-        return {"tokens": tokens, "keys": keys, "values": values}
+        # Uniform attention: the mean over the K tokens, summed over the M heads' folded values.
+        embeds = ops.sum(ops.mean(values, axis=1), axis=1)
+        return {"embeds": embeds, "keys": keys, "values": values, "mixture_tokens": tokens}
 
     def _text_features(self, inputs, training=None):
-        pooled = super()._text_features(inputs, training=training)  # g: end-token feature after ln_final
-        return {"queries": self.cross_attention.text_queries(pooled), "embeds": self.text_projection(pooled)}
-
-    def normalize_embeds(self, embeds):
-        return {key: l2_normalize(value) if key == "embeds" else value for key, value in embeds.items()}
+        pooled = super()._text_features(inputs, training=training)["embeds"]  # g: end-token feature after ln_final
+        return {"embeds": self.text_projection(pooled), "queries": self.cross_attention.text_queries(pooled)}
 
     def call(self, inputs, training=False):
-        self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"], training=training)
-        text = self._text_features(inputs, training=training)
-        return {
-            "image_keys": image["keys"], "image_values": image["values"],
-            "text_queries": text["queries"], "text_embeds": text["embeds"],
-            "logit_scale": self.logit_scale_value(), "logit_bias": ops.convert_to_tensor(self.logit_bias),
-        }
+        outputs = super().call(inputs, training=training)
+        outputs["logit_bias"] = ops.convert_to_tensor(self.logit_bias)
+        return outputs
 
     # --------------------------------------------------------------- scores
 
@@ -169,10 +156,9 @@ class Llip(ContrastiveModel):
             text_embeds: `encode_text`'s (or `encode_class_texts`') dict.
             temperature: tau of the cross-attention; None: the model's.
         """
-        _check_embeds(image_embeds, _IMAGE_KEYS, "image_embeds", "encode_image")
-        _check_embeds(text_embeds, _TEXT_KEYS, "text_embeds", "encode_text")
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
         return llip_logits(
-            text_embeds["queries"], image_embeds["keys"], image_embeds["values"], text_embeds["embeds"],
+            text["queries"], image["keys"], image["values"], text["embeds"],
             self.logit_scale_value(), self.logit_bias, self._tau(temperature),
             chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )

@@ -55,7 +55,9 @@ class SigLIP(ContrastiveModel):
         return outputs
 
     def score(self, image_embeds, text_embeds):
-        return siglip_logits(image_embeds, text_embeds, self.logit_scale_value(), self.logit_bias)
+        """`exp(logit_scale) * cos + logit_bias` of the global embeddings, `(N_images, N_texts)` float32."""
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        return siglip_logits(image["embeds"], text["embeds"], self.logit_scale_value(), self.logit_bias)
 
     def contrastive_loss(self, outputs, training=False):
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])

@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
-from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.models.token_level import TokenContrastiveModel
 
 TEXT_POOLS = ("masked_mean", "mean")
@@ -46,8 +45,8 @@ class SPARC(TokenContrastiveModel):
         text_pool: "masked_mean" (default) or "mean" (Listing 1).
         projection_bias: bias in `g_v` / `g_t` (unstated in the paper; off).
 
-    `encode_image` returns `{"global", "tokens"}`, `encode_text`
-    `{"global", "tokens", "mask"}`; `dense_image_embeddings` gives
+    `encode_image` returns `{"embeds", "tokens"}`, `encode_text`
+    `{"embeds", "tokens", "mask"}`; `dense_image_embeddings` gives
     `g_v(h_v(F_v[p]))` per patch, as the paper's zero-shot segmentation uses.
     """
 
@@ -99,9 +98,9 @@ class SPARC(TokenContrastiveModel):
         features = self._patch_features(images, training=training)
         tokens = self.image_projection(features)
         if self.vision_head is None:
-            return {"global": ops.mean(tokens, axis=1), "tokens": tokens}
+            return {"embeds": ops.mean(tokens, axis=1), "tokens": tokens}
         pooled = self.image_projection(self.vision_head(ops.mean(features, axis=1)))
-        return {"global": pooled, "tokens": tokens}
+        return {"embeds": pooled, "tokens": tokens}
 
     def dense_image_embeddings(self, images):
         """`g_v(h_v(F_v[p]))` per patch `(B, P, D)`: the paper's zero-shot segmentation embeddings."""
@@ -118,14 +117,10 @@ class SPARC(TokenContrastiveModel):
 
     def score(self, image_embeds, text_embeds):
         """`exp(logit_scale) * cos` of the global embeddings, `(N_images, N_texts)`."""
-        return clip_logits(image_embeds["global"], text_embeds["global"], self.logit_scale_value())
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        return clip_logits(image["embeds"], text["embeds"], self.logit_scale_value())
 
     has_token_alignment = True
-
-    @property
-    def prompt_ensembling(self):
-        """CLIP's embedding mean on the global embeddings."""
-        return EmbeddingMean(key="global")
 
     def token_patch_alignment(self, images, texts):
         """SPARC's sparse weights `(B, T, P)` (`alignment_weights`)."""

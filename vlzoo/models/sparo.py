@@ -76,8 +76,9 @@ class SPARO(ContrastiveModel):
     side) feeds its own `SPAROReadout` (own queries, key and output maps, the
     same L and V in both towers). The encoding is the slot-major
     concatenation `y` of the `L` slots, `(B, L * V)`: `encode_image` /
-    `encode_text` return it raw, and with `normalize=True` SPARO's
-    `normalize_slots` (every slot L2-normalised, then divided by `sqrt(L)`).
+    `encode_text` return it as `{"embeds": y}`, raw, or with
+    `normalize=True` through SPARO's `normalize_slots` (every slot
+    L2-normalised, then divided by `sqrt(L)`).
 
     Score: `exp(logit_scale) * mean_l cos(y^i_l, y^t_l)` (the dot product of
     the normalised encodings); loss: symmetric InfoNCE on the normalised
@@ -112,7 +113,7 @@ class SPARO(ContrastiveModel):
     ...               num_heads=4, intermediate_dim=64),
     ...               text=dict(vocabulary_size=64, sequence_length=12, hidden_dim=32,
     ...               num_layers=3, num_heads=4, intermediate_dim=64), num_slots=4, slot_dim=8)
-    >>> model.encode_image(keras.ops.ones((2, 32, 32, 3))).shape
+    >>> model.encode_image(keras.ops.ones((2, 32, 32, 3)))["embeds"].shape
     (2, 32)
     """
 
@@ -179,13 +180,14 @@ class SPARO(ContrastiveModel):
         return ops.reshape(slots, (-1, self.embed_dim))
 
     def _image_features(self, images, training=None):
-        return self._flatten(self._image_readout(images, training=training)["slots"])
+        return {"embeds": self._flatten(self._image_readout(images, training=training)["slots"])}
 
     def _text_features(self, inputs, training=None):
-        return self._flatten(self._text_readout(inputs, training=training)["slots"])
+        return {"embeds": self._flatten(self._text_readout(inputs, training=training)["slots"])}
 
-    def normalize_embeds(self, embeds):
-        return normalize_slots(embeds, self.slot_dim)
+    def normalize_vectors(self, vectors):
+        """`normalize_slots`: every `V`-wide slot L2-normalised, divided by the square root of the slot count."""
+        return normalize_slots(vectors, self.slot_dim)
 
     def _check_encoding(self, embeds, name):
         embeds = check_embeds(embeds, name)
@@ -212,11 +214,11 @@ class SPARO(ContrastiveModel):
 
     def _finish(self, embeds, normalize, slots):
         if slots is not None:
-            embeds = self.select_slots(embeds, slots)
+            embeds = {"embeds": self.select_slots(embeds["embeds"], slots)}
         return self.normalize_embeds(embeds) if normalize else embeds
 
     def encode_image(self, images, normalize=False, slots=None):
-        """Image encodings `(B, L * V)` (`(B, |S| * V)` with `slots`).
+        """Image encodings `{"embeds": (B, L * V)}` (`(B, |S| * V)` with `slots`).
 
         Args:
             images: float `(B, H, W, 3)` preprocessed pixels.
@@ -226,7 +228,7 @@ class SPARO(ContrastiveModel):
         return self._finish(super().encode_image(images), normalize, slots)
 
     def encode_text(self, texts, normalize=False, slots=None):
-        """Text encodings `(B, L * V)`; arguments as `encode_image` (texts: tokenizer dict or strings)."""
+        """Text encodings `{"embeds": (B, L * V)}`; arguments as `encode_image` (texts: tokenizer dict or strings)."""
         return self._finish(super().encode_text(texts), normalize, slots)
 
     def image_attention(self, images):
@@ -249,14 +251,18 @@ class SPARO(ContrastiveModel):
         """`exp(logit_scale) * mean_{l in S} cos(y^i_l, y^t_l)`, float32 `(N_images, N_texts)`.
 
         Args:
-            image_embeds, text_embeds: `(N, L * V)` encodings (raw or
-                normalised), from `encode_image` / `encode_text`.
+            image_embeds, text_embeds: `encode_image` / `encode_text`'s
+                `{"embeds": (N, L * V)}` (raw or normalised, all slots).
             slots: None (all slots), a bool mask `(L,)` or distinct slot
                 indices S (the order does not matter).
         """
-        image = self._finish(self._check_encoding(image_embeds, "image_embeds"), True, slots)
-        text = self._finish(self._check_encoding(text_embeds, "text_embeds"), True, slots)
+        image, text = self._scored(image_embeds, "image", slots), self._scored(text_embeds, "text", slots)
         return self.logit_scale_value() * ops.matmul(image, ops.transpose(text))
+
+    def _scored(self, embeds, side, slots):
+        """Checked, slot-selected, normalised `(N, |S| * V)` encodings for `score`."""
+        embeds = self._check_encoding(self.check_embeds(embeds, side)["embeds"], f"{side}_embeds")
+        return self._finish({"embeds": embeds}, True, slots)["embeds"]
 
     def similarity(self, images, texts, slots=None):
         """Scores of every image against every text `(N_images, N_texts)`; see `score`."""
@@ -265,7 +271,7 @@ class SPARO(ContrastiveModel):
     def contrastive_loss(self, outputs, training=False):
         # clip_loss re-normalises globally: a no-op on these unit-norm encodings.
         return clip_loss(
-            self.normalize_embeds(outputs["image_embeds"]), self.normalize_embeds(outputs["text_embeds"]),
+            self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
             outputs["logit_scale"],
         )
 

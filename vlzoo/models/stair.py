@@ -10,7 +10,6 @@ from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
 from vlzoo.models.base import ContrastiveModel
-from vlzoo.retrieval import top_terms
 from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, bundled_tokenizer
 
 STAGES = (1, 2, 3)
@@ -92,12 +91,13 @@ class STAIR(ContrastiveModel):
         num_chunks: vocabulary blocks of the heads' pooling (None: one).
         remat: rematerialise each block in the backward pass.
 
-    `encode_image` / `encode_text` return `(B, V)` float32 vectors, or with
-    `top_k` the `k` heaviest `(token, weight)` pairs of each row.
+    `encode_image` / `encode_text` return `{"embeds": (B, V)}`, float32
+    non-negative vectors; `vlzoo.retrieval.top_terms` reads their heaviest
+    `(token, weight)` pairs.
 
     Example:
     >>> model = vlzoo.from_preset("stair_tiny")
-    >>> model.encode_image(images, top_k=5)[0]   # [("dog", 1.7), ...]
+    >>> top_terms(model.encode_image(images)["embeds"], k=5, tokenizer=model.tokenizer)[0]  # [("dog", 1.7), ...]
     >>> model.set_stage(2); model.fit(dataset)   # re-compiles for the stage
     """
 
@@ -251,41 +251,27 @@ class STAIR(ContrastiveModel):
         tokens = self.vision(images, training=training)["tokens"]
         if not self.pool_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
-        return self._restrict(self.image_head(tokens, self._image_table()))
+        return {"embeds": self._restrict(self.image_head(tokens, self._image_table()))}
 
     def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
         tokens = self.text(inputs["token_ids"], mask, training=training)["tokens"]
-        return self._restrict(self.text_head(tokens, self.token_embeddings, mask))
+        return {"embeds": self._restrict(self.text_head(tokens, self.token_embeddings, mask))}
 
     def image_token_logits(self, images):
         """Per-position vocabulary logits of the image head `(B, P_total, V)` (materialised; App. E.1 maps)."""
         self._check_image_inputs(images)
         return self.image_head.logits(self.vision(images)["tokens"], self._image_table())
 
-    def normalize_embeds(self, embeds):
-        return l2_normalize(embeds, epsilon=self.cosine_epsilon)
-
-    def encode_image(self, images, normalize=False, top_k=None):
-        """Sparse image embeddings `(B, V)` float32, or with `top_k` the `top_k`
-        heaviest `(token, weight)` pairs of each image (`vlzoo.retrieval.top_terms`)."""
-        return self._top_terms(super().encode_image(images, normalize=normalize), top_k)
-
-    def encode_text(self, texts, normalize=False, top_k=None):
-        """Sparse text embeddings `(B, V)` float32 (tokenizer dict or strings), or
-        with `top_k` the `top_k` heaviest `(token, weight)` pairs of each text."""
-        return self._top_terms(super().encode_text(texts, normalize=normalize), top_k)
-
-    def _top_terms(self, embeds, top_k):
-        if top_k is None:
-            return embeds
-        return top_terms(embeds, k=top_k, tokenizer=self.tokenizer)
+    def normalize_vectors(self, vectors):
+        """L2 normalisation with STAIR's guard: an all-zero sparse vector stays zero."""
+        return l2_normalize(vectors, epsilon=self.cosine_epsilon)
 
     def caption_mask(self, texts):
         """`MASK(y)` `(B, V)` float32: 1 at the ids of each caption's real tokens, except the excluded ids.
 
         The stage-1 mask (eq. 8) and the text-encoder-free bag of words of
-        App. E.2 (`score(encode_image(x), caption_mask(y))`). Built from the
+        App. E.2 (`score(encode_image(x), {"embeds": caption_mask(y)})`). Built from the
         token ids after truncation, repeated ids counted once.
 
         Args:
@@ -311,7 +297,8 @@ class STAIR(ContrastiveModel):
 
     def score(self, image_embeds, text_embeds):
         """`exp(logit_scale) * cos(ENC_I, ENC_T)`, `(N_images, N_texts)` float32."""
-        return stair_logits(image_embeds, text_embeds, self.logit_scale_value(), self.cosine_epsilon)
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        return stair_logits(image["embeds"], text["embeds"], self.logit_scale_value(), self.cosine_epsilon)
 
     def flops_weights(self):
         """`(l_1(t), l_2(t))`, the ramped FLOPs weights at the current step."""

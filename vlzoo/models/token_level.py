@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from vlzoo.losses import l2_normalize
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -27,16 +26,21 @@ class TokenContrastiveModel(ContrastiveModel):
     """Towers without their own projection; every token projected to `embed_dim`.
 
     Subclasses add their global image embedding (`_image_features` returning
-    `{"global", "tokens"}`), may change the text pooling (`_pool_text`), and
+    `{"embeds", "tokens"}`), may change the text pooling (`_pool_text`), and
     implement `score` and `contrastive_loss` as any family.
 
-    `encode_image` returns `{"global": (B, D), "tokens": (B, P, D)}` and
-    `encode_text` `{"global": (B, D), "tokens": (B, T, D), "mask": (B, T)}`.
+    `encode_image` returns `{"embeds": (B, D), "tokens": (B, P, D)}` and
+    `encode_text` `{"embeds": (B, D), "tokens": (B, T, D), "mask": (B, T)}`;
+    `normalize=True` normalises the global embeddings and every token.
 
     Args:
         vision, text, embed_dim, init_logit_scale: as `ContrastiveModel`.
         projection_bias: bias in the token projections (CLIP-style: none).
     """
+
+    image_embedding_keys = ("embeds", "tokens")
+    text_embedding_keys = ("embeds", "tokens", "mask")
+    normalized_keys = ("embeds", "tokens")
 
     def __init__(self, vision, text, embed_dim, projection_bias=False, **kwargs):
         super().__init__(vision, text, embed_dim, **kwargs)
@@ -55,20 +59,7 @@ class TokenContrastiveModel(ContrastiveModel):
     def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
         tokens = self.text_projection(self.text(inputs["token_ids"], mask, training=training)["tokens"])
-        return {"global": self._pool_text(tokens, mask), "tokens": tokens, "mask": mask}
-
-    def normalize_embeds(self, embeds):
-        return {key: l2_normalize(value) if key in ("global", "tokens") else value for key, value in embeds.items()}
-
-    def call(self, inputs, training=False):
-        self._check_training_inputs(inputs)
-        image = self._image_features(inputs["images"], training=training)
-        text = self._text_features(inputs, training=training)
-        return {
-            "image_embeds": image["global"], "text_embeds": text["global"],
-            "image_tokens": image["tokens"], "text_tokens": text["tokens"], "text_mask": text["mask"],
-            "logit_scale": self.logit_scale_value(),
-        }
+        return {"embeds": self._pool_text(tokens, mask), "tokens": tokens, "mask": mask}
 
     def get_config(self):
         config = super().get_config()
