@@ -4,6 +4,8 @@ behind one module, no module over 800 lines."""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -24,7 +26,8 @@ FORBIDDEN = {
     "vlzoo.data": ("vlzoo.models", "vlzoo.evaluation", "vlzoo.cli"),
 }
 # Modules that must import without Keras (what listing and checking names reads).
-KERAS_FREE = ("vlzoo.registry", "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
+KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.pretrained", "vlzoo._paths",
+              "vlzoo._arrays")
 
 
 def _module_name(path):
@@ -156,3 +159,28 @@ def test_no_module_over_800_lines():
             for path in (ROOT / folder).rglob("*.py")
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+_CATALOGUE_COMMANDS = """
+import contextlib, io, sys
+from vlzoo.cli import main
+for argv in (["list"], ["list", "--pretrained"], ["list", "--family", "sparc"], ["info", "clip_tiny"],
+             ["info", "clip_vit_b16_openai"], ["--help"], ["train", "--help"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            status = main(argv)
+        except SystemExit as exit:  # --help
+            status = exit.code
+    assert status == 0 and out.getvalue().strip(), (argv, status)
+print(sorted(name for name in ("keras", "jax", "tensorflow", "torch", "h5py") if name in sys.modules))
+"""
+
+
+def test_listing_describing_and_help_import_no_backend():
+    """`vlzoo list`, `info` of a registered or pretrained preset and `--help` read the catalogue only:
+    no Keras, no framework (they answer in well under a second instead of a framework's import)."""
+    result = subprocess.run([sys.executable, "-c", _CATALOGUE_COMMANDS], capture_output=True, text=True,
+                            cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -5,6 +5,7 @@
 >>> scores = model.similarity(images, model.tokenizer(["a red circle"]))
 """
 
+import importlib as _importlib
 import os as _os
 import platform as _platform
 import sys as _sys
@@ -18,10 +19,38 @@ import sys as _sys
 if "tensorflow" not in _sys.modules and _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-from vlzoo import (
-    convert, data, distribution, evaluation, hub, layers, loading, losses, models, retrieval, training, transfer,
-)
-from vlzoo.models import CLIP, FILIP, SPARC, SPARO, STAIR, ContrastiveModel, Llip, SigLIP
-from vlzoo.loading import from_preset
-from vlzoo.presets import list_presets, preset_info, save_to_preset
 from vlzoo.version import __version__
+
+# Names are imported on first use (PEP 562): `import vlzoo` loads no backend, so the command
+# line lists and describes presets without one. A model class registers itself with Keras when
+# `vlzoo.models` is first imported (by `vlzoo.from_preset`, `vlzoo.CLIP`, ...); before
+# `keras.saving.load_model` of a `.keras` file, `import vlzoo.models`.
+_NAMES = {
+    **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "SPARC", "SPARO", "STAIR", "ContrastiveModel", "Llip",
+                                         "SigLIP")},
+    "from_preset": "vlzoo.loading",
+    "list_presets": "vlzoo.catalogue",
+    "preset_info": "vlzoo.presets",
+    "save_to_preset": "vlzoo.preset_files",
+}
+_SUBMODULES = (
+    "catalogue", "convert", "data", "distribution", "evaluation", "host", "hub", "kaggle", "layers", "loading", "losses",
+    "models", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "tokenizers",
+    "training", "transfer", "viz",
+)
+__all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(_importlib.import_module(_NAMES[name]), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"vlzoo.{name}")
+    else:
+        raise AttributeError(f"module 'vlzoo' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

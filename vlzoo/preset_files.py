@@ -23,15 +23,14 @@ import pathlib
 import keras
 
 from vlzoo._keras import save_weights_only
+from vlzoo.catalogue import CONFIG_FILE
+from vlzoo.catalogue import METADATA_FILE
+from vlzoo.catalogue import PREPROCESSOR_FILE
+from vlzoo.catalogue import TOKENIZER_ASSETS
+from vlzoo.catalogue import TOKENIZER_FILE
+from vlzoo.catalogue import WEIGHTS_FILE
 from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.version import __version__
-
-CONFIG_FILE = "config.json"
-METADATA_FILE = "metadata.json"
-TOKENIZER_FILE = "tokenizer.json"
-PREPROCESSOR_FILE = "preprocessor.json"
-WEIGHTS_FILE = "model.weights.h5"
-TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 
 
 def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):

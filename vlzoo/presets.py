@@ -1,10 +1,12 @@
-"""Loading presets: `from_preset`, `list_presets`, `preset_info`, `resolve_preset`.
+"""Loading presets: `from_preset` and `preset_info`.
 
 A preset is a directory in keras-hub's layout (`vlzoo.preset_files`, which also
-writes them). Registered names (`vlzoo.registry`, defined in
-`presets/registry.json`) resolve to `presets/<name>/` of the repository (or
-`$VLZOO_PRESETS_DIR/<name>/`), which `tools/build_presets.py` writes from their
-registry entries. This module imports no model class: a config names its class,
+writes them). `vlzoo.catalogue` finds it without Keras: registered names
+(`vlzoo.registry`, defined in `presets/registry.json`) resolve to
+`presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
+`tools/build_presets.py` writes from their registry entries; its
+`list_presets`, `resolve_preset`, `read_metadata` and `model_config` are also
+names of this module. This module imports no model class: a config names its class,
 which Keras' registry resolves (the models register themselves on import).
 
 Example:
@@ -13,11 +15,8 @@ Example:
 149620737
 """
 
-import difflib
 import functools
 import json
-import os
-import pathlib
 import warnings
 
 import h5py
@@ -28,17 +27,21 @@ from packaging.version import Version
 
 from vlzoo import registry
 from vlzoo._keras import without_weights
-from vlzoo._paths import presets_root
-from vlzoo.preset_files import CONFIG_FILE
-from vlzoo.preset_files import METADATA_FILE
-from vlzoo.preset_files import PREPROCESSOR_FILE
-from vlzoo.preset_files import TOKENIZER_ASSETS
-from vlzoo.preset_files import TOKENIZER_FILE
-from vlzoo.preset_files import WEIGHTS_FILE
-from vlzoo.preset_files import save_model_weights  # noqa: F401  (public names of vlzoo.presets)
+from vlzoo.catalogue import CONFIG_FILE
+from vlzoo.catalogue import METADATA_FILE
+from vlzoo.catalogue import PREPROCESSOR_FILE
+from vlzoo.catalogue import TOKENIZER_ASSETS
+from vlzoo.catalogue import TOKENIZER_FILE
+from vlzoo.catalogue import WEIGHTS_FILE
+from vlzoo.catalogue import describe
+from vlzoo.catalogue import list_presets  # noqa: F401  (public names of vlzoo.presets)
+from vlzoo.catalogue import model_config  # noqa: F401
+from vlzoo.catalogue import read_json
+from vlzoo.catalogue import read_metadata  # noqa: F401
+from vlzoo.catalogue import resolve_preset
+from vlzoo.preset_files import save_model_weights  # noqa: F401
 from vlzoo.preset_files import save_to_preset  # noqa: F401
 from vlzoo.preset_files import write_preset  # noqa: F401
-from vlzoo.pretrained import catalogue
 from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.tokenizers import tokenizer_from_config
 from vlzoo.version import __version__
@@ -46,59 +49,20 @@ from vlzoo.version import __version__
 _warned_random = set()
 
 
-def list_presets(family=None, pretrained=False):
-    """Names of every registered preset, optionally of one `family` (e.g. `"clip"`).
+def preset_info(name):
+    """Family, parameter count, paper, weights availability and description of a preset.
 
-    With `pretrained=True`, the names of the catalogue of real public weights instead
-    (`presets/pretrained.json`; downloaded on first use, see `preset_info`).
+    `vlzoo.catalogue.describe`, with the parameter count of a preset directory
+    computed from its config without allocating the model's weights (so it
+    works for presets too large for this machine). Presets whose weights are
+    published upstream also give `upstream_weights`: the repository, the
+    checkpoint file and the `vlzoo convert` command that turns it into a
+    preset directory.
     """
-    if family is not None and family not in registry.families():
-        raise ValueError(f"Unknown `family` {family!r}; registered families: {registry.families()}.")
-    if pretrained:
-        return sorted(name for name, entry in catalogue().items() if family in (None, entry["family"]))
-    return registry.names(family)
-
-
-def _unknown_preset_error(name):
-    names = list_presets()
-    close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    return ValueError(
-        f"Unknown preset {name!r}: not a registered name and not a directory.{hint} "
-        f"Registered presets: {', '.join(names)}."
-    )
-
-
-def read_metadata(directory):
-    """The `metadata.json` dict of a preset directory."""
-    return _read_json(pathlib.Path(directory) / METADATA_FILE)
-
-
-def _read_json(path):
-    if not path.is_file():
-        raise FileNotFoundError(f"Preset file missing: {path}.")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"Preset file {path} is not valid JSON: {error}.") from error
-
-
-def resolve_preset(preset):
-    """Returns the directory of `preset` (a registered name or a path)."""
-    path = pathlib.Path(os.path.expanduser(str(preset)))
-    if path.is_dir():
-        return path
-    if str(preset) in registry.definitions():
-        directory = presets_root() / str(preset)
-        if not directory.is_dir():
-            raise FileNotFoundError(
-                f"Preset {preset!r} is registered but its directory {directory} is missing; "
-                "run `python tools/build_presets.py`."
-            )
-        return directory
-    if os.sep in str(preset) or str(preset).startswith("."):
-        raise FileNotFoundError(f"Preset directory not found: {path}.")
-    raise _unknown_preset_error(str(preset))
+    info = describe(name)
+    if info["params"] is None:
+        info["params"] = count_parameters_abstractly(read_json(resolve_preset(name) / CONFIG_FILE))
+    return info
 
 
 def merge_config(base, overrides):
@@ -180,11 +144,6 @@ def _load_weights(model, path):
         )
 
 
-def model_config(preset):
-    """The Keras-serialised config dict of `preset` (name or directory)."""
-    return _read_json(resolve_preset(preset) / CONFIG_FILE)
-
-
 def count_parameters_abstractly(config):
     """Parameter count of a serialised model config, without allocating weights.
 
@@ -200,50 +159,6 @@ def _count_parameters(config_json):
     with without_weights():
         model = keras.saving.deserialize_keras_object(json.loads(config_json))
         return sum(int(np.prod(v.shape)) for v in model.weights)
-
-
-def preset_info(name):
-    """Family, parameter count, paper, weights availability and description of a preset.
-
-    Presets whose weights are published upstream (Llip's released B/16 and
-    G/14) also give `upstream_weights`: the repository, the checkpoint file
-    and the `vlzoo convert` command that turns it into a preset directory.
-
-    The parameter count of a registered preset is its metadata's (written
-    by `tools/build_presets.py` from the config, and checked by its `--check`);
-    for a directory it is computed from the config without allocating the
-    model's weights, so it works for presets too large for this machine.
-    """
-    if name in catalogue():
-        return _pretrained_info(name)
-    directory = resolve_preset(name)
-    metadata = _read_json(directory / METADATA_FILE)
-    config = _read_json(directory / CONFIG_FILE)
-    return {
-        "name": metadata.get("name", str(name)),
-        "family": metadata.get("family"),
-        "params": (metadata["parameter_count"] if str(name) in registry.definitions() and "parameter_count" in metadata
-                   else count_parameters_abstractly(config)),
-        "paper": metadata.get("paper"),
-        "weights_available": (directory / WEIGHTS_FILE).is_file(),
-        "weights_note": metadata.get("weights_note"),
-        **({"upstream_weights": metadata["upstream_weights"]} if "upstream_weights" in metadata else {}),
-        "description": metadata.get("description"),
-        "directory": str(directory),
-    }
-
-
-def _pretrained_info(name):
-    entry = catalogue()[name]
-    info = preset_info(entry["architecture"])
-    return {
-        "name": name, "family": entry["family"], "params": info["params"], "paper": info["paper"],
-        "weights_available": True,
-        "weights_note": f"Downloaded from {entry['handle']} on first use and converted into vlzoo's cache.",
-        "source": entry["source"], "licence": entry["licence"], "handle": entry["handle"],
-        "format": entry["format"], "download_size": entry.get("download_size"), "architecture": entry["architecture"],
-        "reference": entry["reference"], "description": entry["description"],
-    }
 
 
 def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
@@ -268,8 +183,8 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     (1, 24)
     """
     directory = resolve_preset(preset)
-    config = _read_json(directory / CONFIG_FILE)
-    metadata = _read_json(directory / METADATA_FILE)
+    config = read_json(directory / CONFIG_FILE)
+    metadata = read_json(directory / METADATA_FILE)
     if not isinstance(config, dict) or "config" not in config or "class_name" not in config:
         raise ValueError(f"Preset file {directory / CONFIG_FILE} is not a serialised Keras model config.")
     if not isinstance(metadata, dict):
@@ -301,7 +216,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
                                           model.text.sequence_length)
     preprocessor_file = directory / PREPROCESSOR_FILE
     if preprocessor_file.is_file():
-        preprocessor = _read_json(preprocessor_file)
+        preprocessor = read_json(preprocessor_file)
         preprocessor.setdefault("config", {})["image_size"] = model.vision.image_size
         model.preprocessor = _deserialize(preprocessor, preprocessor_file)
     return model
@@ -309,7 +224,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
 
 def _load_tokenizer(tokenizer_file, assets, metadata, sequence_length):
     """The preset's tokenizer; a stand-in that explains itself when its files are declared unbundled."""
-    config = _read_json(tokenizer_file)
+    config = read_json(tokenizer_file)
     config.setdefault("config", {})["sequence_length"] = sequence_length
     try:
         return tokenizer_from_config(config, assets)

@@ -2,6 +2,7 @@
 
 import json
 
+from vlzoo import catalogue
 from vlzoo.cli._common import _add_command, _format_params
 
 
@@ -36,19 +37,17 @@ def register(sub):
 
 
 def run(args, out):
-    # heavy: imports a backend
-    import vlzoo
-
-    return {"list": _list, "download": _download, "info": _info}[args.command](vlzoo, args, out)
+    return {"list": _list, "download": _download, "info": _info}[args.command](args, out)
 
 
-def _list(vlzoo, args, out):
+def _list(args, out):
+    # No backend is imported: registered presets carry their parameter count in their metadata.
     if args.pretrained:
         rows = [("name", "family", "params", "download", "licence", "source")]
     else:
         rows = [("name", "family", "params", "weights")]
-    for name in vlzoo.list_presets(family=args.family, pretrained=args.pretrained):
-        info = vlzoo.preset_info(name)
+    for name in catalogue.list_presets(family=args.family, pretrained=args.pretrained):
+        info = catalogue.describe(name)
         params = f"{info['params']:,} ({_format_params(info['params'])})"
         if args.pretrained:
             rows.append((name, info["family"], params, info["download_size"] or "not stated", info["licence"],
@@ -63,12 +62,19 @@ def _list(vlzoo, args, out):
     return 0
 
 
-def _download(vlzoo, args, out):
-    directory = vlzoo.loading.local_directory(args.handle)
+def _download(args, out):
+    from vlzoo import loading  # imports a backend: the download converts the weights
+
+    directory = loading.local_directory(args.handle)
     print(f"{args.handle}: ready in {directory}", file=out)
     return 0
 
 
-def _info(vlzoo, args, out):
-    print(json.dumps(vlzoo.preset_info(args.name), indent=2), file=out)
+def _info(args, out):
+    info = catalogue.describe(args.name)
+    if info["params"] is None:  # a directory: counted from its config, with Keras
+        from vlzoo import presets
+
+        info = presets.preset_info(args.name)
+    print(json.dumps(info, indent=2), file=out)
     return 0
