@@ -48,7 +48,7 @@ $(addprefix test-,$(BACKENDS)): test-%: $(STAMP)
 	@set -e; cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; KERAS_BACKEND=$* $(PYTEST)
 
 bench: $(STAMP)
-	$(PY) tools/bench.py
+	$(PY) tools/bench.py --markdown docs/benchmarks.md
 
 presets: $(STAMP)
 	$(PY) tools/build_presets.py

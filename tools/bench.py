@@ -3,14 +3,15 @@
     python tools/bench.py                       # every entry, every backend
     python tools/bench.py --entries filip_loss --backends jax torch
     python tools/bench.py --quick               # tiny sizes (a smoke run, used by the tests)
-    python tools/bench.py --markdown docs/bench.md                  # also a Markdown page of the results
-    python tools/bench.py --from-json out/bench/bench.json --markdown docs/bench.md  # a page, no runs
+    python tools/bench.py --markdown docs/benchmarks.md        # also the results into that page (make bench)
+    python tools/bench.py --from-json out/bench/bench.json --markdown docs/benchmarks.md  # no runs
 
 Each case runs in a fresh process so that its peak memory (the peak resident
 memory of its calls above the resident set once its inputs are built) belongs
 to it alone (a `--quick` smoke run shares one process among consecutive cases of
 a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown table; `--markdown
-PATH` also writes them as a Markdown page (`tools/bench_report.py`: the tables).
+PATH` also writes them into a Markdown page: between its marked lines when it has them (as
+`docs/benchmarks.md`, whose prose stays), else as a whole page (`tools/bench_report.py`).
 
 Entries:
   open_clip    vlzoo against open_clip on the same weights (open_clip's
@@ -70,7 +71,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no p
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench_report import (  # noqa: E402,F401  (the report tables; re-exported for scripts that read them here)
     BF16_USABLE, INFERENCE_TARGET, PEER_TARGETS, bf16_plan, describe, markdown, memory_table, not_run,
-    open_clip_table, page, peer_target, precision_table, rooflines,
+    open_clip_table, page, peer_target, precision_table, render_into, rooflines,
 )
 
 ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory")
@@ -625,6 +626,12 @@ def write_text(path, text):
         f.write(text)
 
 
+def write_markdown(path, results):
+    """`results` into the Markdown page `path` (`bench_report.render_into`: its marked section only)."""
+    existing = open(path).read() if os.path.isfile(path) else None
+    write_text(path, render_into(existing, results))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
@@ -633,18 +640,19 @@ def main(argv=None):
     parser.add_argument("--out", default="out/bench", help="directory for bench.json and bench.md")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per case")
     parser.add_argument("--markdown", metavar="PATH",
-                        help="also write the results as a Markdown page (title, tables, runs not run) to PATH")
+                        help="also write the results into the Markdown page PATH (between its marked lines, "
+                        "or as a whole page)")
     parser.add_argument("--from-json", metavar="BENCH_JSON",
                         help="run nothing: render this bench.json (to --markdown PATH, or print it)")
     parser.add_argument("--cases", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
-            text = page(json.load(f))
+            results = json.load(f)
         if args.markdown:
-            write_text(args.markdown, text)
+            write_markdown(args.markdown, results)
         else:
-            print(text, end="")
+            print(page(results), end="")
         return 0
     if args.cases:
         import vlzoo  # first, as in a user's program: it sets TensorFlow's CPU defaults
@@ -658,6 +666,7 @@ def main(argv=None):
     from vlzoo.host import describe_host  # imports Keras and its backend: not for --from-json
 
     machine = describe_host()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
     todo = [(case, backend) for case in cases(args.entries, args.quick)
@@ -693,12 +702,13 @@ def main(argv=None):
             run_pending()
     run_pending()
     os.makedirs(args.out, exist_ok=True)
+    results = {"machine": machine, "date": started, "rows": rows}
     with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump({"machine": machine, "rows": rows}, f, indent=2)
+        json.dump(results, f, indent=2)
     table = markdown(rows, machine)
     write_text(os.path.join(args.out, "bench.md"), table)
     if args.markdown:
-        write_text(args.markdown, page({"machine": machine, "rows": rows}))
+        write_markdown(args.markdown, results)
     print(table)
     if not_run(rows):
         print(not_run(rows))

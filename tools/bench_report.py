@@ -1,9 +1,11 @@
 """Report tables of tools/bench.py: `bench.json` rows rendered as Markdown.
 
-    python tools/bench.py --from-json out/bench/bench.json --markdown docs/bench.md
+    python tools/bench.py --from-json out/bench/bench.json --markdown docs/benchmarks.md
 
 `markdown(rows, machine)` is the table that `tools/bench.py` prints and writes to `bench.md`;
-`page(results)` is a whole Markdown page of one `bench.json` (`{"machine": ..., "rows": [...]}`).
+`page(results)` is a whole Markdown page of one `bench.json` (`{"machine": ..., "date": ..., "rows":
+[...]}`), and `render_into(text, results)` rewrites only the marked section of an existing page (how
+`make bench` keeps `docs/benchmarks.md`'s latest run current under its hand-written prose).
 `bf16_plan` reads the measured matmul rooflines (`rooflines`) to decide which bfloat16 runs are worth
 running. Nothing here runs a benchmark or imports a framework.
 """
@@ -172,14 +174,34 @@ def not_run(rows):
     return None
 
 
-def page(results, title="vlzoo benchmarks"):
-    """A Markdown page of one `bench.json`'s `results`: a title, the tables of `markdown`, and the
-    runs that were not run (the same tables as `bench.md`; see README.md's Benchmarks section for
-    what each entry measures)."""
+# `docs/benchmarks.md` keeps its prose; the tool rewrites only what lies between these lines.
+SECTION_BEGIN = "<!-- written by tools/bench.py from bench.json: begin -->"
+SECTION_END = "<!-- written by tools/bench.py from bench.json: end -->"
+
+
+def section(results):
+    """The Markdown of one `bench.json`'s `results`: where and when it ran, the tables of `markdown`,
+    and the runs that were not run (the same tables as `bench.md`)."""
     rows = results["rows"]
     errors = sum("error" in row["result"] for row in rows)
-    out = [f"# {title}", "", "Written by `tools/bench.py` (`make bench`) from its `bench.json`: "
+    when = f" on {results['date']}" if results.get("date") else ""
+    out = [f"Written by `tools/bench.py` (`make bench`) from its `bench.json`{when}: "
            f"{len(rows)} cases" + (f", {errors} failed." if errors else "."), "",
            markdown(rows, results["machine"]).rstrip("\n")]
     note = not_run(rows)
     return "\n".join(out + (["", note] if note else [])) + "\n"
+
+
+def page(results, title="vlzoo benchmarks"):
+    """A whole Markdown page of one `bench.json`'s `results`: a title and `section`."""
+    return f"# {title}\n\n" + section(results)
+
+
+def render_into(text, results):
+    """`text` (a Markdown page) with `section(results)` between `SECTION_BEGIN` and `SECTION_END`;
+    the whole `page(results)` when `text` is None or has no such lines."""
+    if text is None or SECTION_BEGIN not in text or SECTION_END not in text:
+        return page(results)
+    head, rest = text.split(SECTION_BEGIN, 1)
+    tail = rest.split(SECTION_END, 1)[1]
+    return f"{head}{SECTION_BEGIN}\n{section(results)}{SECTION_END}{tail}"

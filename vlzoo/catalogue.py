@@ -59,14 +59,15 @@ def read_metadata(directory):
     return read_json(pathlib.Path(directory) / METADATA_FILE)
 
 
-def read_json(path):
-    """A preset file's JSON; a missing or malformed file is named in the error."""
+def read_json(path, what="Preset file"):
+    """A JSON file's contents; FileNotFoundError / ValueError naming `what` and the path."""
+    path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Preset file missing: {path}.")
+        raise FileNotFoundError(f"{what} missing: {path}.")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"Preset file {path} is not valid JSON: {error}.") from error
+        raise ValueError(f"{what} {path} is not valid JSON: {error}.") from error
 
 
 def resolve_preset(preset):

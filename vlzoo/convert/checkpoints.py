@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 
+from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.llip import from_llip_checkpoint
@@ -62,17 +63,6 @@ def open_clip_model_config(name):
             f"Unknown open_clip model {name!r}." + (f" Did you mean: {', '.join(close)}?" if close else "")
         )
     return json.loads(path.read_text())
-
-
-def read_json(path, what):
-    """A JSON file's contents; FileNotFoundError / ValueError naming `what` and the path."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}.")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{what} {path} is not valid JSON: {error}.") from error
 
 
 def transformers_files(checkpoint, config, log=print):

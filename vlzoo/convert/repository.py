@@ -27,7 +27,7 @@ import pathlib
 
 import numpy as np
 
-from vlzoo.convert.checkpoints import read_json
+from vlzoo.catalogue import read_json
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.transformers import from_transformers_state_dict
