@@ -97,3 +97,16 @@ def test_prompt_ensembling_averages_the_global_embedding_of_every_family():
     mean = embeds.mean(axis=1)
     np.testing.assert_allclose(to_numpy(classes["embeds"]), mean / np.linalg.norm(mean, axis=-1, keepdims=True),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_family_scores_images_against_its_class_representation(preset):
+    # The class representation of `prompt_ensembling` goes through the family's own `score`
+    # (SPARC's reads only the global embedding, so `{"embeds": (C, D)}` is enough).
+    model = _preset(preset)
+    images, _ = _inputs(model)
+    prompts = model.tokenizer(["a red circle", "a photo of a red circle", "a blue square", "a photo of a blue square"])
+    ensembling = model.prompt_ensembling
+    classes = ensembling.encode_classes(model, {k: keras.ops.reshape(v, (2, 2, -1)) for k, v in prompts.items()})
+    scores = to_numpy(ensembling.score(model, images, classes))
+    assert scores.shape == (3, 2) and np.all(np.isfinite(scores))

@@ -18,8 +18,8 @@ serves bag-of-words documents (paper App. D):
 
 Example:
 >>> index = SparseIndex(model.embed_dim)
->>> index.add(model.encode_image(images))
->>> ids, scores = index.search(model.encode_text(["a dog on a beach"]), k=5)
+>>> index.add(model.encode_image(images)["embeds"])
+>>> ids, scores = index.search(model.encode_text(["a dog on a beach"])["embeds"], k=5)
 """
 
 import json
@@ -163,8 +163,8 @@ class SparseIndex:
 
     Example:
     >>> index = SparseIndex(30522)
-    >>> index.add(model.encode_image(images), ids=[10, 11, 12])
-    >>> ids, scores = index.search(model.encode_text(["a cat"]), k=2)
+    >>> index.add(model.encode_image(images)["embeds"], ids=[10, 11, 12])
+    >>> ids, scores = index.search(model.encode_text(["a cat"])["embeds"], k=2)
     >>> index.save("gallery.npz"); SparseIndex.load("gallery.npz")
     """
 

@@ -264,9 +264,19 @@ class ContrastiveModel(keras.Model):
         SPARO normalises each slot, STAIR guards all-zero vectors."""
         return l2_normalize(vectors)
 
-    def check_embeds(self, embeds, side, name=None):
-        """`embeds` as `encode_image` (`side="image"`) or `encode_text` returns it; a clear error otherwise."""
-        keys = self.image_embedding_keys if side == "image" else self.text_embedding_keys
+    def check_embeds(self, embeds, side, keys=None, name=None):
+        """`embeds` as `encode_image` (`side="image"`) or `encode_text` returns it; a clear error otherwise.
+
+        Args:
+            embeds: the dict to check.
+            side: `"image"` or `"text"`.
+            keys: the entries the caller reads (a `score` that reads only the
+                global embedding also takes a class representation
+                `{"embeds": (C, D)}`); None: every declared entry.
+            name: the argument's name in the error (`f"{side}_embeds"`).
+        """
+        if keys is None:
+            keys = self.image_embedding_keys if side == "image" else self.text_embedding_keys
         if not isinstance(embeds, dict) or not set(keys) <= set(embeds):
             name = name or f"{side}_embeds"
             raise TypeError(

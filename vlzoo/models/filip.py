@@ -123,7 +123,8 @@ class FILIP(TokenContrastiveModel):
         `encode_text` outputs."""
         if direction not in DIRECTIONS:
             raise ValueError(f"`direction` must be one of {DIRECTIONS}; received {direction!r}.")
-        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        image = self.check_embeds(image_embeds, "image", keys=("tokens",))
+        text = self.check_embeds(text_embeds, "text", keys=("tokens", "mask"))
         s_i, s_t = filip_similarity(image["tokens"], text["tokens"], text["mask"], **self._chunks())
         return self.logit_scale_value() * (s_i if direction == "i2t" else s_t)
 

@@ -156,7 +156,8 @@ class Llip(ContrastiveModel):
             text_embeds: `encode_text`'s (or `encode_class_texts`') dict.
             temperature: tau of the cross-attention; None: the model's.
         """
-        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        image = self.check_embeds(image_embeds, "image", keys=("keys", "values"))
+        text = self.check_embeds(text_embeds, "text", keys=("embeds", "queries"))
         return llip_logits(
             text["queries"], image["keys"], image["values"], text["embeds"],
             self.logit_scale_value(), self.logit_bias, self._tau(temperature),

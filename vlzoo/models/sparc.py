@@ -117,7 +117,8 @@ class SPARC(TokenContrastiveModel):
 
     def score(self, image_embeds, text_embeds):
         """`exp(logit_scale) * cos` of the global embeddings, `(N_images, N_texts)`."""
-        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        image = self.check_embeds(image_embeds, "image", keys=("embeds",))
+        text = self.check_embeds(text_embeds, "text", keys=("embeds",))
         return clip_logits(image["embeds"], text["embeds"], self.logit_scale_value())
 
     has_token_alignment = True
