@@ -275,3 +275,34 @@ def test_readme_preset_table_lists_every_preset_with_its_count(repo_root):
             metadata = json.load(f)
         assert name in rows, f"README's preset table lacks {name}"
         assert rows[name][1] == metadata["parameter_count"], name
+
+
+_LOAD_KERAS_FILE = """
+import sys
+import keras
+import numpy as np
+import vlzoo
+try:
+    keras.saving.load_model(sys.argv[1])
+except TypeError as error:  # lazy `import vlzoo`: no class registered yet
+    print("unregistered:", "vlzoo>CLIP" in str(error))
+import vlzoo.models
+model = keras.saving.load_model(sys.argv[1])
+print(np.asarray(keras.ops.convert_to_numpy(model.encode_image(np.load(sys.argv[2]))["embeds"])).tolist())
+"""
+
+
+@pytest.mark.slow
+def test_a_keras_file_loads_once_vlzoo_models_is_imported(tmp_path):
+    # As the README says: `import vlzoo` registers nothing; `import vlzoo.models` registers the classes.
+    model = vlzoo.from_preset("clip_shapes")
+    model.save(tmp_path / "model.keras")
+    images = np.random.default_rng(0).random((2, model.vision.image_size, model.vision.image_size, 3), "float32")
+    np.save(tmp_path / "images.npy", images)
+    result = subprocess.run([sys.executable, "-c", _LOAD_KERAS_FILE, str(tmp_path / "model.keras"),
+                             str(tmp_path / "images.npy")], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "unregistered: True"
+    np.testing.assert_allclose(np.array(json.loads(lines[-1])), to_numpy(model.encode_image(images)["embeds"]),
+                               atol=1e-6)
