@@ -1,0 +1,51 @@
+"""tools/bench_report.py renders a bench.json into docs/benchmarks.md's marked section, prose untouched."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+RESULTS = {
+    "machine": "test CPU (avx2)", "date": "2026-11-25 09:00 UTC",
+    "rows": [{"entry": "filip_loss", "backend": "jax", "B": 32, "P": 16, "T": 8, "D": 64, "chunk_size": 8,
+              "result": {"first_call_s": 1.5, "median_s": 0.25, "peak_mb": 120.0}}],
+}
+
+
+@pytest.fixture
+def report(repo_root):
+    spec = importlib.util.spec_from_file_location("bench_report", os.path.join(repo_root, "tools", "bench_report.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _page(report, body):
+    return f"# Title\n\nProse before.\n\n{report.SECTION_BEGIN}\n{body}{report.SECTION_END}\n\n## Records\n\nKept.\n"
+
+
+def test_only_the_marked_section_is_rewritten(report):
+    text = report.render_into(_page(report, "old figures\n"), RESULTS)
+    head, rest = text.split(report.SECTION_BEGIN)
+    section, tail = rest.split(report.SECTION_END)
+    assert head == "# Title\n\nProse before.\n\n" and tail == "\n\n## Records\n\nKept.\n"
+    assert "old figures" not in section and section.strip() == report.section(RESULTS).strip()
+    assert "2026-11-25 09:00 UTC" in section and "test CPU (avx2)" in section and "| filip_loss | jax |" in section
+    assert report.render_into(text, RESULTS) == text  # a second run with the same results changes nothing
+
+
+def test_a_page_without_the_marks_is_written_whole(report):
+    assert report.render_into(None, RESULTS) == report.page(RESULTS)
+    assert report.render_into("# Someone's notes\n", RESULTS) == report.page(RESULTS)
+
+
+def test_from_json_writes_into_the_page(tmp_path, repo_root, report):
+    (tmp_path / "bench.json").write_text(json.dumps(RESULTS))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(_page(report, "old\n"))
+    subprocess.run([sys.executable, os.path.join(repo_root, "tools", "bench.py"), "--from-json",
+                    str(tmp_path / "bench.json"), "--markdown", str(page)], check=True, capture_output=True)
+    assert page.read_text() == report.render_into(_page(report, "old\n"), RESULTS)
