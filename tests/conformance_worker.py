@@ -11,15 +11,14 @@ built with
 numpy RNG seeded by the weight's index, so every backend starts from
 bit-identical weights; the inputs (4 images from a seeded RNG, 4 fixed
 captions through the model's tokenizer) are identical too. Recorded, under
-the key prefix `<preset>/` (e.g. `clip_tiny/encode/image`):
+the key prefix `<preset>/` (e.g. `clip_tiny/encode/image/embeds`):
 
     weight_names            str (W,): paths of `model.weights` (deterministic order)
     trainable_index         int (T,): index in `model.weights` of each trainable weight
     init/{i:03d}            weight i as assigned (float32)
     images, token_ids, padding_mask
-    encode/image, encode/text   `encode_image(images)` / `encode_text(texts)`;
-                            a dict output (FILIP, SPARC, Llip) as
-                            `encode/image/<key>` per entry
+    encode/image/<key>, encode/text/<key>   every entry of `encode_image(images)` /
+                            `encode_text(texts)` (`embeds`, and the family's extras)
     call/<key>              every output of `model(inputs)` (embeddings or
                             token embeddings, logit scale / bias, ...)
     similarity              `similarity(images, texts)`             (4, 4)
@@ -47,8 +46,8 @@ before the optimizer step) with `save_to_preset`, atomically (to
 `--load-preset DIR` (repeatable) is loaded with `vlzoo.from_preset(DIR)` after
 the families ran (waiting up to `--wait-presets` seconds for it to appear)
 and recorded under `preset{k}/`: `dir`, `weight_names`, `weights/{i:03d}`,
-`token_ids`, `padding_mask` (its own tokenizer), `encode/image`,
-`encode/text`, `similarity`. `--families none` skips the family models.
+`token_ids`, `padding_mask` (its own tokenizer), `encode/image/embeds`,
+`encode/text/embeds`, `similarity`. `--families none` skips the family models.
 
 `meta/*` keys: backend, versions, `TF_ENABLE_ONEDNN_OPTS`, seconds.
 Set `VLZOO_CONFORMANCE_VERBOSE=1` to print the phases with timestamps.

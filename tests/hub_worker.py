@@ -29,11 +29,11 @@ def embed(model, texts, inputs):
     if not isinstance(model.tokenizer, UnavailableTokenizer):
         tokens = model.tokenizer(texts)
         result["ids"] = np.asarray(tokens["token_ids"]).tolist()
-        result["texts"] = _numpy(model.encode_text(tokens, normalize=True))
+        result["texts"] = _numpy(model.encode_text(tokens, normalize=True)["embeds"])
     if inputs is not None:
-        result["images"] = _numpy(model.encode_image(inputs["images"], normalize=True))
+        result["images"] = _numpy(model.encode_image(inputs["images"], normalize=True)["embeds"])
         ids = {"token_ids": inputs["token_ids"], "padding_mask": inputs["padding_mask"]}
-        result["token_ids"] = _numpy(model.encode_text(ids, normalize=True))
+        result["token_ids"] = _numpy(model.encode_text(ids, normalize=True)["embeds"])
     return result
 
 

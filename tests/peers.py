@@ -66,8 +66,8 @@ def assert_parity(model, images, texts, peer_image, peer_text, peer_logits, labe
     import numpy as np
 
     to_numpy = keras.ops.convert_to_numpy
-    image = to_numpy(model.encode_image(images, normalize=True))
-    text = to_numpy(model.encode_text(texts, normalize=True))
+    image = to_numpy(model.encode_image(images, normalize=True)["embeds"])
+    text = to_numpy(model.encode_text(texts, normalize=True)["embeds"])
     logits = to_numpy(model.similarity(images, texts))
     diffs = {
         "image": float(np.abs(image - _unit(peer_image)).max()),

@@ -56,7 +56,7 @@ QUANTITIES = {
     "gradients": ("grad/",),
     "post_step_weights": ("step/",),
 }
-PRESET_OUTPUTS = ("encode/image", "encode/text", "similarity")
+PRESET_OUTPUTS = ("encode/image/embeds", "encode/text/embeds", "similarity")
 
 pytestmark = [
     pytest.mark.conformance,

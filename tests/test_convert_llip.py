@@ -154,7 +154,7 @@ def test_image_side_matches_the_authors(fixture, converted):
     config, state_dict, inputs, outputs = fixture
     images, _ = vlzoo_inputs(inputs)
     image = converted.encode_image(images)
-    np.testing.assert_allclose(numpy(image["tokens"]), outputs["image_tokens"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(numpy(image["mixture_tokens"]), outputs["image_tokens"], rtol=0, atol=ATOL)
     # theirs (N_I, M, K, d_h); vlzoo's (N_I, K, M, d_h)
     np.testing.assert_allclose(numpy(image["keys"]), outputs["image_keys"].transpose(0, 2, 1, 3), rtol=0, atol=ATOL)
     # vlzoo's values are folded through W_O per head: U[i, k, m] = V[i, m, k] @ W_O[m * d_h:(m + 1) * d_h]

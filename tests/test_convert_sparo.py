@@ -47,10 +47,10 @@ def vlzoo_outputs(model):
     pairs = CONFIG["loss_pairs"]
     slots = (-1, model.num_slots, model.slot_dim)
     return dict(
-        image_slots=to_numpy(model.encode_image(images)).reshape(slots),
-        text_slots=to_numpy(model.encode_text(texts)).reshape(slots),
-        image_embeds=to_numpy(model.encode_image(images, normalize=True)),
-        text_embeds=to_numpy(model.encode_text(texts, normalize=True)),
+        image_slots=to_numpy(model.encode_image(images)["embeds"]).reshape(slots),
+        text_slots=to_numpy(model.encode_text(texts)["embeds"]).reshape(slots),
+        image_embeds=to_numpy(model.encode_image(images, normalize=True)["embeds"]),
+        text_embeds=to_numpy(model.encode_text(texts, normalize=True)["embeds"]),
         image_attention=to_numpy(model.image_attention(images)),
         text_attention=to_numpy(model.text_attention(texts)),
         logit_scale=to_numpy(model.logit_scale_value()),

@@ -49,12 +49,12 @@ def test_filip_forward_scores_and_loss_match_numpy():
     batch = tiny_batch(**BATCH)
     img_tokens, txt_tokens, img_global, txt_global = _numpy_features(model, batch)
     image, text = model.encode_image(batch["images"]), model.encode_text(batch)
-    assert set(image) == {"global", "tokens"} and set(text) == {"global", "tokens", "mask"}
+    assert set(image) == {"embeds", "tokens"} and set(text) == {"embeds", "tokens", "mask"}
     assert tuple(image["tokens"].shape) == (4, 16, 16)  # P = 16 patches, CLS left out
     np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
     np.testing.assert_allclose(to_numpy(text["tokens"]), txt_tokens, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(image["global"]), img_global, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(text["global"]), txt_global, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(image["embeds"]), img_global, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(text["embeds"]), txt_global, atol=2e-5)
     np.testing.assert_array_equal(to_numpy(text["mask"]), batch["padding_mask"])
 
     scale = _scale(model)
@@ -91,11 +91,11 @@ def test_sparc_forward_scores_and_loss_match_numpy():
     image, text = model.encode_image(batch["images"]), model.encode_text(batch)
     np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
     np.testing.assert_allclose(to_numpy(text["tokens"]), txt_tokens, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(image["global"]), img_global, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(image["embeds"]), img_global, atol=2e-5)
     # Global text embedding = masked mean of the projected tokens (g_t is linear).
-    np.testing.assert_allclose(to_numpy(text["global"]), txt_global, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(text["embeds"]), txt_global, atol=2e-5)
     np.testing.assert_allclose(
-        to_numpy(text["global"]), ref_tok.masked_mean(to_numpy(text["tokens"]), batch["padding_mask"]), atol=1e-6)
+        to_numpy(text["embeds"]), ref_tok.masked_mean(to_numpy(text["tokens"]), batch["padding_mask"]), atol=1e-6)
 
     scale = _scale(model)
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)),
@@ -115,7 +115,7 @@ def test_sparc_forward_scores_and_loss_match_numpy():
     # Without h_v the global image embedding is the mean of the projected patches.
     plain = _model("sparc", global_vision_head=False, lambda_global=2.0, lambda_fine=0.0)
     image = plain.encode_image(batch["images"])
-    np.testing.assert_allclose(to_numpy(image["global"]), to_numpy(image["tokens"]).mean(1), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(image["embeds"]), to_numpy(image["tokens"]).mean(1), atol=1e-6)
     out = plain(batch)
     only_global = float(to_numpy(plain.compute_loss(y_pred=out)))
     expected = 2.0 * reference.clip_loss(to_numpy(out["image_embeds"]), to_numpy(out["text_embeds"]), _scale(plain))
@@ -193,7 +193,7 @@ def test_filip_options_change_the_computation():
     image = sparc_cls.encode_image(batch["images"])
     assert tuple(image["tokens"].shape) == (4, 16, 16)
     np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(image["global"]), img_global, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(image["embeds"]), img_global, atol=2e-5)
 
 
 # Published geometry: FILIP counts of the paper (CLS and LNs kept).

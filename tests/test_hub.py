@@ -43,7 +43,7 @@ def published(tmp_path_factory):
     directory = tmp_path_factory.mktemp("published") / "clip-tiny"
     model.save_to_preset(str(directory))
     files = {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-    return files, to_numpy(model.encode_text(model.tokenizer(TEXTS), normalize=True))
+    return files, to_numpy(model.encode_text(model.tokenizer(TEXTS), normalize=True)["embeds"])
 
 
 @pytest.fixture

@@ -293,7 +293,7 @@ def test_model_matches_numpy_towers_and_head():
     logits = np_logits(z, t, a, b)
 
     image, text = model.encode_image(batch["images"]), model.encode_text(batch)
-    np.testing.assert_allclose(to_numpy(image["tokens"]), h, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(image["mixture_tokens"]), h, atol=2e-5)
     np.testing.assert_allclose(to_numpy(text["embeds"]), t, atol=2e-5)
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)), logits, atol=1e-4)
     np.testing.assert_allclose(to_numpy(model.contextualize(batch["images"], batch)), z, atol=1e-4)
@@ -318,7 +318,7 @@ def test_one_mixture_token_reduces_to_siglip():
     model = tiny_llip(num_tokens=1)
     batch = tiny_batch()
     weights = head_weights(model.cross_attention)
-    h = to_numpy(model.encode_image(batch["images"])["tokens"])[:, 0]
+    h = to_numpy(model.encode_image(batch["images"])["mixture_tokens"])[:, 0]
     image_embeds = h @ weights["v_proj"][0] @ weights["out_proj"]  # a CLIP-style visual projection
     text_embeds = to_numpy(model.encode_text(batch)["embeds"])
     a, b = model.logit_scale_value(), model.logit_bias
@@ -398,7 +398,7 @@ def test_zero_shot_averages_queries_and_targets_over_templates():
     shortcut = to_numpy(model.cross_attention.text_queries(keras.ops.convert_to_tensor(g)))
     assert np.abs(shortcut - queries.mean(1)).max() > 1e-3
     # Scores: one cross-attention per (image, class) with the averaged query.
-    tokens = to_numpy(model.encode_image(images)["tokens"]).astype(np.float64)
+    tokens = to_numpy(model.encode_image(images)["mixture_tokens"]).astype(np.float64)
     weights = head_weights(model.cross_attention)
     k, v = (np_layer_norm(np.einsum("ikw,kwd->ikd", tokens, weights[f"{n}_proj"]), *weights[f"{n}_norm"])
             .reshape(4, 4, 2, 8) for n in ("k", "v"))
@@ -538,7 +538,7 @@ def test_g14_builds_abstractly_with_output_shapes():
                  "padding_mask": keras.KerasTensor((3, 77), "bool")}
         image, text = model.encode_image(images), model.encode_text(texts)
         assert {key: tuple(v.shape) for key, v in image.items()} == {
-            "tokens": (2, 64, 1664), "keys": (2, 64, 8, 160), "values": (2, 64, 8, 1280)}
+            "embeds": (2, 1280), "mixture_tokens": (2, 64, 1664), "keys": (2, 64, 8, 160), "values": (2, 64, 8, 1280)}
         assert {key: tuple(v.shape) for key, v in text.items()} == {"queries": (3, 8, 160), "embeds": (3, 1280)}
         assert tuple(model.score(image, text).shape) == (2, 3)
     # ru_maxrss is in KiB on Linux; the weights alone would be 11 GB (the head 1.1 GB).

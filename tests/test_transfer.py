@@ -108,7 +108,8 @@ def test_llip_keeps_clips_text_embedding_and_positions(clip):
     batch = tiny_batch(**BATCH)
     model, report = _transfer(clip, "llip")  # K = 4 mixture tokens
     assert _layers(report.new) == NEW["llip"]
-    np.testing.assert_array_equal(to_numpy(model.encode_text(batch)["embeds"]), to_numpy(clip.encode_text(batch)))
+    np.testing.assert_array_equal(to_numpy(model.encode_text(batch)["embeds"]),
+                                  to_numpy(clip.encode_text(batch)["embeds"]))
     positions = to_numpy(model.vision.position_embedding.embeddings)
     clip_positions = to_numpy(clip.vision.position_embedding.embeddings)
     np.testing.assert_array_equal(positions[4:], clip_positions[1:])  # the patches'
@@ -131,13 +132,13 @@ def test_from_preset_family_on_a_saved_clip_and_the_errors(clip, tmp_path):
     np.testing.assert_array_equal(_tower_tokens(model, batch)[0], _tower_tokens(clip, batch)[0])
     model.save_to_preset(str(tmp_path / "sparc"))
     loaded = vlzoo.from_preset(str(tmp_path / "sparc"))
-    for name in ("global", "tokens"):
+    for name in ("embeds", "tokens"):
         np.testing.assert_array_equal(to_numpy(loaded.encode_image(batch["images"])[name]),
                                       to_numpy(model.encode_image(batch["images"])[name]))
     # The preset's own family: the preset as it is.
     same = vlzoo.from_preset(str(tmp_path / "clip"), family="clip")
-    np.testing.assert_array_equal(to_numpy(same.encode_image(batch["images"])),
-                                  to_numpy(clip.encode_image(batch["images"])))
+    np.testing.assert_array_equal(to_numpy(same.encode_image(batch["images"])["embeds"]),
+                                  to_numpy(clip.encode_image(batch["images"])["embeds"]))
     with pytest.raises(ValueError, match="family"):
         vlzoo.from_preset(str(tmp_path / "clip"), family="siglip")
     with pytest.raises(ValueError, match="CLIP checkpoint.*SPARC"):
