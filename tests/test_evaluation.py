@@ -223,9 +223,7 @@ def embedding_mean_reference(model, images, names=CLASS_NAMES, templates=TEMPLAT
     """CLIP's ensembling in numpy from the model's raw embeddings: `(N, C)` scores."""
     text = model.encode_text(model.tokenizer(build_prompts(names, templates)))
     image = model.encode_image(images)
-    if model.family == "sparc":
-        text, image = text["global"], image["global"]
-    text, image = to_numpy(text), to_numpy(image)
+    text, image = to_numpy(text["embeds"]), to_numpy(image["embeds"])
     slot_dim = getattr(model, "slot_dim", None)
     if slots is not None:
         pick = lambda x: x.reshape(len(x), -1, slot_dim)[:, slots].reshape(len(x), -1)  # noqa: E731
@@ -327,7 +325,11 @@ def test_dispatch(monkeypatch):
                 "sparc_tiny": EmbeddingMean, "filip_tiny": TokenSimilarityMean, "llip_tiny": ClassTextsMethod}
     for name, cls in expected.items():
         assert type(preset(name).prompt_ensembling) is cls, name
-    assert preset("sparc_tiny").prompt_ensembling.key == "global" and preset("clip_tiny").prompt_ensembling.key is None
+    # Every family's mean is over its global embedding "embeds": the class representation is `{"embeds": (C, D)}`.
+    for name in ("sparc_tiny", "clip_tiny"):
+        classes = preset(name).prompt_ensembling.encode_classes(preset(name), class_texts(preset(name)))
+        assert set(classes) == {"embeds"}
+        assert tuple(classes["embeds"].shape) == (len(CLASS_NAMES), preset(name).embed_dim)
 
     # A model's own `ensemble_scores`, when its `prompt_ensembling` names it...
     model = MaxTemplateCLIP.from_config(preset("clip_tiny").get_config())
@@ -341,11 +343,12 @@ def test_dispatch(monkeypatch):
     monkeypatch.setattr(model, "ensembling", EmbeddingMean())
     np.testing.assert_allclose(to_numpy(zero_shot_classifier(model, CLASS_NAMES, TEMPLATES)(images)),
                                embedding_mean_reference(model, images), rtol=1e-4, atol=1e-4)
-    # A dict-encoding family whose ensembling does not name the entry to average gets a clear error.
-    sparc = preset("sparc_tiny")
-    monkeypatch.setattr(type(sparc), "prompt_ensembling", EmbeddingMean())
-    with pytest.raises(TypeError, match="`prompt_ensembling` should return `EmbeddingMean\\(key=...\\)`"):
-        zero_shot_classifier(sparc, CLASS_NAMES, TEMPLATES)
+    # A family whose score needs more than the global embedding (FILIP's tokens), given the embedding mean,
+    # gets a clear error naming the argument.
+    filip = preset("filip_tiny")
+    monkeypatch.setattr(type(filip), "prompt_ensembling", EmbeddingMean())
+    with pytest.raises(TypeError, match=r"`text_embeds` must be the dict returned by `FILIP.encode_text`"):
+        zero_shot_classifier(filip, CLASS_NAMES, TEMPLATES)(images)
 
 
 def test_zero_shot_ties():

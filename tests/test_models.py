@@ -27,8 +27,8 @@ def test_forward_and_loss_match_numpy(family):
     batch = tiny_batch()
     image_ref, _ = ref.vision_forward(batch["images"], model.vision)
     text_ref, _ = ref.text_forward(batch["token_ids"], batch["padding_mask"], model.text)
-    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])), image_ref, atol=3e-5)
-    np.testing.assert_allclose(to_numpy(model.encode_text(batch)), text_ref, atol=3e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])["embeds"]), image_ref, atol=3e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_text(batch)["embeds"]), text_ref, atol=3e-5)
 
     scale = math.exp(float(to_numpy(model.logit_scale)))
     outputs = model(batch)
@@ -144,7 +144,8 @@ def test_get_config_round_trip_gives_same_outputs():
     clone = type(model).from_config(model.get_config())
     clone.set_weights(model.get_weights())
     batch = tiny_batch()
-    np.testing.assert_array_equal(to_numpy(clone.encode_image(batch["images"])), to_numpy(model.encode_image(batch["images"])))
+    np.testing.assert_array_equal(to_numpy(clone.encode_image(batch["images"])["embeds"]),
+                                  to_numpy(model.encode_image(batch["images"])["embeds"]))
     assert clone.get_config() == model.get_config()
 
 
@@ -255,7 +256,8 @@ class TestBadInputs:
     def test_strings_are_tokenised(self):
         model = tiny_model("clip", text=dict(vocabulary_size=49408))
         out = model.encode_text(["a red circle", "two dogs"])
-        assert tuple(out.shape) == (2, 16)
+        assert set(out) == {"embeds"}
+        assert tuple(out["embeds"].shape) == (2, 16)
 
 
 def _batch_for(model, batch_size):
@@ -275,10 +277,16 @@ def test_predict_returns_what_encode_returns(preset):
     model = vlzoo.from_preset(preset)
     batch = _batch_for(model, 3)
     got = model.predict_on_batch(batch)
-    assert set(got) == {"image_embeds", "text_embeds"}
-    _assert_embeddings_equal(got["image_embeds"], model.encode_image(batch["images"]), "image_embeds")
-    _assert_embeddings_equal(got["text_embeds"], model.encode_text({k: batch[k] for k in ("token_ids", "padding_mask")}),
-                             "text_embeds")
+    image = model.encode_image(batch["images"])
+    text = model.encode_text({k: batch[k] for k in ("token_ids", "padding_mask")})
+    # The entries of each encode dict, prefixed with the input kind; `"embeds"` always among them.
+    assert set(image) == set(model.image_embedding_keys) and set(text) == set(model.text_embedding_keys)
+    assert set(got) == {f"image_{k}" for k in image} | {f"text_{k}" for k in text}
+    assert {"image_embeds", "text_embeds"} <= set(got)
+    for key, value in image.items():
+        _assert_embeddings_equal(got[f"image_{key}"], value, f"image_{key}")
+    for key, value in text.items():
+        _assert_embeddings_equal(got[f"text_{key}"], value, f"text_{key}")
 
 
 def test_predict_batches_one_input_kind():
@@ -288,8 +296,8 @@ def test_predict_batches_one_input_kind():
     images = model.predict({"images": batch["images"]}, batch_size=2, verbose=0)  # 2 + 2 + 1 rows
     text = model.predict(texts, batch_size=2, verbose=0)
     assert set(images) == {"image_embeds"} and set(text) == {"text_embeds"}
-    _assert_embeddings_equal(images["image_embeds"], model.encode_image(batch["images"]), "image_embeds")
-    _assert_embeddings_equal(text["text_embeds"], model.encode_text(texts), "text_embeds")
+    _assert_embeddings_equal(images["image_embeds"], model.encode_image(batch["images"])["embeds"], "image_embeds")
+    _assert_embeddings_equal(text["text_embeds"], model.encode_text(texts)["embeds"], "text_embeds")
 
 
 def test_predict_names_the_inputs_it_takes():

@@ -44,7 +44,7 @@ POLICIES = ("mixed_bfloat16", "bfloat16")
 MIN_COSINE = 0.999  # pooled embeddings
 # Un-pooled outputs: per image patch, text token or Llip mixture token (Llip's `queries` are its
 # pooled text feature's, one per head).
-TOKEN_KEYS = ("tokens", "keys", "values")
+TOKEN_KEYS = ("tokens", "mixture_tokens", "keys", "values")
 
 
 def to_numpy(x):
@@ -71,8 +71,8 @@ def test_round_to_bfloat16_reference():
 
 def floating_outputs(outputs, keep_dtype=False):
     """`{name: numpy float32}` (or the tensors themselves) of the floating arrays in an encode_* result."""
-    items = outputs.items() if isinstance(outputs, dict) else [("embeds", outputs)]
-    return {k: v if keep_dtype else to_numpy(keras.ops.cast(v, "float32")) for k, v in items
+    assert isinstance(outputs, dict) and "embeds" in outputs, type(outputs)  # every family: a dict with "embeds"
+    return {k: v if keep_dtype else to_numpy(keras.ops.cast(v, "float32")) for k, v in outputs.items()
             if "float" in dtype_of(v)}
 
 
@@ -245,8 +245,8 @@ def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets
     tower = model.vision(images)
     tower = tower["pooled"] if isinstance(tower, dict) else tower
     assert dtype_of(tower) == "bfloat16", family
-    # What `normalize=True` normalises is float32 (Llip normalises its text embeds; its image side
-    # has no caption-free embedding to normalise).
+    # What `normalize=True` normalises is float32 (Llip normalises the "embeds" of both sides: its
+    # image side's is the uniform-attention summary, which `score` does not use).
     normalized_keys = []
     for side, encode, inputs in (("image", model.encode_image, images), ("text", model.encode_text, texts)):
         plain, normalized = (floating_outputs(encode(inputs, normalize=flag), keep_dtype=True) for flag in (False, True))

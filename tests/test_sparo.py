@@ -338,12 +338,13 @@ def test_hand_checked_slot_normalisation():
 def test_normalised_encodings_and_mean_slot_cosine():
     model = _model()
     batch = tiny_batch()
-    img = to_numpy(model.encode_image(batch["images"], normalize=True))
-    txt = to_numpy(model.encode_text(batch, normalize=True))
+    img = to_numpy(model.encode_image(batch["images"], normalize=True)["embeds"])
+    txt = to_numpy(model.encode_text(batch, normalize=True)["embeds"])
     for y in (img, txt):
         np.testing.assert_allclose(np.linalg.norm(y.reshape(4, L, V), axis=-1), 1 / math.sqrt(L), atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(y, axis=-1), 1.0, atol=1e-6)
-    raw_img, raw_txt = to_numpy(model.encode_image(batch["images"])), to_numpy(model.encode_text(batch))
+    raw_img = to_numpy(model.encode_image(batch["images"])["embeds"])
+    raw_txt = to_numpy(model.encode_text(batch)["embeds"])
     np.testing.assert_allclose(img @ txt.T, np_mean_slot_cosine(raw_img, raw_txt, V), atol=1e-6)
 
 
@@ -351,7 +352,8 @@ def test_slot_selection_scores_the_mean_cosine_over_the_chosen_slots():
     model = _model()
     batch = tiny_batch()
     scale = math.exp(float(to_numpy(model.logit_scale)))
-    raw_img, raw_txt = to_numpy(model.encode_image(batch["images"])), to_numpy(model.encode_text(batch))
+    raw_img = to_numpy(model.encode_image(batch["images"])["embeds"])
+    raw_txt = to_numpy(model.encode_text(batch)["embeds"])
     full = to_numpy(model.similarity(batch["images"], batch))
     np.testing.assert_allclose(full, scale * np_mean_slot_cosine(raw_img, raw_txt, V), atol=1e-4)
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch, slots=np.ones(L, bool))), full,
@@ -361,17 +363,20 @@ def test_slot_selection_scores_the_mean_cosine_over_the_chosen_slots():
     assert np.abs(subset - full).max() > 1e-2
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch, slots=[1, 3])), subset, atol=1e-6)
     mask = np.array([False, True, False, True])
-    np.testing.assert_allclose(to_numpy(model.score(raw_img, raw_txt, slots=mask)), subset, atol=1e-5)
-    selected = to_numpy(model.encode_image(batch["images"], normalize=True, slots=[3, 1]))
+    np.testing.assert_allclose(to_numpy(model.score({"embeds": raw_img}, {"embeds": raw_txt}, slots=mask)), subset,
+                               atol=1e-5)
+    selected = model.encode_image(batch["images"], normalize=True, slots=[3, 1])
+    assert set(selected) == {"embeds"}
+    selected = to_numpy(selected["embeds"])
     assert selected.shape == (4, 2 * V)
     np.testing.assert_allclose(selected, np_normalize_slots(raw_img.reshape(4, L, V)[:, [1, 3]].reshape(4, -1), V),
                                atol=1e-6)
     for bad, error in (([], ValueError), ([0, 4], ValueError), ([1, 1], ValueError), (np.ones(3, bool), ValueError),
                        ([0.5], TypeError)):
         with pytest.raises(error, match="slots"):
-            model.score(raw_img, raw_txt, slots=bad)
+            model.score({"embeds": raw_img}, {"embeds": raw_txt}, slots=bad)
     with pytest.raises(ValueError, match=r"`image_embeds` must have shape \(B, 32\)"):
-        model.score(raw_img[:, :8], raw_txt)
+        model.score({"embeds": raw_img[:, :8]}, {"embeds": raw_txt})
 
 
 def test_per_slot_zero_shot_accuracy_and_ranking():
@@ -406,8 +411,8 @@ def test_model_ranks_slots_by_zero_shot_accuracy():
     prompts = tiny_batch(batch_size=6, seed=3)
     class_texts = {key: prompts[key].reshape(3, 2, -1) for key in ("token_ids", "padding_mask")}
     acc = to_numpy(slot_zero_shot_accuracy(model, batch["images"], labels, class_texts))
-    class_embeds = to_numpy(model.encode_text(prompts)).reshape(3, 2, L * V)
-    expected = np_slot_accuracy(to_numpy(model.encode_image(batch["images"])), class_embeds, labels, V)
+    class_embeds = to_numpy(model.encode_text(prompts)["embeds"]).reshape(3, 2, L * V)
+    expected = np_slot_accuracy(to_numpy(model.encode_image(batch["images"])["embeds"]), class_embeds, labels, V)
     np.testing.assert_allclose(acc, expected, atol=1e-6)
     np.testing.assert_array_equal(select_slots(model, batch["images"], labels, class_texts, top_k=2),
                                   np.argsort(-expected, kind="stable")[:2])
@@ -425,8 +430,8 @@ def test_model_forward_scores_and_loss_match_numpy():
     img_slots, img_maps = np_readout(vis, model.vision_readout)
     txt_slots, txt_maps = np_readout(txt, model.text_readout, end)
     y_img, y_txt = img_slots.reshape(4, -1), txt_slots.reshape(4, -1)
-    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])), y_img, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(model.encode_text(batch)), y_txt, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])["embeds"]), y_img, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_text(batch)["embeds"]), y_txt, atol=2e-5)
     np.testing.assert_allclose(to_numpy(model.image_attention(batch["images"])), img_maps, atol=1e-5)
     np.testing.assert_allclose(to_numpy(model.text_attention(batch)), txt_maps, atol=1e-5)
     scale = math.exp(float(to_numpy(model.logit_scale)))
@@ -462,13 +467,15 @@ def test_padding_after_the_end_token_does_not_change_text_encodings():
     other["token_ids"] = np.where(batch["padding_mask"], batch["token_ids"],
                                   rng.integers(1, 63, size=batch["token_ids"].shape)).astype("int32")
     assert not np.array_equal(other["token_ids"], batch["token_ids"])
-    np.testing.assert_allclose(to_numpy(model.encode_text(other)), to_numpy(model.encode_text(batch)), atol=1e-6)
+    plain = to_numpy(model.encode_text(batch)["embeds"])
+    np.testing.assert_allclose(to_numpy(model.encode_text(other)["embeds"]), plain, atol=1e-6)
     # End-token padding (ties of the largest id) reads the same positions.
     padded = dict(batch, token_ids=np.where(batch["padding_mask"], batch["token_ids"], 63).astype("int32"))
-    np.testing.assert_allclose(to_numpy(model.encode_text(padded)), to_numpy(model.encode_text(batch)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(model.encode_text(padded)["embeds"]), plain, atol=1e-6)
     changed = dict(batch, token_ids=batch["token_ids"].copy())
     changed["token_ids"][0, 0] = (changed["token_ids"][0, 0] % 60) + 1
-    assert np.abs(to_numpy(model.encode_text(changed))[0] - to_numpy(model.encode_text(batch))[0]).max() > 1e-4
+    assert np.abs(to_numpy(model.encode_text(changed)["embeds"])[0]
+                  - to_numpy(model.encode_text(batch)["embeds"])[0]).max() > 1e-4
 
 
 def test_weight_decay_covers_queries_and_kernels_only():
@@ -506,7 +513,7 @@ def test_mixed_precision_keeps_encodings_and_loss_in_float32():
     loss = model.compute_loss(y_pred=outputs)
     assert keras.backend.standardize_dtype(loss.dtype) == "float32" and np.isfinite(float(to_numpy(loss)))
     normalised = model.encode_text(batch, normalize=True)
-    assert keras.backend.standardize_dtype(normalised.dtype) == "float32"
+    assert keras.backend.standardize_dtype(normalised["embeds"].dtype) == "float32"
 
 
 def test_save_load_round_trip_and_config(tmp_path):

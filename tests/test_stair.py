@@ -22,6 +22,7 @@ from vlzoo.losses.stair import (
     stair_pool,
 )
 from vlzoo.models.stair import STAIR
+from vlzoo.retrieval import top_terms
 from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
 
 PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "stair"}
@@ -220,8 +221,8 @@ def test_forward_matches_numpy_with_tied_decoders():
     model = tiny_stair(num_chunks=3)
     batch = tiny_batch(batch_size=4)
     image, text = np_encode(model, batch)
-    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])), image, atol=2e-5)
-    np.testing.assert_allclose(to_numpy(model.encode_text(batch)), text, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])["embeds"]), image, atol=2e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_text(batch)["embeds"]), text, atol=2e-5)
     logits = to_numpy(model.image_token_logits(batch["images"]))  # (B, 1 + P, V), the App. E.1 maps
     assert logits.shape == (4, 17, 64)
     np.testing.assert_allclose(np_pool(logits, np.ones((4, 17), bool)), image, atol=2e-5)
@@ -234,21 +235,22 @@ def test_forward_matches_numpy_with_tied_decoders():
     assert {v.path.split("/")[-1] for v in model.image_head.weights} == {"kernel", "bias", "gamma", "beta"}
     assert tuple(model.image_head.bridge.kernel.shape) == (48, 32) and model.text_head.bridge is None
     # Both towers read E_tok: changing it changes both embeddings.
-    before_img, before_txt = to_numpy(model.encode_image(batch["images"])), to_numpy(model.encode_text(batch))
+    before_img = to_numpy(model.encode_image(batch["images"])["embeds"])
+    before_txt = to_numpy(model.encode_text(batch)["embeds"])
     model.token_embeddings.assign(to_numpy(model.token_embeddings) * 1.5)
-    assert np.abs(to_numpy(model.encode_image(batch["images"])) - before_img).max() > 1e-3
-    assert np.abs(to_numpy(model.encode_text(batch)) - before_txt).max() > 1e-3
+    assert np.abs(to_numpy(model.encode_image(batch["images"])["embeds"]) - before_img).max() > 1e-3
+    assert np.abs(to_numpy(model.encode_text(batch)["embeds"]) - before_txt).max() > 1e-3
 
 
 def test_text_embedding_ignores_padding_content_and_length():
     model = tiny_stair()
     batch = tiny_batch(batch_size=4)
-    base = to_numpy(model.encode_text(batch))
+    base = to_numpy(model.encode_text(batch)["embeds"])
     noisy = dict(batch, token_ids=np.where(batch["padding_mask"], batch["token_ids"], 7).astype("int32"))
-    np.testing.assert_allclose(to_numpy(model.encode_text(noisy)), base, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(model.encode_text(noisy)["embeds"]), base, atol=1e-6)
     length = int(batch["padding_mask"].sum(1).max())
     short = {"token_ids": batch["token_ids"][:, :length], "padding_mask": batch["padding_mask"][:, :length]}
-    np.testing.assert_allclose(to_numpy(model.encode_text(short)), base, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(model.encode_text(short)["embeds"]), base, atol=1e-5)
     assert (base >= 0).all() and (base == 0).any()
 
 
@@ -263,8 +265,8 @@ def test_caption_mask_marks_each_captions_own_ids():
     np.testing.assert_array_equal(out, expected)
     # Text-encoder-free scoring (App. E.2): the image against the bag of words, as a cosine.
     images = tiny_batch(batch_size=3)["images"]
-    image = to_numpy(model.encode_image(images))
-    np.testing.assert_allclose(to_numpy(model.score(image, out)),
+    image = to_numpy(model.encode_image(images)["embeds"])
+    np.testing.assert_allclose(to_numpy(model.score({"embeds": image}, {"embeds": out})),
                                math.exp(float(to_numpy(model.logit_scale))) * np_cosine(image, expected), atol=1e-4)
     # Paper-faithful option: nothing excluded.
     out = to_numpy(tiny_stair(excluded_token_ids=None).caption_mask({"token_ids": ids, "padding_mask": mask}))
@@ -326,7 +328,7 @@ def test_stage2_freezes_the_image_tower(mode):
     model.set_stage(2)
     assert not model.vision.trainable and not model.image_head.trainable
     assert (model.frozen_token_embeddings is not None) == (mode == "snapshot")
-    image_before = to_numpy(model.encode_image(batch["images"]))
+    image_before = to_numpy(model.encode_image(batch["images"])["embeds"])
     frozen = weights_of([model.vision, model.image_head])
     table = to_numpy(model.token_embeddings).copy()
     text = weights_of([model.text, model.text_head])
@@ -337,7 +339,7 @@ def test_stage2_freezes_the_image_tower(mode):
     assert np.abs(to_numpy(model.token_embeddings) - table).max() > 0
     assert all(np.abs(a - b).max() > 0 for a, b in zip(weights_of([model.text, model.text_head]), text)
                if a.size > 1)
-    image_after = to_numpy(model.encode_image(batch["images"]))
+    image_after = to_numpy(model.encode_image(batch["images"])["embeds"])
     if mode == "snapshot":  # bit-identical image embeddings through stage 2
         np.testing.assert_array_equal(image_after, image_before)
         np.testing.assert_array_equal(to_numpy(model.frozen_token_embeddings), table)
@@ -388,7 +390,7 @@ def test_fit_lowers_the_loss_in_each_stage(stage):
     history = model.fit(batch, batch_size=8, epochs=20, verbose=0, shuffle=False)
     after = float(to_numpy(model.compute_loss(y_pred=model(batch), training=False)))
     assert np.isfinite(history.history["loss"]).all() and all(np.isfinite(to_numpy(v)).all() for v in model.weights)
-    np.testing.assert_array_equal(to_numpy(model.encode_text(batch))[7], 0.0)
+    np.testing.assert_array_equal(to_numpy(model.encode_text(batch)["embeds"])[7], 0.0)
     assert after < 0.7 * before, (stage, before, after)
 
 
@@ -405,9 +407,9 @@ def test_save_load_round_trip_in_stage_2(tmp_path):
     assert [v.path for v in loaded.weights] == [v.path for v in model.weights]
     for a, b in zip(model.weights, loaded.weights):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-    np.testing.assert_array_equal(to_numpy(loaded.encode_image(batch["images"])),
-                                  to_numpy(model.encode_image(batch["images"])))
-    out = to_numpy(loaded.encode_text(batch))
+    np.testing.assert_array_equal(to_numpy(loaded.encode_image(batch["images"])["embeds"]),
+                                  to_numpy(model.encode_image(batch["images"])["embeds"]))
+    out = to_numpy(loaded.encode_text(batch)["embeds"])
     assert (out[:, [0, 5, 63]] == 0).all()  # zero_excluded
     rebuilt = STAIR.from_config(model.get_config())
     assert rebuilt.get_config() == model.get_config()
@@ -458,11 +460,11 @@ def test_vit_b16_parameter_counts_match_the_spec():
 def test_tiny_preset_encodes_strings_to_top_terms():
     model = STAIR(**PRESETS["stair_tiny"]["config"])
     assert isinstance(model.tokenizer, WordPieceTokenizer) and model.embed_dim == 30522
-    terms = model.encode_text(["a dog on the beach"], top_k=5)
+    terms = top_terms(model.encode_text(["a dog on the beach"])["embeds"], k=5, tokenizer=model.tokenizer)
     assert len(terms) == 1 and len(terms[0]) == 5
     weights = [w for _, w in terms[0]]
     assert weights == sorted(weights, reverse=True) and all(isinstance(t, str) for t, _ in terms[0])
-    dense = to_numpy(model.encode_text(["a dog on the beach"]))[0]
+    dense = to_numpy(model.encode_text(["a dog on the beach"])["embeds"])[0]
     assert weights[0] == pytest.approx(float(dense.max()))
     assert model.tokenizer.id_to_token(int(dense.argmax())) == terms[0][0][0]
 
