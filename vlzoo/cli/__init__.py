@@ -6,6 +6,7 @@
     vlzoo zeroshot --preset P --images DIR_OR_CAPTIONFILE [--classes "a,b" | --classes-file F]
                    [--templates imagenet|simple|default|FILE] [--top-k 1 5] [--json OUT]
     vlzoo retrieve --preset P --data CAPTIONFILE_OR_SHARDS [--ks 1 5 10] [--query TEXT ...] [--json OUT]
+    vlzoo eval     --preset P --benchmark sugarcrepe|winoground|mmvp --data DIR [--images DIR] [--json OUT]
     vlzoo train    --preset P --data SOURCE --out DIR [--epochs E] [--batch-size B] [--learning-rate LR] ...
     vlzoo convert  --from open_clip|transformers|keras_hub --checkpoint PATH --out DIR [--model NAME | --config F]
     vlzoo convert  --from llip|sparo --checkpoint PATH --preset P --out DIR
@@ -24,6 +25,8 @@ but by `download` and by the pretrained presets and hub handles `--preset` names
 * `retrieve`: image -> text and text -> image recall@K
   (`vlzoo.evaluation.retrieval_recall`) on the image-caption pairs of a caption
   file or tar shards, or the best images for `--query` texts.
+* `eval`: SugarCrepe, Winoground or MMVP-VLM read from their published layouts
+  (`vlzoo.evaluation.benchmarks`), a Markdown table and clip_benchmark-schema JSON.
 * `train`: fine-tunes with `model.fit` on `vlzoo.data.image_text_dataset(...,
   training=True)`, then `save_to_preset(--out)`.
 * `convert`: a local open_clip / transformers / keras-hub / Llip / SPARO checkpoint -> a preset
@@ -43,7 +46,7 @@ User mistakes (a missing file, an unknown preset, a bad value) end with a one-li
 `vlzoo COMMAND: error: ...` naming the argument and exit status 2; a failed check
 (`convert`'s parity, `demo`'s reload) exits with 1.
 
-One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve`, `train`,
+One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve`, `evaluate` (eval), `train`,
 `convert`, `demo`), each with `register(subparsers)` and `run(args, out)`; shared helpers in
 `_common`, the readers of labelled images and pairs in `vlzoo.data.labels`. The command modules
 import no backend at module level: each `run` imports what it needs.
@@ -57,13 +60,13 @@ import argparse
 import sys
 
 from vlzoo.cli._logs import QUIET_NATIVE_LOGS  # first: sets the C++ log level before a framework loads
-from vlzoo.cli import catalogue, convert, demo, retrieve, train, zeroshot
+from vlzoo.cli import catalogue, convert, demo, evaluate, retrieve, train, zeroshot
 from vlzoo.cli._common import UsageError
 from vlzoo.cli.demo import DEMO_TEMPLATE
 
 __all__ = ["COMMANDS", "DEMO_TEMPLATE", "QUIET_NATIVE_LOGS", "UsageError", "build_parser", "main"]
 
-COMMANDS = (catalogue, zeroshot, retrieve, train, convert, demo)
+COMMANDS = (catalogue, zeroshot, retrieve, evaluate, train, convert, demo)
 
 # User mistakes reported as one line (exit status 2) rather than a traceback.
 _USER_ERRORS = (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

@@ -7,6 +7,10 @@
   recall@K with several captions per image and documented tie handling.
 * `ZeroShotCallback` / `RetrievalCallback`: the same during `fit`, logged as
   `val_zeroshot_top1`, `val_i2t_r@1`, ...
+* `benchmarks`: SugarCrepe, Winoground and MMVP-VLM read from their published
+  layouts, scored by `evaluate_selection` (`selection`: the per-item scores and
+  the benchmarks' metrics, with documented tie handling); `results`:
+  clip_benchmark's result schema and a Markdown table.
 * `slots` (SPARO's per-slot zero-shot accuracy and post-hoc slot selection) and
   `shapes_benchmark` (what the bundled `*_shapes` presets report): modules.
 * `IMAGENET_TEMPLATES` (CLIP's 80), `SIMPLE_TEMPLATES` (CLIP's 7),

@@ -1,0 +1,222 @@
+"""SugarCrepe, Winoground and MMVP-VLM read from tiny fixtures in their published layouts, scored by
+test models whose answers are known (an oracle: 1.0; a constant: chance exactly) and by real models
+against a per-item computation."""
+
+import csv
+import functools
+import json
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+
+import vlzoo
+from vlzoo.evaluation import benchmarks
+from vlzoo.evaluation.selection import selection_metrics
+from vlzoo.preprocessing import ImagePreprocessor
+
+LEVELS = 12  # image k is a solid grey of value 20 k + 10; its captions name "thing k"
+
+
+def _solid(path, k):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.fromarray(np.full((24, 32, 3), 20 * k + 10, np.uint8)).save(path)
+
+
+class Oracle:
+    """A stand-in model that sees the answer: one-hot embeddings of the image's grey level and of the
+    `thing k` its caption names; `constant=True` scores everything alike."""
+
+    symmetric_score = True
+
+    def __init__(self, constant=False):
+        self.constant = constant
+        self.preprocessor = ImagePreprocessor(image_size=8)
+        self._levels = np.array([self.preprocessor(np.full((1, 24, 32, 3), 20 * k + 10, np.uint8)).mean()
+                                 for k in range(LEVELS)])
+
+    def encode_image(self, images):
+        means = np.asarray(images).reshape(len(images), -1).mean(axis=1)
+        return {"embeds": np.eye(LEVELS)[np.abs(means[:, None] - self._levels).argmin(axis=1)]}
+
+    def encode_text(self, texts):
+        return {"embeds": np.eye(LEVELS)[[int(re.search(r"thing (\d+)", t).group(1)) for t in texts]]}
+
+    def score(self, image_embeds, text_embeds):
+        scores = image_embeds["embeds"] @ text_embeds["embeds"].T
+        return np.zeros_like(scores) if self.constant else scores
+
+
+# ------------------------------------------------------------------ fixtures in each layout
+
+
+def _sugarcrepe(root):
+    data, images = root / "sugar-crepe" / "data", root / "coco" / "val2017"
+    os.makedirs(data)
+    for f, stem in enumerate(benchmarks.SUGARCREPE_FILES):
+        entries = {}
+        for i, key in enumerate(["0", "1", "3"]):  # keys need not be contiguous (swap_obj.json lacks "108")
+            k = (f + i) % LEVELS
+            filename = f"{100 * f + i:012d}.jpg"
+            _solid(str(images / filename), k)
+            entries[key] = {"filename": filename, "caption": f"a photo of thing {k}",
+                            "negative_caption": f"a photo of thing {(k + 1) % LEVELS}"}
+        (data / f"{stem}.json").write_text(json.dumps(entries))
+    return data, images
+
+
+def _winoground(root):
+    data = root / "winoground" / "data"
+    os.makedirs(data / "images")
+    lines = []
+    for i in range(3):
+        for j in range(2):
+            _solid(str(data / "images" / f"ex_{i}_img_{j}.png"), 2 * i + j)
+        lines.append(json.dumps({"id": i, "image_0": f"ex_{i}_img_0", "image_1": f"ex_{i}_img_1",
+                                 "caption_0": f"thing {2 * i} left of thing", "caption_1": f"thing {2 * i + 1} there",
+                                 "tag": "Noun", "secondary_tag": "", "num_main_preds": 1,
+                                 "collapsed_tag": ["Object", "Relation", "Both"][i]}))
+    (data / "examples.jsonl").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def _mmvp(root):
+    data = root / "MMVP_VLM"
+    rows = []
+    for pair, kind in enumerate(["Orientation", "Camera Perspective"]):
+        for j in range(2):
+            qid = 2 * pair + j + 1
+            _solid(str(data / benchmarks.MMVP_IMAGES / kind / f"{qid}.jpg"), qid)
+            rows.append({"Question ID": qid, "Type": kind, "Statement": f"thing {qid} facing left"})
+    with open(data / "Questions.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(benchmarks.MMVP_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    return data
+
+
+@pytest.fixture
+def layouts(tmp_path):
+    return {"sugarcrepe": benchmarks.sugarcrepe(*_sugarcrepe(tmp_path)),
+            "winoground": [benchmarks.winoground(_winoground(tmp_path))], "mmvp": [benchmarks.mmvp(_mmvp(tmp_path))]}
+
+
+# ------------------------------------------------------------------ known answers
+
+CHANCE = {"caption": {"acc": 0.5}, "winoground": {"text": 0.25, "image": 0.25, "group": 1 / 6}, "mmvp": {"pair": 0.25}}
+
+
+def test_the_readers_find_every_item(layouts):
+    assert [b.name for b in layouts["sugarcrepe"]] == [f"sugar_crepe/{s}" for s in benchmarks.SUGARCREPE_FILES]
+    assert [len(b.items) for b in layouts["sugarcrepe"]] == [3] * 7 and layouts["sugarcrepe"][0].items[2].key == "3"
+    wino, = layouts["winoground"]
+    assert len(wino.items) == 3 and wino.items[1].captions == ("thing 2 left of thing", "thing 3 there")
+    pairs, = layouts["mmvp"]
+    assert [item.key for item in pairs.items] == ["1-2", "3-4"]
+    assert pairs.items[1].captions == ("a photo of thing 3 facing left", "a photo of thing 4 facing left")
+    assert pairs.items[1].images[0].endswith(os.path.join("MLLM_VLM Images", "Camera Perspective", "3.jpg"))
+
+
+def test_a_model_that_sees_the_answer_scores_one(layouts):
+    for benchmark in sum(layouts.values(), []):
+        result = benchmarks.evaluate_selection(Oracle(), benchmark, batch_size=2)
+        assert set(result["metrics"].values()) == {1.0}, benchmark.name
+        assert all(set(group.values()) == {1.0} for group in result["groups"].values())
+
+
+@pytest.mark.parametrize("ties", ["expected", "pessimistic", "optimistic"])
+def test_a_constant_model_scores_chance_exactly_or_the_tie_rule(layouts, ties):
+    for benchmark in sum(layouts.values(), []):
+        metrics = benchmarks.evaluate_selection(Oracle(constant=True), benchmark, ties=ties)["metrics"]
+        want = {name: {"expected": chance, "pessimistic": 0.0, "optimistic": 1.0}[ties]
+                for name, chance in CHANCE[benchmark.kind].items()}
+        assert metrics == want, benchmark.name
+
+
+def test_ties_break_at_random_within_equal_scores_only():
+    # Caption 0 beats caption 2 outright and ties caption 1: passes in half of the orderings.
+    i2t = np.array([[[0.5, 0.5, 0.1]]])
+    assert selection_metrics("caption", i2t, i2t)["acc"] == 0.5
+    assert selection_metrics("caption", i2t, i2t, ties="pessimistic")["acc"] == 0.0
+
+
+# ------------------------------------------------------------------ malformed files
+
+
+def test_a_missing_key_names_the_file_and_the_entry(tmp_path):
+    data, images = _sugarcrepe(tmp_path)
+    records = json.loads((data / "swap_obj.json").read_text())
+    del records["1"]["negative_caption"]
+    (data / "swap_obj.json").write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=r"swap_obj\.json, entry 1: missing key\(s\) \['negative_caption'\]"):
+        benchmarks.sugarcrepe(data, images)
+
+
+def test_a_missing_image_names_the_file_the_entry_and_the_path(tmp_path):
+    data = _winoground(tmp_path)
+    os.remove(data / "images" / "ex_2_img_1.png")
+    with pytest.raises(FileNotFoundError, match=r"examples\.jsonl, entry 2: image not found: .*ex_2_img_1\.png"):
+        benchmarks.winoground(data)
+
+
+def test_an_unpaired_statement_is_refused(tmp_path):
+    data = _mmvp(tmp_path)
+    lines = (data / "Questions.csv").read_text().splitlines()
+    (data / "Questions.csv").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match=r"Questions\.csv: statements come in pairs; received 3 rows"):
+        benchmarks.mmvp(data)
+
+
+# ------------------------------------------------------------------ real families
+
+
+@functools.lru_cache(maxsize=None)
+def _preset(name):
+    return vlzoo.from_preset(name)
+
+
+@pytest.mark.parametrize("preset", ["clip_shapes", "filip_shapes", "llip_shapes"])
+def test_batched_scores_equal_the_items_scored_one_by_one(layouts, preset):
+    # FILIP ranks captions with S_I and images with S_T; Llip scores each pair with its own embedding.
+    model = _preset(preset)
+    wino, = layouts["winoground"]
+    result = benchmarks.evaluate_selection(model, wino, batch_size=2)
+    i2t, t2i = [], []
+    for item in wino.items:
+        image = model.encode_image(model.preprocessor([np.asarray(Image.open(p).convert("RGB")) for p in item.images]))
+        text = model.encode_text(list(item.captions))
+        directions = [{}] if model.symmetric_score else [{"direction": "i2t"}, {"direction": "t2i"}]
+        scores = [keras.ops.convert_to_numpy(model.score(image, text, **d)) for d in directions]
+        i2t.append(scores[0])
+        t2i.append(scores[-1])
+    want = selection_metrics("winoground", np.array(i2t), np.array(t2i), symmetric=model.symmetric_score)
+    assert result["metrics"] == want
+
+
+def test_vlzoo_eval_prints_a_table_and_writes_clip_benchmark_records(tmp_path, capsys):
+    from vlzoo.cli import main
+
+    data = _winoground(tmp_path)
+    out = tmp_path / "wino.json"
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "winoground", "--data", str(data),
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| dataset | model | text | image | group |" in printed and "| winoground | clip_shapes |" in printed
+    record, = json.loads(out.read_text())
+    assert {k: record[k] for k in ("dataset", "model", "pretrained", "task", "language")} == {
+        "dataset": "winoground", "model": "clip_shapes", "pretrained": None, "task": "image_caption_selection",
+        "language": "en"}
+    want = benchmarks.evaluate_selection(_preset("clip_shapes"), benchmarks.winoground(data))
+    assert record["metrics"] == want["metrics"] and record["groups"] == want["groups"]
+
+
+def test_vlzoo_eval_names_a_malformed_file(tmp_path, capsys):
+    from vlzoo.cli import main
+
+    data = _mmvp(tmp_path)
+    (data / "Questions.csv").write_text("Question ID,Type,Statement\n1,Color,red\n")
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "mmvp", "--data", str(data)]) == 2
+    assert "Questions.csv: statements come in pairs; received 1 rows" in capsys.readouterr().err

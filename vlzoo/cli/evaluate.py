@@ -1,0 +1,64 @@
+"""`vlzoo eval`: a compositionality benchmark read from its published layout, scored by any family."""
+
+from vlzoo import pretrained
+from vlzoo.cli._common import (
+    UsageError, _add_command, _add_preset, _add_report_options, _check_file, _check_preset, _load_preset,
+    _naming, _positive_int, _write_json,
+)
+
+BENCHMARKS = ("sugarcrepe", "winoground", "mmvp")
+
+
+def register(sub):
+    p = _add_command(
+        sub, "eval", "score a preset on SugarCrepe, Winoground or MMVP-VLM from their files on disk",
+        "Reads a benchmark in its published layout (nothing is downloaded) and scores it with the\n"
+        "family's own scores (vlzoo.evaluation.benchmarks):\n"
+        "  sugarcrepe  --data: the repository's data/ (add_att.json, ..., swap_obj.json);\n"
+        "              --images: COCO val2017 (default: DATA/val2017)\n"
+        "  winoground  --data: the folder of examples.jsonl and images/\n"
+        "  mmvp        --data: the folder of Questions.csv and 'MLLM_VLM Images/'\n"
+        "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
+        "(dataset, model, pretrained, task, metrics, language) plus the metrics per group.",
+        ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
+         "--images coco/val2017",
+         "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json"],
+    )
+    _add_preset(p)
+    p.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="which benchmark --data holds")
+    p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's folder (see above)")
+    p.add_argument("--images", default=None, metavar="DIR",
+                   help="sugarcrepe: the COCO val2017 images (default: DATA/val2017)")
+    p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
+                   help="tied scores: their expected value under a random order (default; chance for a "
+                   "constant model), failed (the benchmarks' own scripts) or passed")
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
+    _add_report_options(p, "also write the records (clip_benchmark's schema) to this JSON file")
+    p.set_defaults(func=run)
+
+
+def run(args, out):
+    _check_preset(args.preset)
+    _check_file(args.data, "--data", "folder")
+    if args.images is not None and args.benchmark != "sugarcrepe":
+        raise UsageError("--images", "only sugarcrepe reads its images from another folder")
+    # heavy: imports a backend
+    from vlzoo.evaluation import benchmarks, results
+
+    with _naming("--data"):
+        if args.benchmark == "sugarcrepe":
+            chosen = benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
+        else:
+            chosen = [getattr(benchmarks, args.benchmark)(args.data)]
+    model = _load_preset(args.preset, out)
+    source = pretrained.catalogue().get(args.preset, {}).get("handle")
+    records = []
+    for benchmark in chosen:
+        print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
+        result = benchmarks.evaluate_selection(model, benchmark, batch_size=args.batch_size, ties=args.ties,
+                                               verbose=args.verbose)
+        records.append(results.benchmark_record(result, args.preset, pretrained=source))
+    print(results.markdown_table(records), file=out, end="")
+    if args.json:
+        _write_json(args.json, records, out)
+    return 0

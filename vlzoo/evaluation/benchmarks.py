@@ -1,0 +1,193 @@
+"""Compositionality benchmarks read from their published on-disk layouts (nothing is downloaded).
+
+Each reader returns one or more `SelectionBenchmark`s: named lists of
+`SelectionItem`s (image paths, captions in the order the benchmark's `kind`
+expects, the entry's key and group), which `evaluate_selection` scores with any
+family (`vlzoo.evaluation.selection`).
+
+* `sugarcrepe(data, images)`: SugarCrepe (Hsieh et al., NeurIPS 2023 D&B),
+  `data/` of the RAIVNLab/sugar-crepe repository: `add_att.json`,
+  `add_obj.json`, `replace_att.json`, `replace_obj.json`, `replace_rel.json`,
+  `swap_att.json`, `swap_obj.json`, each a JSON object
+  `{"<index>": {"filename", "caption", "negative_caption"}}` (indices need
+  not be contiguous) over COCO val2017 images `images/<filename>`. One benchmark
+  per file, `sugar_crepe/<file stem>`, kind `"caption"`.
+* `winoground(data)`: Winoground (Thrush et al., CVPR 2022), the
+  `facebook/winoground` dataset's `data/`: `examples.jsonl` (one object per line
+  with `id`, `image_0`, `image_1`, `caption_0`, `caption_1`, `tag`,
+  `secondary_tag`, `num_main_preds`, `collapsed_tag`) and the images
+  `images/<image_k>.png`; kind `"winoground"`, grouped by `collapsed_tag`.
+* `mmvp(data)`: MMVP-VLM (Tong et al., CVPR 2024), the `MMVP/MMVP_VLM`
+  dataset: `Questions.csv` (columns `Question ID`, `Type`, `Statement`; rows
+  taken two at a time, the odd id describing the first image) and the images
+  `MLLM_VLM Images/<Type>/<Question ID>.jpg`. Each statement is prompted as
+  `"a photo of <statement>"`, as the benchmark's own script does; kind
+  `"mmvp"`, grouped by `Type`.
+
+A malformed file (a missing key, a missing image, a wrong row count) raises an
+error naming the file and the entry.
+
+Example:
+>>> for benchmark in sugarcrepe("sugar-crepe/data", "coco/val2017"):
+...     print(benchmark.name, evaluate_selection(model, benchmark)["metrics"])
+"""
+
+import csv
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from vlzoo.data.labels import ImageFiles
+from vlzoo.evaluation.selection import selection_metrics, selection_scores
+
+SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+WINOGROUND_KEYS = ("id", "image_0", "image_1", "caption_0", "caption_1", "collapsed_tag")
+MMVP_COLUMNS = ("Question ID", "Type", "Statement")
+MMVP_IMAGES = "MLLM_VLM Images"
+
+__all__ = ["SelectionBenchmark", "SelectionItem", "evaluate_selection", "mmvp", "sugarcrepe", "winoground"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionItem:
+    """One item: its images (paths), its captions (the matching ones first, see the kind), its key in
+    the source file and its group (a SugarCrepe file, a Winoground tag, an MMVP pattern)."""
+
+    images: tuple
+    captions: tuple
+    key: str
+    group: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionBenchmark:
+    """A named list of items of one `kind` (`vlzoo.evaluation.selection.KINDS`), read from `source`."""
+
+    name: str
+    kind: str
+    items: tuple
+    source: str
+
+
+def _image(path, source, key):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{source}, entry {key}: image not found: {path}.")
+    return path
+
+
+def _json(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Benchmark file not found: {path}.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}.") from None
+
+
+def _fields(record, keys, source, key):
+    if not isinstance(record, dict):
+        raise ValueError(f"{source}, entry {key}: expected an object; received {type(record).__name__}.")
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise ValueError(f"{source}, entry {key}: missing key(s) {missing}.")
+    return [record[k] for k in keys]
+
+
+def sugarcrepe(data, images, files=SUGARCREPE_FILES):
+    """SugarCrepe's seven benchmarks (or `files`), from its `data/` directory and COCO val2017 `images`."""
+    benchmarks = []
+    for stem in files:
+        source = os.path.join(data, f"{stem}.json")
+        records = _json(source)
+        if not isinstance(records, dict):
+            raise ValueError(f"{source}: expected an object of entries; received {type(records).__name__}.")
+        items = []
+        for key, record in records.items():
+            filename, caption, negative = _fields(record, ("filename", "caption", "negative_caption"), source, key)
+            items.append(SelectionItem((_image(os.path.join(images, filename), source, key),),
+                                       (caption, negative), str(key), stem))
+        benchmarks.append(SelectionBenchmark(f"sugar_crepe/{stem}", "caption", tuple(items), source))
+    return benchmarks
+
+
+def winoground(data):
+    """Winoground's 400 items, from the directory holding `examples.jsonl` and `images/`."""
+    source = os.path.join(data, "examples.jsonl")
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"Benchmark file not found: {source}.")
+    items = []
+    with open(source, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{source}, line {line_number}: not valid JSON: {error}.") from None
+            key = record.get("id", f"line {line_number}") if isinstance(record, dict) else f"line {line_number}"
+            example, image_0, image_1, caption_0, caption_1, tag = _fields(record, WINOGROUND_KEYS, source, key)
+            paths = tuple(_image(os.path.join(data, "images", f"{stem}.png"), source, key)
+                          for stem in (image_0, image_1))
+            items.append(SelectionItem(paths, (caption_0, caption_1), str(example), str(tag)))
+    return SelectionBenchmark("winoground", "winoground", tuple(items), source)
+
+
+def mmvp(data):
+    """MMVP-VLM's pairs, from the directory holding `Questions.csv` and `MLLM_VLM Images/`."""
+    source = os.path.join(data, "Questions.csv")
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"Benchmark file not found: {source}.")
+    with open(source, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if rows and not set(MMVP_COLUMNS) <= set(rows[0]):
+        raise ValueError(f"{source}: expected the columns {list(MMVP_COLUMNS)}; received {list(rows[0])}.")
+    if len(rows) % 2:
+        raise ValueError(f"{source}: statements come in pairs; received {len(rows)} rows (an odd count).")
+    items = []
+    for first, second in zip(rows[::2], rows[1::2]):
+        ids = []
+        for row in (first, second):
+            try:
+                ids.append(int(row["Question ID"]))
+            except ValueError:
+                raise ValueError(f"{source}, entry {row['Question ID']!r}: `Question ID` is not an integer.") from None
+        key = f"{ids[0]}-{ids[1]}"
+        if ids[0] % 2 != 1 or ids[1] != ids[0] + 1:
+            raise ValueError(f"{source}, entry {key}: a pair is an odd id and the next one; received {ids}.")
+        folder = os.path.join(data, MMVP_IMAGES, first["Type"])  # both images under the first row's type
+        paths = tuple(_image(os.path.join(folder, f"{i}.jpg"), source, key) for i in ids)
+        items.append(SelectionItem(paths, tuple(f"a photo of {row['Statement']}" for row in (first, second)),
+                                   key, first["Type"]))
+    return SelectionBenchmark("mmvp_vlm", "mmvp", tuple(items), source)
+
+
+def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose=False, **score_kwargs):
+    """Scores `benchmark` with `model`: its metrics overall and per group.
+
+    Args:
+        model: a `ContrastiveModel` (its `preprocessor` reads the images).
+        benchmark: a `SelectionBenchmark`.
+        batch_size: items per forward pass.
+        ties: see `vlzoo.evaluation.selection`.
+        verbose: a progress bar.
+        **score_kwargs: passed to `model.score`.
+
+    Returns:
+        `{"dataset": name, "task": "image_caption_selection", "metrics": {...},
+        "groups": {group: {...}}}`.
+    """
+    items = benchmark.items
+    images = ImageFiles([path for item in items for path in item.images], model.preprocessor)
+    i2t, t2i = selection_scores(model, images, [item.captions for item in items], batch_size=batch_size,
+                                verbose=verbose, **score_kwargs)
+    symmetric = model.symmetric_score
+    groups = {}
+    for group in dict.fromkeys(item.group for item in items):
+        rows = np.array([item.group == group for item in items])
+        groups[group] = selection_metrics(benchmark.kind, i2t[rows], t2i[rows], ties=ties, symmetric=symmetric)
+    return {"dataset": benchmark.name, "task": "image_caption_selection",
+            "metrics": selection_metrics(benchmark.kind, i2t, t2i, ties=ties, symmetric=symmetric),
+            "groups": groups}
