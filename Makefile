@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[all]"
+	$(PY) -m pip install -q --no-deps -c constraints.txt clip-benchmark
 	touch $(STAMP)
 
 # TensorFlow's C++ logs ("failed call to cuInit", "Could not find cuda drivers": errors in looks only)

@@ -11,6 +11,7 @@ import re
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from PIL import Image
 
 import vlzoo
@@ -220,3 +221,40 @@ def test_vlzoo_eval_names_a_malformed_file(tmp_path, capsys):
     (data / "Questions.csv").write_text("Question ID,Type,Statement\n1,Color,red\n")
     assert main(["eval", "--preset", "clip_shapes", "--benchmark", "mmvp", "--data", str(data)]) == 2
     assert "Questions.csv: statements come in pairs; received 1 rows" in capsys.readouterr().err
+
+
+@run_once  # clip_benchmark's metric code runs in PyTorch, whatever Keras' backend
+def test_metrics_agree_with_clip_benchmark_on_the_same_scores():
+    # clip_benchmark's image_caption_selection.evaluate, fed the same embeddings through a PyTorch
+    # module whose "images" are the embeddings themselves; random scores never tie, where the
+    # two tie rules would differ (argmax's first index against the benchmarks' strict >).
+    import torch
+    from clip_benchmark.metrics import image_caption_selection
+
+    class Embeddings(torch.nn.Module):
+        def __init__(self, texts):
+            super().__init__()
+            self.texts = torch.tensor(texts.reshape(-1, texts.shape[-1]))
+
+        def encode_image(self, x):
+            return x.flatten(1)
+
+        def encode_text(self, ids):
+            return self.texts[ids]
+
+    rng = np.random.default_rng(0)
+    for kind, n_images in (("caption", 1), ("winoground", 2), ("mmvp", 2)):
+        images, texts = rng.normal(size=(300, n_images, 16)), rng.normal(size=(300, 2, 16))
+        loader = [(torch.tensor(images[s:s + 64, :, :, None, None]),
+                   [[str(2 * i + c) for c in range(2)] for i in range(s, min(s + 64, 300))])
+                  for s in range(0, 300, 64)]
+        tokenizer = lambda ids: torch.tensor([int(i) for i in ids])  # noqa: E731
+        theirs = image_caption_selection.evaluate(Embeddings(texts), loader, tokenizer, "cpu", amp=False)
+        unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+        scores = np.einsum("nad,ncd->nac", unit(images), unit(texts))
+        ours = selection_metrics(kind, scores, scores)
+        pairs = {"caption": {"acc": "text_acc"}, "mmvp": {"pair": "image_acc"},
+                 "winoground": {"text": "text_acc", "image": "image_acc", "group": "acc"}}[kind]
+        for mine, name in pairs.items():
+            assert abs(ours[mine] - theirs[name]) <= 1e-6, (kind, mine, ours[mine], theirs[name])
+        assert 0.0 < min(ours.values()) and max(ours.values()) < 1.0  # neither trivial
