@@ -6,7 +6,7 @@ writes them). `vlzoo.catalogue` finds it without Keras: registered names
 `presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
 `tools/build_presets.py` writes from their registry entries; its
 `list_presets`, `resolve_preset`, `read_metadata` and `model_config` are also
-names of this module. This module imports no model class: a config names its class,
+names of this module, as is `presets_root`. This module imports no model class: a config names its class,
 which Keras' registry resolves (the models register themselves on import).
 
 Example:
@@ -27,6 +27,7 @@ from packaging.version import Version
 
 from vlzoo import registry
 from vlzoo._keras import without_weights
+from vlzoo._paths import presets_root  # noqa: F401  (public: where the registered presets live)
 from vlzoo.catalogue import CONFIG_FILE
 from vlzoo.catalogue import METADATA_FILE
 from vlzoo.catalogue import PREPROCESSOR_FILE
