@@ -39,16 +39,21 @@ class Oracle:
         self._levels = np.array([self.preprocessor(np.full((1, 24, 32, 3), 20 * k + 10, np.uint8)).mean()
                                  for k in range(LEVELS)])
 
+    def tokenizer(self, texts):
+        ids = np.array([[int(re.search(r"thing (\d+)", t).group(1))] for t in texts])
+        return {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+
     def encode_image(self, images):
         means = np.asarray(images).reshape(len(images), -1).mean(axis=1)
         return {"embeds": np.eye(LEVELS)[np.abs(means[:, None] - self._levels).argmin(axis=1)]}
 
     def encode_text(self, texts):
-        return {"embeds": np.eye(LEVELS)[[int(re.search(r"thing (\d+)", t).group(1)) for t in texts]]}
+        ids = texts if isinstance(texts, dict) else self.tokenizer(texts)
+        return {"embeds": np.eye(LEVELS)[keras.ops.convert_to_numpy(ids["token_ids"])[:, 0]]}
 
     def score(self, image_embeds, text_embeds):
-        scores = image_embeds["embeds"] @ text_embeds["embeds"].T
-        return np.zeros_like(scores) if self.constant else scores
+        scores = keras.ops.matmul(image_embeds["embeds"], keras.ops.transpose(text_embeds["embeds"]))
+        return keras.ops.zeros_like(scores) if self.constant else scores
 
 
 # ------------------------------------------------------------------ fixtures in each layout
@@ -97,6 +102,20 @@ def _mmvp(root):
         writer.writeheader()
         writer.writerows(rows)
     return data
+
+
+def _karpathy(root, coco=True):
+    images = root / ("coco" if coco else "flickr30k-images")
+    entries = []
+    for i in range(5):
+        filename = f"COCO_val2014_{i:012d}.jpg" if coco else f"{1000 + i}.jpg"
+        _solid(str(images / ("val2014" if coco else "") / filename), i)
+        entry = {"filename": filename, "imgid": i, "split": "test" if i < 4 else "train",
+                 "sentences": [{"raw": f"A photo of thing {i}. ", "imgid": i, "sentid": 2 * i + j} for j in range(2)]}
+        entries.append({**entry, "filepath": "val2014", "cocoid": i} if coco else entry)
+    path = root / ("dataset_coco.json" if coco else "dataset_flickr30k.json")
+    path.write_text(json.dumps({"images": entries, "dataset": "coco" if coco else "flickr30k"}))
+    return path, images
 
 
 @pytest.fixture
@@ -258,3 +277,58 @@ def test_metrics_agree_with_clip_benchmark_on_the_same_scores():
         for mine, name in pairs.items():
             assert abs(ours[mine] - theirs[name]) <= 1e-6, (kind, mine, ours[mine], theirs[name])
         assert 0.0 < min(ours.values()) and max(ours.values()) < 1.0  # neither trivial
+
+
+@pytest.mark.parametrize("coco", [True, False])
+def test_karpathy_split_reads_the_test_images_and_every_caption(tmp_path, coco):
+    path, images = _karpathy(tmp_path, coco)
+    benchmark = benchmarks.karpathy(path, images)
+    assert benchmark.name == ("coco" if coco else "flickr30k") and len(benchmark.images) == 4
+    assert benchmark.captions[:3] == ("A photo of thing 0.", "A photo of thing 0.", "A photo of thing 1.")
+    assert benchmark.image_ids == (0, 0, 1, 1, 2, 2, 3, 3)
+    result = benchmarks.evaluate_retrieval(Oracle(), benchmark, ks=(1, 5))
+    assert result["task"] == "zeroshot_retrieval" and set(result["metrics"].values()) == {1.0}
+    assert sorted(result["metrics"]) == ["image_retrieval_recall@1", "image_retrieval_recall@5",
+                                         "text_retrieval_recall@1", "text_retrieval_recall@5"]
+
+
+def test_karpathy_split_names_a_missing_image(tmp_path):
+    path, images = _karpathy(tmp_path)
+    os.remove(images / "val2014" / "COCO_val2014_000000000002.jpg")
+    with pytest.raises(FileNotFoundError, match=r"dataset_coco\.json, entry 2: image not found"):
+        benchmarks.karpathy(path, images)
+
+
+@run_once  # clip_benchmark's metric code runs in PyTorch
+def test_recall_agrees_with_clip_benchmark_on_the_same_scores():
+    import torch
+    from clip_benchmark.metrics import zeroshot_retrieval
+
+    from vlzoo.evaluation import recall_at_k
+
+    rng = np.random.default_rng(0)
+    image_ids = np.repeat(np.arange(37), 3)[:110]  # three captions per image, the last image with two
+    scores = rng.normal(size=(37, 110))  # (images, captions); never ties
+    ours = recall_at_k(scores, image_ids=image_ids, ks=(1, 5, 10))
+    positive = torch.tensor(image_ids[:, None] == np.arange(37)[None])  # (captions, images)
+    t2i = torch.tensor(scores.T)
+    for k in (1, 5, 10):
+        image_retrieval = (zeroshot_retrieval.recall_at_k(t2i, positive, k) > 0).float().mean().item()
+        text_retrieval = (zeroshot_retrieval.recall_at_k(t2i.T, positive.T, k) > 0).float().mean().item()
+        assert abs(ours[f"t2i_r@{k}"] - image_retrieval) <= 1e-6 and abs(ours[f"i2t_r@{k}"] - text_retrieval) <= 1e-6
+        assert 0.0 < ours[f"t2i_r@{k}"] < 1.0
+
+
+def test_vlzoo_eval_runs_karpathy_retrieval(tmp_path, capsys):
+    from vlzoo.cli import main
+
+    path, images = _karpathy(tmp_path, coco=False)
+    out = tmp_path / "flickr.json"
+    assert main(["eval", "--preset", "sparc_shapes", "--benchmark", "flickr30k", "--data", str(path),
+                 "--images", str(images), "--json", str(out)]) == 0
+    assert "flickr30k: 4 images, 8 captions" in capsys.readouterr().out
+    record, = json.loads(out.read_text())
+    want = benchmarks.evaluate_retrieval(_preset("sparc_shapes"), benchmarks.karpathy(path, images, name="flickr30k"))
+    assert record["task"] == "zeroshot_retrieval" and record["metrics"] == want["metrics"]
+    assert main(["eval", "--preset", "sparc_shapes", "--benchmark", "coco", "--data", str(path)]) == 2
+    assert "--images" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`vlzoo eval`: a compositionality benchmark read from its published layout, scored by any family."""
+"""`vlzoo eval`: a benchmark read from its published layout, scored by any family."""
 
 from vlzoo import pretrained
 from vlzoo.cli._common import (
@@ -6,18 +6,21 @@ from vlzoo.cli._common import (
     _naming, _positive_int, _write_json,
 )
 
-BENCHMARKS = ("sugarcrepe", "winoground", "mmvp")
+BENCHMARKS = ("sugarcrepe", "winoground", "mmvp", "coco", "flickr30k")
 
 
 def register(sub):
     p = _add_command(
-        sub, "eval", "score a preset on SugarCrepe, Winoground or MMVP-VLM from their files on disk",
+        sub, "eval", "score a preset on SugarCrepe, Winoground, MMVP-VLM, COCO or Flickr30k from files on disk",
         "Reads a benchmark in its published layout (nothing is downloaded) and scores it with the\n"
         "family's own scores (vlzoo.evaluation.benchmarks):\n"
         "  sugarcrepe  --data: the repository's data/ (add_att.json, ..., swap_obj.json);\n"
         "              --images: COCO val2017 (default: DATA/val2017)\n"
         "  winoground  --data: the folder of examples.jsonl and images/\n"
         "  mmvp        --data: the folder of Questions.csv and 'MLLM_VLM Images/'\n"
+        "  coco, flickr30k  --data: Karpathy's split file (dataset_coco.json, dataset_flickr30k.json);\n"
+        "              --images: the images' root (COCO: the folder of val2014/); the test split,\n"
+        "              recall@1, 5, 10 both ways\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group.",
         ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
@@ -28,7 +31,8 @@ def register(sub):
     p.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="which benchmark --data holds")
     p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's folder (see above)")
     p.add_argument("--images", default=None, metavar="DIR",
-                   help="sugarcrepe: the COCO val2017 images (default: DATA/val2017)")
+                   help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
+                   "images' root (required)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
                    help="tied scores: their expected value under a random order (default; chance for a "
                    "constant model), failed (the benchmarks' own scripts) or passed")
@@ -40,23 +44,32 @@ def register(sub):
 def run(args, out):
     _check_preset(args.preset)
     _check_file(args.data, "--data", "folder")
-    if args.images is not None and args.benchmark != "sugarcrepe":
-        raise UsageError("--images", "only sugarcrepe reads its images from another folder")
+    retrieval = args.benchmark in ("coco", "flickr30k")
+    if args.images is not None and args.benchmark in ("winoground", "mmvp"):
+        raise UsageError("--images", f"{args.benchmark} reads its images from --data")
+    if retrieval and args.images is None:
+        raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
     # heavy: imports a backend
     from vlzoo.evaluation import benchmarks, results
 
     with _naming("--data"):
         if args.benchmark == "sugarcrepe":
             chosen = benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
+        elif retrieval:
+            chosen = [benchmarks.karpathy(args.data, args.images, name=args.benchmark)]
         else:
             chosen = [getattr(benchmarks, args.benchmark)(args.data)]
     model = _load_preset(args.preset, out)
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     records = []
     for benchmark in chosen:
-        print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
-        result = benchmarks.evaluate_selection(model, benchmark, batch_size=args.batch_size, ties=args.ties,
-                                               verbose=args.verbose)
+        if retrieval:
+            print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
+            result = benchmarks.evaluate_retrieval(model, benchmark, batch_size=args.batch_size, verbose=args.verbose)
+        else:
+            print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
+            result = benchmarks.evaluate_selection(model, benchmark, batch_size=args.batch_size, ties=args.ties,
+                                                   verbose=args.verbose)
         records.append(results.benchmark_record(result, args.preset, pretrained=source))
     print(results.markdown_table(records), file=out, end="")
     if args.json:

@@ -1,9 +1,11 @@
-"""Compositionality benchmarks read from their published on-disk layouts (nothing is downloaded).
+"""Benchmarks read from their published on-disk layouts (nothing is downloaded).
 
-Each reader returns one or more `SelectionBenchmark`s: named lists of
+The compositionality readers return `SelectionBenchmark`s: named lists of
 `SelectionItem`s (image paths, captions in the order the benchmark's `kind`
 expects, the entry's key and group), which `evaluate_selection` scores with any
-family (`vlzoo.evaluation.selection`).
+family (`vlzoo.evaluation.selection`). The retrieval reader returns a
+`RetrievalBenchmark` (image paths, captions, the image of each caption), which
+`evaluate_retrieval` scores with `retrieval_recall`.
 
 * `sugarcrepe(data, images)`: SugarCrepe (Hsieh et al., NeurIPS 2023 D&B),
   `data/` of the RAIVNLab/sugar-crepe repository: `add_att.json`,
@@ -23,6 +25,11 @@ family (`vlzoo.evaluation.selection`).
   `MLLM_VLM Images/<Type>/<Question ID>.jpg`. Each statement is prompted as
   `"a photo of <statement>"`, as the benchmark's own script does; kind
   `"mmvp"`, grouped by `Type`.
+* `karpathy(path, images, split="test")`: COCO or Flickr30k retrieval from
+  Karpathy's split file (`dataset_coco.json`, `dataset_flickr30k.json`:
+  `{"images": [{"filename", "split", "sentences": [{"raw"}, ...]}]}`, COCO's
+  entries also with `filepath`, e.g. `val2014`), images at
+  `images/<filepath>/<filename>` (COCO) or `images/<filename>` (Flickr30k).
 
 A malformed file (a missing key, a missing image, a wrong row count) raises an
 error naming the file and the entry.
@@ -40,6 +47,7 @@ import os
 import numpy as np
 
 from vlzoo.data.labels import ImageFiles
+from vlzoo.evaluation.retrieval import retrieval_recall
 from vlzoo.evaluation.selection import selection_metrics, selection_scores
 
 SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -47,7 +55,10 @@ WINOGROUND_KEYS = ("id", "image_0", "image_1", "caption_0", "caption_1", "collap
 MMVP_COLUMNS = ("Question ID", "Type", "Statement")
 MMVP_IMAGES = "MLLM_VLM Images"
 
-__all__ = ["SelectionBenchmark", "SelectionItem", "evaluate_selection", "mmvp", "sugarcrepe", "winoground"]
+__all__ = [
+    "RetrievalBenchmark", "SelectionBenchmark", "SelectionItem", "evaluate_retrieval", "evaluate_selection",
+    "karpathy", "mmvp", "sugarcrepe", "winoground",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +79,17 @@ class SelectionBenchmark:
     name: str
     kind: str
     items: tuple
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalBenchmark:
+    """Image paths, captions and `image_ids[j]`, the index of caption `j`'s image, read from `source`."""
+
+    name: str
+    images: tuple
+    captions: tuple
+    image_ids: tuple
     source: str
 
 
@@ -191,3 +213,47 @@ def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose
     return {"dataset": benchmark.name, "task": "image_caption_selection",
             "metrics": selection_metrics(benchmark.kind, i2t, t2i, ties=ties, symmetric=symmetric),
             "groups": groups}
+
+
+def karpathy(path, images, split="test", name=None):
+    """The `split` of a Karpathy split file (`dataset_coco.json` / `dataset_flickr30k.json`), every caption
+    of every image; `name` defaults to the file's `dataset` entry (`coco`, `flickr30k`)."""
+    document = _json(path)
+    if not isinstance(document, dict) or not isinstance(document.get("images"), list):
+        raise ValueError(f"{path}: expected an object with an `images` list (Karpathy's split file).")
+    paths, captions, image_ids = [], [], []
+    for index, entry in enumerate(document["images"]):
+        key = entry.get("imgid", index) if isinstance(entry, dict) else index
+        filename, entry_split, sentences = _fields(entry, ("filename", "split", "sentences"), path, key)
+        if entry_split != split:
+            continue
+        if not sentences:
+            raise ValueError(f"{path}, entry {key}: no sentences.")
+        paths.append(_image(os.path.join(images, entry.get("filepath", ""), filename), path, key))
+        for number, sentence in enumerate(sentences):
+            captions.append(_fields(sentence, ("raw",), path, f"{key}, sentence {number}")[0].strip())
+            image_ids.append(len(paths) - 1)
+    if not paths:
+        raise ValueError(f"{path}: no image in split {split!r}.")
+    return RetrievalBenchmark(name or f"{document.get('dataset', 'retrieval')}", tuple(paths), tuple(captions),
+                              tuple(image_ids), path)
+
+
+def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="pessimistic", verbose=False,
+                       **score_kwargs):
+    """Recall@K of `benchmark` in both directions, named as clip_benchmark names them.
+
+    `image_retrieval_recall@K` is text -> image (over captions), `text_retrieval_recall@K` image ->
+    text (over images: one of its captions in the top K); see `retrieval_recall`.
+
+    Returns:
+        `{"dataset": name, "task": "zeroshot_retrieval", "metrics": {...}}`.
+    """
+    images = ImageFiles(benchmark.images, model.preprocessor)
+    recall = retrieval_recall(model, images, list(benchmark.captions), image_ids=list(benchmark.image_ids), ks=ks,
+                              batch_size=batch_size, ties=ties, verbose=verbose, **score_kwargs)
+    metrics = {}
+    for name, value in recall.items():
+        direction, k = name.split("_r@")
+        metrics[f"{'image' if direction == 't2i' else 'text'}_retrieval_recall@{k}"] = value
+    return {"dataset": benchmark.name, "task": "zeroshot_retrieval", "metrics": metrics}
