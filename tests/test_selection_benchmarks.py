@@ -6,6 +6,7 @@ import csv
 import functools
 import json
 import os
+import pickle
 import re
 
 import keras
@@ -17,6 +18,7 @@ from PIL import Image
 import vlzoo
 from vlzoo.evaluation import benchmarks
 from vlzoo.evaluation.selection import selection_metrics
+from vlzoo.evaluation.zeroshot import EmbeddingMean, classification_metrics
 from vlzoo.preprocessing import ImagePreprocessor
 
 LEVELS = 12  # image k is a solid grey of value 20 k + 10; its captions name "thing k"
@@ -32,6 +34,7 @@ class Oracle:
     `thing k` its caption names; `constant=True` scores everything alike."""
 
     symmetric_score = True
+    prompt_ensembling = EmbeddingMean()
 
     def __init__(self, constant=False):
         self.constant = constant
@@ -47,9 +50,12 @@ class Oracle:
         means = np.asarray(images).reshape(len(images), -1).mean(axis=1)
         return {"embeds": np.eye(LEVELS)[np.abs(means[:, None] - self._levels).argmin(axis=1)]}
 
-    def encode_text(self, texts):
+    def encode_text(self, texts, normalize=False):
         ids = texts if isinstance(texts, dict) else self.tokenizer(texts)
         return {"embeds": np.eye(LEVELS)[keras.ops.convert_to_numpy(ids["token_ids"])[:, 0]]}
+
+    def normalize_embeds(self, embeds):
+        return embeds  # one-hot rows, and means of equal ones
 
     def score(self, image_embeds, text_embeds):
         scores = keras.ops.matmul(image_embeds["embeds"], keras.ops.transpose(text_embeds["embeds"]))
@@ -332,3 +338,74 @@ def test_vlzoo_eval_runs_karpathy_retrieval(tmp_path, capsys):
     assert record["task"] == "zeroshot_retrieval" and record["metrics"] == want["metrics"]
     assert main(["eval", "--preset", "sparc_shapes", "--benchmark", "coco", "--data", str(path)]) == 2
     assert "--images" in capsys.readouterr().err
+
+
+def _cifar(root, hundred):
+    directory = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
+    os.makedirs(directory)
+    names = [f"thing_{k}".encode() for k in range(LEVELS if hundred else 10)]
+    labels = [k % len(names) for k in range(14)]
+    data = np.stack([np.full((3, 32, 32), 20 * k + 10, np.uint8).reshape(-1) for k in labels])
+    batch = {b"data": data, (b"fine_labels" if hundred else b"labels"): labels,
+             b"filenames": [f"{i}.png".encode() for i in range(len(labels))], b"batch_label": b"testing batch 1 of 1"}
+    meta = {b"fine_label_names" if hundred else b"label_names": names}
+    files = {"test" if hundred else "test_batch": batch, "meta" if hundred else "batches.meta": meta}
+    for name, content in files.items():
+        with open(directory / name, "wb") as f:
+            pickle.dump(content, f)
+    return directory
+
+
+@pytest.mark.parametrize("hundred", [False, True])
+def test_cifar_pickles_scored_by_an_oracle_and_a_constant_model(tmp_path, hundred):
+    benchmark = benchmarks.cifar(_cifar(tmp_path, hundred))
+    classes = LEVELS if hundred else 10
+    assert benchmark.name == ("cifar100" if hundred else "cifar10") and benchmark.images.shape == (14, 32, 32, 3)
+    assert benchmark.class_names[3] == "thing 3" and benchmark.labels.tolist()[:3] == [0, 1, 2]
+    templates = ("a photo of a {}.", "art of the {}.")
+    result = benchmarks.evaluate_classification(Oracle(), benchmark, templates, batch_size=4)
+    assert result["task"] == "zeroshot_classification" and set(result["metrics"].values()) == {1.0}
+    chance = benchmarks.evaluate_classification(Oracle(constant=True), benchmark, templates)["metrics"]
+    assert chance == pytest.approx({"acc1": 1 / classes, "acc5": 5 / classes, "mean_per_class_recall": 1 / classes},
+                                   abs=1e-12)
+
+
+def test_a_cifar_batch_with_a_missing_key_is_named(tmp_path):
+    directory = _cifar(tmp_path, hundred=False)
+    with open(directory / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((2, 3072), np.uint8)}, f)
+    with pytest.raises(ValueError, match=r"test_batch: missing key 'labels'"):
+        benchmarks.cifar(directory)
+
+
+def test_classification_metrics_agree_with_scikit_learn_on_the_same_scores():
+    # clip_benchmark computes mean_per_class_recall with scikit-learn's balanced_accuracy_score; its
+    # own top-k `accuracy` cannot run with NumPy 2.4 (it calls float() on a one-element array), so
+    # top-k is checked against scikit-learn's top_k_accuracy_score, the same definition.
+    from sklearn.metrics import balanced_accuracy_score, top_k_accuracy_score
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 20, 500)
+    scores = rng.normal(size=(500, 20))
+    scores[np.arange(500), labels] += 1.5  # better than chance, far from perfect
+    ours = classification_metrics(scores, labels, ks=(1, 5))
+    for k in (1, 5):
+        assert abs(ours[f"acc{k}"] - top_k_accuracy_score(labels, scores, k=k, labels=np.arange(20))) <= 1e-6
+    assert abs(ours["mean_per_class_recall"] - balanced_accuracy_score(labels, scores.argmax(axis=1))) <= 1e-6
+    assert 0.05 < ours["acc1"] < 0.95
+
+
+def test_vlzoo_eval_runs_cifar(tmp_path, capsys):
+    from vlzoo.cli import main
+
+    directory = _cifar(tmp_path, hundred=False)
+    out = tmp_path / "cifar.json"
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "cifar10", "--data", str(directory),
+                 "--templates", "simple", "--json", str(out)]) == 0
+    assert "cifar10: 14 images, 10 classes, 7 template(s)" in capsys.readouterr().out
+    record, = json.loads(out.read_text())
+    want = benchmarks.evaluate_classification(_preset("clip_shapes"), benchmarks.cifar(directory),
+                                              vlzoo.evaluation.SIMPLE_TEMPLATES)
+    assert record["task"] == "zeroshot_classification" and record["metrics"] == want["metrics"]
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "cifar100", "--data", str(directory)]) == 2
+    assert "holds cifar10, not cifar100" in capsys.readouterr().err

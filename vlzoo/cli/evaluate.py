@@ -6,12 +6,12 @@ from vlzoo.cli._common import (
     _naming, _positive_int, _write_json,
 )
 
-BENCHMARKS = ("sugarcrepe", "winoground", "mmvp", "coco", "flickr30k")
+BENCHMARKS = ("sugarcrepe", "winoground", "mmvp", "coco", "flickr30k", "cifar10", "cifar100")
 
 
 def register(sub):
     p = _add_command(
-        sub, "eval", "score a preset on SugarCrepe, Winoground, MMVP-VLM, COCO or Flickr30k from files on disk",
+        sub, "eval", "score a preset on SugarCrepe, Winoground, MMVP-VLM, COCO, Flickr30k or CIFAR from files on disk",
         "Reads a benchmark in its published layout (nothing is downloaded) and scores it with the\n"
         "family's own scores (vlzoo.evaluation.benchmarks):\n"
         "  sugarcrepe  --data: the repository's data/ (add_att.json, ..., swap_obj.json);\n"
@@ -21,6 +21,8 @@ def register(sub):
         "  coco, flickr30k  --data: Karpathy's split file (dataset_coco.json, dataset_flickr30k.json);\n"
         "              --images: the images' root (COCO: the folder of val2014/); the test split,\n"
         "              recall@1, 5, 10 both ways\n"
+        "  cifar10, cifar100  --data: cifar-10-batches-py/ or cifar-100-python/ (the python pickles);\n"
+        "              zero-shot acc1, acc5 and mean per-class recall with --templates\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group.",
         ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
@@ -33,6 +35,8 @@ def register(sub):
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
                    "images' root (required)")
+    p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
+                   help="cifar10, cifar100: prompt templates (default: CLIP's 80 ImageNet ones)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
                    help="tied scores: their expected value under a random order (default; chance for a "
                    "constant model), failed (the benchmarks' own scripts) or passed")
@@ -45,25 +49,39 @@ def run(args, out):
     _check_preset(args.preset)
     _check_file(args.data, "--data", "folder")
     retrieval = args.benchmark in ("coco", "flickr30k")
-    if args.images is not None and args.benchmark in ("winoground", "mmvp"):
+    classification = args.benchmark.startswith("cifar")
+    if args.images is not None and args.benchmark in ("winoground", "mmvp", "cifar10", "cifar100"):
         raise UsageError("--images", f"{args.benchmark} reads its images from --data")
     if retrieval and args.images is None:
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
     # heavy: imports a backend
     from vlzoo.evaluation import benchmarks, results
+    from vlzoo.evaluation.templates import read_templates
 
     with _naming("--data"):
         if args.benchmark == "sugarcrepe":
             chosen = benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
         elif retrieval:
             chosen = [benchmarks.karpathy(args.data, args.images, name=args.benchmark)]
+        elif classification:
+            chosen = [benchmarks.cifar(args.data)]
         else:
             chosen = [getattr(benchmarks, args.benchmark)(args.data)]
+    if classification:
+        with _naming("--templates"):
+            templates = read_templates(args.templates)
+        if chosen[0].name != args.benchmark:
+            raise UsageError("--data", f"{args.data} holds {chosen[0].name}, not {args.benchmark}")
     model = _load_preset(args.preset, out)
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     records = []
     for benchmark in chosen:
-        if retrieval:
+        if classification:
+            print(f"{benchmark.name}: {len(benchmark.labels)} images, {len(benchmark.class_names)} classes, "
+                  f"{len(templates)} template(s)", file=out)
+            result = benchmarks.evaluate_classification(model, benchmark, templates, batch_size=args.batch_size,
+                                                        verbose=args.verbose)
+        elif retrieval:
             print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
             result = benchmarks.evaluate_retrieval(model, benchmark, batch_size=args.batch_size, verbose=args.verbose)
         else:

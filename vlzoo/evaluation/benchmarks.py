@@ -25,6 +25,12 @@ family (`vlzoo.evaluation.selection`). The retrieval reader returns a
   `MLLM_VLM Images/<Type>/<Question ID>.jpg`. Each statement is prompted as
   `"a photo of <statement>"`, as the benchmark's own script does; kind
   `"mmvp"`, grouped by `Type`.
+* `cifar(directory, split="test")`: CIFAR-10 or CIFAR-100 from the python
+  pickles (`cifar-10-batches-py/`: `test_batch`, `data_batch_1..5`,
+  `batches.meta`; `cifar-100-python/`: `test`, `train`, `meta`): `data` uint8
+  `(N, 3072)` channel-major, `labels` / `fine_labels`, the class names
+  `label_names` / `fine_label_names` of the meta file (underscores read as
+  spaces, as CLIP's prompts write them); scored by `evaluate_classification`.
 * `karpathy(path, images, split="test")`: COCO or Flickr30k retrieval from
   Karpathy's split file (`dataset_coco.json`, `dataset_flickr30k.json`:
   `{"images": [{"filename", "split", "sentences": [{"raw"}, ...]}]}`, COCO's
@@ -43,11 +49,13 @@ import csv
 import dataclasses
 import json
 import os
+import pickle
 
 import numpy as np
 
 from vlzoo.data.labels import ImageFiles
 from vlzoo.evaluation.retrieval import retrieval_recall
+from vlzoo.evaluation.zeroshot import classification_metrics, zero_shot_classifier
 from vlzoo.evaluation.selection import selection_metrics, selection_scores
 
 SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -56,8 +64,9 @@ MMVP_COLUMNS = ("Question ID", "Type", "Statement")
 MMVP_IMAGES = "MLLM_VLM Images"
 
 __all__ = [
-    "RetrievalBenchmark", "SelectionBenchmark", "SelectionItem", "evaluate_retrieval", "evaluate_selection",
-    "karpathy", "mmvp", "sugarcrepe", "winoground",
+    "ClassificationBenchmark", "RetrievalBenchmark", "SelectionBenchmark", "SelectionItem", "cifar",
+    "evaluate_classification", "evaluate_retrieval", "evaluate_selection", "karpathy", "mmvp", "sugarcrepe",
+    "winoground",
 ]
 
 
@@ -90,6 +99,17 @@ class RetrievalBenchmark:
     images: tuple
     captions: tuple
     image_ids: tuple
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationBenchmark:
+    """Images (uint8 `(N, H, W, 3)` or image paths), int `labels` `(N,)` and the class names, from `source`."""
+
+    name: str
+    images: object
+    labels: np.ndarray
+    class_names: tuple
     source: str
 
 
@@ -257,3 +277,83 @@ def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="pes
         direction, k = name.split("_r@")
         metrics[f"{'image' if direction == 't2i' else 'text'}_retrieval_recall@{k}"] = value
     return {"dataset": benchmark.name, "task": "zeroshot_retrieval", "metrics": metrics}
+
+
+def _unpickle(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Benchmark file not found: {path}.")
+    with open(path, "rb") as f:
+        try:
+            return pickle.load(f, encoding="bytes")
+        except (pickle.UnpicklingError, EOFError, ValueError) as error:
+            raise ValueError(f"{path} is not a CIFAR python pickle: {error}.") from None
+
+
+def _entry(batch, key, path):
+    for name in (key, key.decode()):
+        if name in batch:
+            return batch[name]
+    raise ValueError(f"{path}: missing key {key.decode()!r}.")
+
+
+def cifar(directory, split="test"):
+    """CIFAR-10 (`cifar-10-batches-py/`) or CIFAR-100 (`cifar-100-python/`) from its python pickles."""
+    hundred = os.path.isfile(os.path.join(directory, "meta"))
+    if hundred:
+        files, label_key, names_key = [split], b"fine_labels", b"fine_label_names"
+        meta = os.path.join(directory, "meta")
+    else:
+        files = ["test_batch"] if split == "test" else [f"data_batch_{i}" for i in range(1, 6)]
+        label_key, names_key, meta = b"labels", b"label_names", os.path.join(directory, "batches.meta")
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in _entry(_unpickle(meta), names_key, meta)]
+    images, labels = [], []
+    for name in files:
+        path = os.path.join(directory, name)
+        batch = _unpickle(path)
+        data, batch_labels = np.asarray(_entry(batch, b"data", path)), np.asarray(_entry(batch, label_key, path))
+        if data.ndim != 2 or data.shape[1] != 3072 or len(batch_labels) != len(data):
+            raise ValueError(f"{path}: expected `data` (N, 3072) and N labels; received {data.shape} and "
+                             f"{len(batch_labels)} labels.")
+        if len(batch_labels) and (batch_labels.min() < 0 or batch_labels.max() >= len(names)):
+            raise ValueError(f"{path}: labels must lie in [0, {len(names)}) ({meta} names {len(names)} classes).")
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.append(batch_labels)
+    return ClassificationBenchmark("cifar100" if hundred else "cifar10", np.concatenate(images),
+                                   np.concatenate(labels).astype(np.int64),
+                                   tuple(n.replace("_", " ") for n in names), directory)
+
+
+class _Pixels:
+    """uint8 `(N, H, W, 3)` images preprocessed by `preprocessor` a slice at a time (as `ImageFiles`)."""
+
+    def __init__(self, images, preprocessor):
+        self.images, self.preprocessor = images, preprocessor
+        self.shape = (len(images),) + tuple(preprocessor(images[:1]).shape[1:])
+
+    def __getitem__(self, index):
+        return self.preprocessor(self.images[index])
+
+
+def evaluate_classification(model, benchmark, templates, ks=(1, 5), batch_size=64, verbose=False, **score_kwargs):
+    """Zero-shot top-K accuracy and mean per-class recall, named as clip_benchmark names them.
+
+    Args:
+        model: a `ContrastiveModel`.
+        benchmark: a `ClassificationBenchmark`.
+        templates: prompt templates, e.g. `vlzoo.evaluation.IMAGENET_TEMPLATES`.
+        ks: top-K accuracies to report.
+        batch_size: images per forward pass.
+        verbose: progress bars.
+        **score_kwargs: passed to `model.score`.
+
+    Returns:
+        `{"dataset": name, "task": "zeroshot_classification", "metrics": {"acc1", "acc5",
+        "mean_per_class_recall"}}` (`vlzoo.evaluation.zeroshot.classification_metrics`).
+    """
+    images = benchmark.images
+    images = (_Pixels(images, model.preprocessor) if isinstance(images, np.ndarray)
+              else ImageFiles(images, model.preprocessor))
+    classifier = zero_shot_classifier(model, benchmark.class_names, templates, verbose=verbose, **score_kwargs)
+    scores = classifier.scores(images, batch_size=batch_size, verbose=verbose)
+    return {"dataset": benchmark.name, "task": "zeroshot_classification",
+            "metrics": classification_metrics(scores, benchmark.labels, ks)}

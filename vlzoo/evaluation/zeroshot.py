@@ -32,7 +32,7 @@ from vlzoo.models.ensembling import (
 
 __all__ = [
     "ClassTextsMethod", "EmbeddingMean", "EnsembleScoresMethod", "Ensembling", "TokenSimilarityMean",
-    "ZeroShotClassifier", "zero_shot_accuracy", "zero_shot_classifier",
+    "ZeroShotClassifier", "classification_metrics", "zero_shot_accuracy", "zero_shot_classifier",
 ]
 
 
@@ -184,3 +184,46 @@ def zero_shot_accuracy(model, images, labels, class_names, templates=DEFAULT_TEM
     top_k, ties = check_ks(top_k, "top_k"), check_ties(ties)  # fail before encoding the prompts
     classifier = zero_shot_classifier(model, class_names, templates, batch_size, verbose, **score_kwargs)
     return classifier.accuracy(images, labels, top_k, batch_size, ties, verbose)
+
+
+def classification_metrics(scores, labels, ks=(1, 5)):
+    """Top-K accuracy (`acc1`, `acc5`, ...) and mean per-class recall from class scores.
+
+    The metrics clip_benchmark reports: an image is a hit at `K` when its class
+    is among its `K` best scores; the mean per-class recall is the mean over the
+    classes present in `labels` of their images' top-1 hit rate (balanced
+    accuracy). A class tied with the true one is put before or after it at
+    random, and the expected hit is counted: with `a` classes scored above the
+    true class and `t` equal to it, the hit at `K` is `clip((K - a) / (t + 1), 0,
+    1)`. Scores without ties give clip_benchmark's values; a constant model gets
+    the chance level `K / C` exactly.
+
+    Args:
+        scores: float `(N, C)`.
+        labels: int `(N,)` in `[0, C)`.
+        ks: an int or a sequence of ints.
+
+    Example:
+    >>> classification_metrics(np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), [0, 1, 1], ks=(1,))
+    {'acc1': 0.666..., 'mean_per_class_recall': 0.75}
+    """
+    ks = check_ks(ks, "ks")
+    scores = finite_numpy(scores, "scores")
+    labels = np.asarray(labels)
+    if (scores.ndim != 2 or labels.shape != scores.shape[:1] or not np.issubdtype(labels.dtype, np.integer)
+            or (labels.size and (labels.min() < 0 or labels.max() >= scores.shape[1]))):
+        raise ValueError(f"`scores` (N, C) and int `labels` (N,) in [0, C) must match; received scores "
+                         f"{scores.shape} and labels {labels.shape} {labels.dtype}.")
+    if not labels.size:
+        raise ValueError("`scores` is empty; the metrics need at least one image.")
+    true = scores[np.arange(len(labels)), labels][:, None]
+    above = np.sum(scores > true, axis=1)
+    tied = np.sum(scores == true, axis=1) - 1
+
+    def hits(k):
+        return np.clip((k - above) / (tied + 1), 0.0, 1.0)
+
+    metrics = {f"acc{k}": float(np.mean(hits(k))) for k in ks}
+    top1 = hits(1)
+    metrics["mean_per_class_recall"] = float(np.mean([top1[labels == c].mean() for c in np.unique(labels)]))
+    return metrics
