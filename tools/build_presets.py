@@ -20,7 +20,7 @@ import tempfile
 
 import keras
 
-import vlzoo  # noqa: F401  (registers the model classes that the entries name)
+import vlzoo.models  # noqa: F401  (registers the model classes that the entries name)
 from vlzoo import presets
 from vlzoo import registry
 from vlzoo._keras import without_weights
