@@ -151,11 +151,11 @@ def precision_table(rows):
 
 def markdown(rows, machine):
     out = [f"Machine: {machine}", ""] + open_clip_table(rows) + precision_table(rows) + memory_table(rows)
-    out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
-            "|---|---|---|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        if row["entry"] in ("open_clip", "precision"):
-            continue
+    others = [row for row in rows if row["entry"] not in ("open_clip", "precision")]
+    if others:
+        out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
+                "|---|---|---|---:|---:|---:|---:|---:|"]
+    for row in others:
         r = row["result"]
         head = f"| {row['entry']} | {row['backend']} | {describe(row)} |"
         if "error" in r:
