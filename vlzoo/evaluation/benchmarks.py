@@ -53,6 +53,7 @@ import pickle
 
 import numpy as np
 
+from vlzoo.catalogue import read_json
 from vlzoo.data.labels import ImageFiles
 from vlzoo.evaluation.retrieval import retrieval_recall
 from vlzoo.evaluation.zeroshot import classification_metrics, zero_shot_classifier
@@ -119,16 +120,6 @@ def _image(path, source, key):
     return path
 
 
-def _json(path):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Benchmark file not found: {path}.")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}.") from None
-
-
 def _fields(record, keys, source, key):
     if not isinstance(record, dict):
         raise ValueError(f"{source}, entry {key}: expected an object; received {type(record).__name__}.")
@@ -143,7 +134,7 @@ def sugarcrepe(data, images, files=SUGARCREPE_FILES):
     benchmarks = []
     for stem in files:
         source = os.path.join(data, f"{stem}.json")
-        records = _json(source)
+        records = read_json(source, "Benchmark file")
         if not isinstance(records, dict):
             raise ValueError(f"{source}: expected an object of entries; received {type(records).__name__}.")
         items = []
@@ -238,7 +229,7 @@ def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose
 def karpathy(path, images, split="test", name=None):
     """The `split` of a Karpathy split file (`dataset_coco.json` / `dataset_flickr30k.json`), every caption
     of every image; `name` defaults to the file's `dataset` entry (`coco`, `flickr30k`)."""
-    document = _json(path)
+    document = read_json(path, "Benchmark file")
     if not isinstance(document, dict) or not isinstance(document.get("images"), list):
         raise ValueError(f"{path}: expected an object with an `images` list (Karpathy's split file).")
     paths, captions, image_ids = [], [], []
