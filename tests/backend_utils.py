@@ -2,6 +2,7 @@
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shlex
@@ -160,3 +161,12 @@ def shared_subprocess(tmp_path_factory, name, argv, env, timeout):
 
 
 _BACKGROUND = []  # started processes, kept so that they are reaped
+
+
+def load_tool(name):
+    """`tools/<name>.py` as a module (tools/ is no package)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

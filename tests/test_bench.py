@@ -1,24 +1,18 @@
 """tools/bench.py runs every entry (tiny sizes) and writes its table."""
 
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from backend_utils import run_once
+from backend_utils import load_tool, run_once
 
 
 @pytest.fixture
-def bench(repo_root):
-    """tools/bench.py as a module (tools/ is no package)."""
-    spec = importlib.util.spec_from_file_location("bench", os.path.join(repo_root, "tools", "bench.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench():
+    return load_tool("bench")
 
 
 def test_peak_memory_is_measured_from_its_baseline(bench):

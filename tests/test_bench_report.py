@@ -1,12 +1,12 @@
 """tools/bench_report.py renders a bench.json into docs/benchmarks.md's marked section, prose untouched."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from backend_utils import load_tool
 
 RESULTS = {
     "machine": "test CPU (avx2)", "date": "2026-11-25 09:00 UTC",
@@ -16,11 +16,8 @@ RESULTS = {
 
 
 @pytest.fixture
-def report(repo_root):
-    spec = importlib.util.spec_from_file_location("bench_report", os.path.join(repo_root, "tools", "bench_report.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def report():
+    return load_tool("bench_report")
 
 
 def _page(report, body):
