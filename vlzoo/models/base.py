@@ -264,7 +264,7 @@ class ContrastiveModel(keras.Model):
         SPARO normalises each slot, STAIR guards all-zero vectors."""
         return l2_normalize(vectors)
 
-    def check_embeds(self, embeds, side, keys=None, name=None):
+    def check_embeds(self, embeds, side, keys=None):
         """`embeds` as `encode_image` (`side="image"`) or `encode_text` returns it; a clear error otherwise.
 
         Args:
@@ -273,14 +273,12 @@ class ContrastiveModel(keras.Model):
             keys: the entries the caller reads (a `score` that reads only the
                 global embedding also takes a class representation
                 `{"embeds": (C, D)}`); None: every declared entry.
-            name: the argument's name in the error (`f"{side}_embeds"`).
         """
         if keys is None:
             keys = self.image_embedding_keys if side == "image" else self.text_embedding_keys
         if not isinstance(embeds, dict) or not set(keys) <= set(embeds):
-            name = name or f"{side}_embeds"
             raise TypeError(
-                f"`{name}` must be the dict returned by `{type(self).__name__}.encode_{side}` (keys {list(keys)}); "
+                f"`{side}_embeds` must be the dict returned by `{type(self).__name__}.encode_{side}` (keys {list(keys)}); "
                 f"received {type(embeds).__name__}"
                 + (f" with keys {sorted(embeds)}" if isinstance(embeds, dict) else "")
                 + ". Wrap a bare `(N, D)` tensor `x` as `{'embeds': x}`."
