@@ -239,6 +239,27 @@ def test_vlzoo_eval_prints_a_table_and_writes_clip_benchmark_records(tmp_path, c
     assert record["metrics"] == want["metrics"] and record["groups"] == want["groups"]
 
 
+def test_vlzoo_eval_in_bfloat16(tmp_path, capsys):
+    # The towers run in bfloat16 (recorded as the dtype), and the metrics are those of the API on the
+    # bfloat16 model: the scores of the same weights rounded to bfloat16, not the float32 ones.
+    from vlzoo.cli import main
+
+    data = _winoground(tmp_path)
+    out = tmp_path / "wino_bf16.json"
+    assert main(["eval", "--preset", "sparc_shapes", "--benchmark", "winoground", "--data", str(data),
+                 "--dtype", "bfloat16", "--json", str(out)]) == 0
+    record, = json.loads(out.read_text())
+    assert record["dtype"] == "bfloat16"
+    model = vlzoo.from_preset("sparc_shapes", dtype="bfloat16")
+    assert keras.backend.standardize_dtype(model.encode_text(["a red square"])["embeds"].dtype) == "bfloat16"
+    want = benchmarks.evaluate_selection(model, benchmarks.winoground(data))
+    assert record["metrics"] == want["metrics"] and record["groups"] == want["groups"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--preset", "sparc_shapes", "--benchmark", "winoground", "--data", str(data),
+              "--dtype", "float16"])
+    assert exit_info.value.code == 2 and "--dtype" in capsys.readouterr().err
+
+
 def test_vlzoo_eval_names_a_malformed_file(tmp_path, capsys):
     from vlzoo.cli import main
 

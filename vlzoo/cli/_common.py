@@ -60,23 +60,23 @@ def _write_json(path, payload, out):
 # ----------------------------------------------------------------------------- presets
 
 
-def _load(preset, out, family=None):
-    """`vlzoo.from_preset(preset, family=family)`, printing its warnings as plain notes."""
+def _load(preset, out, family=None, dtype=None):
+    """`vlzoo.from_preset(preset, family=family, dtype=dtype)`, printing its warnings as plain notes."""
     # heavy: imports a backend
     import vlzoo
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = vlzoo.from_preset(preset, family=family)
+        model = vlzoo.from_preset(preset, family=family, dtype=dtype)
     for warning in caught:
         print(f"note: {warning.message}", file=out)
     return model
 
 
-def _load_preset(preset, out, family=None):
+def _load_preset(preset, out, family=None, dtype=None):
     """`_load`, with a bad `--preset` reported as a usage error naming it (from_preset's suggestions kept)."""
     with _naming("--preset"):
-        return _load(preset, out, family=family)
+        return _load(preset, out, family=family, dtype=dtype)
 
 
 def _check_preset(preset):

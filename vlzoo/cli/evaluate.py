@@ -24,7 +24,8 @@ def register(sub):
         "  cifar10, cifar100  --data: cifar-10-batches-py/ or cifar-100-python/ (the python pickles);\n"
         "              zero-shot acc1, acc5 and mean per-class recall with --templates\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
-        "(dataset, model, pretrained, task, metrics, language) plus the metrics per group.",
+        "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
+        "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).",
         ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
          "--images coco/val2017",
          "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json"],
@@ -41,6 +42,8 @@ def register(sub):
                    help="tied scores: their expected value under a random order (default; chance for a "
                    "constant model), failed (the benchmarks' own scripts) or passed")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the towers' dtype policy (default: float32); scores are float32 either way")
     _add_report_options(p, "also write the records (clip_benchmark's schema) to this JSON file")
     p.set_defaults(func=run)
 
@@ -72,7 +75,7 @@ def run(args, out):
             templates = read_templates(args.templates)
         if chosen[0].name != args.benchmark:
             raise UsageError("--data", f"{args.data} holds {chosen[0].name}, not {args.benchmark}")
-    model = _load_preset(args.preset, out)
+    model = _load_preset(args.preset, out, dtype=args.dtype)
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     records = []
     for benchmark in chosen:
@@ -88,7 +91,7 @@ def run(args, out):
             print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
             result = benchmarks.evaluate_selection(model, benchmark, batch_size=args.batch_size, ties=args.ties,
                                                    verbose=args.verbose)
-        records.append(results.benchmark_record(result, args.preset, pretrained=source))
+        records.append(results.benchmark_record(result, args.preset, pretrained=source, dtype=model.dtype_policy.name))
     print(results.markdown_table(records), file=out, end="")
     if args.json:
         _write_json(args.json, records, out)

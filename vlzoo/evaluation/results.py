@@ -4,7 +4,7 @@ clip_benchmark (LAION-AI/CLIP_benchmark) writes one JSON object per dataset:
 `{"dataset", "model", "pretrained", "task", "metrics", "language"}`; vlzoo's
 records carry the same keys (`model` is the preset, `pretrained` its weights'
 source or None), plus `groups` (the metrics per group of items) where the
-benchmark has groups. `markdown_table` lays records out one row per dataset.
+benchmark has groups and `dtype` (the towers' dtype policy) where given. `markdown_table` lays records out one row per dataset.
 
 Example:
 >>> record = benchmark_record(evaluate_selection(model, winoground(data)), "clip_vit_b16_openai")
@@ -16,11 +16,13 @@ Example:
 __all__ = ["benchmark_record", "markdown_table"]
 
 
-def benchmark_record(result, model, pretrained=None, language="en"):
+def benchmark_record(result, model, pretrained=None, language="en", dtype=None):
     """A result of `vlzoo.evaluation` (`dataset`, `task`, `metrics`, optional `groups`) as a record
-    in clip_benchmark's schema."""
+    in clip_benchmark's schema; `dtype` (e.g. `"bfloat16"`) is recorded when given."""
     record = {"dataset": result["dataset"], "model": str(model), "pretrained": pretrained, "task": result["task"],
               "metrics": dict(result["metrics"]), "language": language}
+    if dtype is not None:
+        record["dtype"] = str(dtype)
     if result.get("groups"):
         record["groups"] = {name: dict(metrics) for name, metrics in result["groups"].items()}
     return record
