@@ -6,7 +6,16 @@ from vlzoo.cli._common import (
     _naming, _positive_int, _write_json,
 )
 
-BENCHMARKS = ("sugarcrepe", "winoground", "mmvp", "coco", "flickr30k", "cifar10", "cifar100")
+# --benchmark -> (what --images is to it: "unused", "optional" or "required", the task it runs)
+BENCHMARKS = {
+    "sugarcrepe": ("optional", "selection"),
+    "winoground": ("unused", "selection"),
+    "mmvp": ("unused", "selection"),
+    "coco": ("required", "retrieval"),
+    "flickr30k": ("required", "retrieval"),
+    "cifar10": ("unused", "classification"),
+    "cifar100": ("unused", "classification"),
+}
 
 
 def register(sub):
@@ -31,16 +40,16 @@ def register(sub):
          "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json"],
     )
     _add_preset(p)
-    p.add_argument("--benchmark", required=True, choices=BENCHMARKS, help="which benchmark --data holds")
+    p.add_argument("--benchmark", required=True, choices=tuple(BENCHMARKS), help="which benchmark --data holds")
     p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's folder (see above)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
                    "images' root (required)")
     p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
-                   help="cifar10, cifar100: prompt templates (default: CLIP's 80 ImageNet ones)")
+                   help="classification: prompt templates (default: CLIP's 80 ImageNet ones)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
-                   help="tied scores: their expected value under a random order (default; chance for a "
-                   "constant model), failed (the benchmarks' own scripts) or passed")
+                   help="selection: tied scores count their expected value under a random order (default; "
+                   "chance for a constant model), as failed (the benchmarks' own scripts) or as passed")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the towers' dtype policy (default: float32); scores are float32 either way")
@@ -48,49 +57,53 @@ def register(sub):
     p.set_defaults(func=run)
 
 
+def _read(benchmarks, args):
+    """The benchmarks `--data` (and `--images`) hold, as a list."""
+    name = args.benchmark
+    if name == "sugarcrepe":
+        return benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
+    if name in ("coco", "flickr30k"):
+        return [benchmarks.karpathy(args.data, args.images, name=name)]
+    if name.startswith("cifar"):
+        chosen = benchmarks.cifar(args.data)
+        if chosen.name != name:
+            raise UsageError("--data", f"{args.data} holds {chosen.name}, not {name}")
+        return [chosen]
+    return [getattr(benchmarks, name)(args.data)]
+
+
 def run(args, out):
     _check_preset(args.preset)
     _check_file(args.data, "--data", "folder")
-    retrieval = args.benchmark in ("coco", "flickr30k")
-    classification = args.benchmark.startswith("cifar")
-    if args.images is not None and args.benchmark in ("winoground", "mmvp", "cifar10", "cifar100"):
+    images, task = BENCHMARKS[args.benchmark]
+    if args.images is not None and images == "unused":
         raise UsageError("--images", f"{args.benchmark} reads its images from --data")
-    if retrieval and args.images is None:
+    if args.images is None and images == "required":
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
     # heavy: imports a backend
     from vlzoo.evaluation import benchmarks, results
     from vlzoo.evaluation.templates import read_templates
 
     with _naming("--data"):
-        if args.benchmark == "sugarcrepe":
-            chosen = benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
-        elif retrieval:
-            chosen = [benchmarks.karpathy(args.data, args.images, name=args.benchmark)]
-        elif classification:
-            chosen = [benchmarks.cifar(args.data)]
-        else:
-            chosen = [getattr(benchmarks, args.benchmark)(args.data)]
-    if classification:
+        chosen = _read(benchmarks, args)
+    if task == "classification":
         with _naming("--templates"):
             templates = read_templates(args.templates)
-        if chosen[0].name != args.benchmark:
-            raise UsageError("--data", f"{args.data} holds {chosen[0].name}, not {args.benchmark}")
     model = _load_preset(args.preset, out, dtype=args.dtype)
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
+    options = dict(batch_size=args.batch_size, verbose=args.verbose)
     records = []
     for benchmark in chosen:
-        if classification:
+        if task == "classification":
             print(f"{benchmark.name}: {len(benchmark.labels)} images, {len(benchmark.class_names)} classes, "
                   f"{len(templates)} template(s)", file=out)
-            result = benchmarks.evaluate_classification(model, benchmark, templates, batch_size=args.batch_size,
-                                                        verbose=args.verbose)
-        elif retrieval:
+            result = benchmarks.evaluate_classification(model, benchmark, templates, **options)
+        elif task == "retrieval":
             print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
-            result = benchmarks.evaluate_retrieval(model, benchmark, batch_size=args.batch_size, verbose=args.verbose)
+            result = benchmarks.evaluate_retrieval(model, benchmark, **options)
         else:
             print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
-            result = benchmarks.evaluate_selection(model, benchmark, batch_size=args.batch_size, ties=args.ties,
-                                                   verbose=args.verbose)
+            result = benchmarks.evaluate_selection(model, benchmark, ties=args.ties, **options)
         records.append(results.benchmark_record(result, args.preset, pretrained=source, dtype=model.dtype_policy.name))
     print(results.markdown_table(records), file=out, end="")
     if args.json:
