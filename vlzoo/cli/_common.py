@@ -73,14 +73,14 @@ def _load(preset, out, family=None, dtype=None):
     return model
 
 
-def _load_preset(preset, out, family=None, dtype=None):
-    """`_load`, with a bad `--preset` reported as a usage error naming it (from_preset's suggestions kept)."""
-    with _naming("--preset"):
+def _load_preset(preset, out, family=None, dtype=None, argument="--preset"):
+    """`_load`, with a bad preset reported as a usage error naming `argument` (from_preset's suggestions kept)."""
+    with _naming(argument):
         return _load(preset, out, family=family, dtype=dtype)
 
 
-def _check_preset(preset):
-    """Fails fast (before reading any data) on a `--preset` that is neither registered nor a directory.
+def _check_preset(preset, argument="--preset"):
+    """Fails fast (before reading any data) on a preset (`argument`) that is neither registered nor a directory.
 
     Handles and pretrained names pass: they are fetched, and a malformed handle refused, when loaded."""
     # heavy: imports a backend
@@ -89,7 +89,7 @@ def _check_preset(preset):
 
     if loading.is_remote(preset) or pretrained.is_pretrained(preset):
         return
-    with _naming("--preset"):
+    with _naming(argument):
         resolve_preset(preset)
 
 

@@ -1,0 +1,132 @@
+"""Weight-space ensembles of two models of one geometry (WiSE-FT).
+
+WiSE-FT (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR
+2022) mixes a zero-shot model's weights `theta_0` with those of the same model
+after fine-tuning, `theta_1`:
+
+    theta(alpha) = (1 - alpha) * theta_0 + alpha * theta_1,   0 <= alpha <= 1
+
+`alpha = 1` is the fine-tuned model and `alpha = 0` the zero-shot one; the
+paper finds intermediate values (0.5 often) keep most of the fine-tuned
+accuracy in distribution and most of the zero-shot robustness under shift.
+Both ends are exact here: each weight is computed as
+`(1 - alpha) * theta_0 + alpha * theta_1` in float32 (float64 for float64
+variables), whose two products are exactly `theta_0`/`0` and `0`/`theta_1` at the
+ends.
+
+Example:
+>>> zero_shot = vlzoo.from_preset("clip_shapes")
+>>> finetuned = ...  # zero_shot's copy after model.fit
+>>> mixed = interpolate(zero_shot, finetuned, 0.5)
+>>> rows = interpolation_sweep(zero_shot, finetuned, [0, 0.5, 1], lambda m: {"acc": evaluate(m)})
+"""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+
+from vlzoo.models.base import ContrastiveModel
+
+__all__ = ["interpolate", "interpolation_sweep"]
+
+
+def _check_model(model, name):
+    if not isinstance(model, ContrastiveModel):
+        raise TypeError(f"`{name}` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
+
+
+def _check_alpha(alpha):
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) \
+            or not 0 <= alpha <= 1:
+        raise ValueError(f"`alpha` must be a number in [0, 1]; received {alpha!r}.")
+    return float(alpha)
+
+
+def _check_geometry(zero_shot, finetuned):
+    """Both models of one class and config (the dtype policy aside), with the same variables."""
+    if type(zero_shot) is not type(finetuned):
+        raise ValueError(f"`zero_shot` is a {type(zero_shot).__name__} and `finetuned` a "
+                         f"{type(finetuned).__name__}: interpolation needs two models of one family.")
+    configs = [{k: v for k, v in m.get_config().items() if k not in ("dtype", "name", "trainable")}
+               for m in (zero_shot, finetuned)]
+    if configs[0] != configs[1]:
+        differing = sorted(k for k in configs[0].keys() | configs[1].keys()
+                           if configs[0].get(k) != configs[1].get(k))
+        raise ValueError(f"`zero_shot` and `finetuned` differ in geometry (config entries {differing}); "
+                         "interpolation needs two models of one geometry.")
+    for a, b in zip(zero_shot.weights, finetuned.weights, strict=True):
+        if a.path != b.path or tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"Variable {a.path} {tuple(a.shape)} of `zero_shot` has no match in `finetuned` "
+                             f"(found {b.path} {tuple(b.shape)}).")
+
+
+def _mix(theta_0, theta_1, alpha):
+    """`(1 - alpha) * theta_0 + alpha * theta_1` for floating arrays; others must be equal and are kept."""
+    theta_0, theta_1 = np.asarray(theta_0), np.asarray(theta_1)
+    if not np.issubdtype(theta_0.dtype, np.floating) and theta_0.dtype.name != "bfloat16":
+        return theta_1 if np.array_equal(theta_0, theta_1) else None
+    wide = np.float64 if theta_0.dtype == np.float64 else np.float32
+    mixed = (1 - alpha) * theta_0.astype(wide) + alpha * theta_1.astype(wide)
+    return mixed.astype(theta_0.dtype)
+
+
+def interpolate(zero_shot, finetuned, alpha):
+    """A new model whose weights are `(1 - alpha) * zero_shot's + alpha * finetuned's`.
+
+    Args:
+        zero_shot: the model before fine-tuning (a vlzoo model).
+        finetuned: the same family and geometry after fine-tuning.
+        alpha: the mixing coefficient in [0, 1]; 0 gives `zero_shot`'s
+            weights and 1 `finetuned`'s, bit for bit.
+
+    Returns:
+        A new model of `finetuned`'s config and dtype policy, with its
+        tokenizer and preprocessor; neither input changes.
+
+    Raises:
+        TypeError: an input is not a vlzoo model.
+        ValueError: `alpha` outside [0, 1]; the models differ in family,
+            geometry or variables; a non-floating variable (a step counter)
+            differs between them.
+    """
+    _check_model(zero_shot, "zero_shot")
+    _check_model(finetuned, "finetuned")
+    alpha = _check_alpha(alpha)
+    _check_geometry(zero_shot, finetuned)
+    mixed = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(finetuned))
+    for target, a, b in zip(mixed.weights, zero_shot.weights, finetuned.weights, strict=True):
+        value = _mix(keras.ops.convert_to_numpy(a.value), keras.ops.convert_to_numpy(b.value), alpha)
+        if value is None:
+            raise ValueError(f"Variable {a.path} is not floating and differs between `zero_shot` and "
+                             "`finetuned`: it cannot be interpolated.")
+        target.assign(value)
+    mixed.tokenizer, mixed.preprocessor = finetuned.tokenizer, finetuned.preprocessor
+    return mixed
+
+
+def interpolation_sweep(zero_shot, finetuned, alphas, evaluate):
+    """`evaluate(interpolate(zero_shot, finetuned, alpha))` for each alpha: the WiSE-FT curve.
+
+    Args:
+        zero_shot, finetuned: as for `interpolate`.
+        alphas: a non-empty sequence of numbers in [0, 1].
+        evaluate: a callable from a model to a dict of metrics (str -> number),
+            e.g. in-distribution and shifted accuracy.
+
+    Returns:
+        A list of `{"alpha": alpha, **evaluate(model)}`, one per alpha in order.
+    """
+    alphas = [_check_alpha(a) for a in alphas]
+    if not alphas:
+        raise ValueError("`alphas` must name at least one value in [0, 1].")
+    if not callable(evaluate):
+        raise TypeError(f"`evaluate` must be a callable from a model to a dict; received {type(evaluate).__name__}.")
+    rows = []
+    for alpha in alphas:
+        metrics = evaluate(interpolate(zero_shot, finetuned, alpha))
+        if not isinstance(metrics, dict) or "alpha" in metrics:
+            raise ValueError(f"`evaluate` must return a dict of metrics without an `alpha` key; received {metrics!r:.80}.")
+        rows.append({"alpha": alpha, **metrics})
+    return rows
