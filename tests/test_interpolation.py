@@ -109,3 +109,12 @@ def test_vlzoo_interpolate_writes_a_preset(tmp_path, capsys):
         main(["interpolate", "--zero-shot", "clip_shapes", "--finetuned", "clip_shapes", "--alpha", "2",
               "--out", str(out)])
     assert "expected a number in [0, 1]" in capsys.readouterr().err
+
+
+def test_counters_are_the_finetuned_models():
+    # STAIR's step counters are int32 variables: not weights to mix, the fine-tuned run's state.
+    zero_shot, finetuned = vlzoo.from_preset("stair_shapes"), vlzoo.from_preset("stair_shapes")
+    finetuned.global_step.assign(7)
+    mixed = interpolate(zero_shot, finetuned, 0.5)
+    assert int(keras.ops.convert_to_numpy(mixed.global_step.value)) == 7
+    assert keras.backend.standardize_dtype(mixed.global_step.dtype) == "int32"

@@ -12,7 +12,8 @@ accuracy in distribution and most of the zero-shot robustness under shift.
 Both ends are exact here: each weight is computed as
 `(1 - alpha) * theta_0 + alpha * theta_1` in float32 (float64 for float64
 variables), whose two products are exactly `theta_0`/`0` and `0`/`theta_1` at the
-ends.
+ends. Integer variables are counters (STAIR's step counts), not weights: they
+are the fine-tuned model's.
 
 Example:
 >>> zero_shot = vlzoo.from_preset("clip_shapes")
@@ -63,10 +64,10 @@ def _check_geometry(zero_shot, finetuned):
 
 
 def _mix(theta_0, theta_1, alpha):
-    """`(1 - alpha) * theta_0 + alpha * theta_1` for floating arrays; others must be equal and are kept."""
+    """`(1 - alpha) * theta_0 + alpha * theta_1` for floating arrays; `theta_1` for counters."""
     theta_0, theta_1 = np.asarray(theta_0), np.asarray(theta_1)
     if not np.issubdtype(theta_0.dtype, np.floating) and theta_0.dtype.name != "bfloat16":
-        return theta_1 if np.array_equal(theta_0, theta_1) else None
+        return theta_1
     wide = np.float64 if theta_0.dtype == np.float64 else np.float32
     mixed = (1 - alpha) * theta_0.astype(wide) + alpha * theta_1.astype(wide)
     return mixed.astype(theta_0.dtype)
@@ -88,8 +89,7 @@ def interpolate(zero_shot, finetuned, alpha):
     Raises:
         TypeError: an input is not a vlzoo model.
         ValueError: `alpha` outside [0, 1]; the models differ in family,
-            geometry or variables; a non-floating variable (a step counter)
-            differs between them.
+            geometry or variables.
     """
     _check_model(zero_shot, "zero_shot")
     _check_model(finetuned, "finetuned")
@@ -97,11 +97,7 @@ def interpolate(zero_shot, finetuned, alpha):
     _check_geometry(zero_shot, finetuned)
     mixed = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(finetuned))
     for target, a, b in zip(mixed.weights, zero_shot.weights, finetuned.weights, strict=True):
-        value = _mix(keras.ops.convert_to_numpy(a.value), keras.ops.convert_to_numpy(b.value), alpha)
-        if value is None:
-            raise ValueError(f"Variable {a.path} is not floating and differs between `zero_shot` and "
-                             "`finetuned`: it cannot be interpolated.")
-        target.assign(value)
+        target.assign(_mix(keras.ops.convert_to_numpy(a.value), keras.ops.convert_to_numpy(b.value), alpha))
     mixed.tokenizer, mixed.preprocessor = finetuned.tokenizer, finetuned.preprocessor
     return mixed
 
