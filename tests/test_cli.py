@@ -281,6 +281,23 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
     assert len(changed) == len(start.weights) and sum(changed) > len(changed) // 2
 
 
+def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    out_dir = tmp_path / "lit"
+    status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--steps-per-epoch", "2",
+                           "--batch-size", "4", "--learning-rate", "0.01", "--lock-image", "--out", out_dir)
+    assert status == 0, err
+    start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    assert f"{sum(int(np.prod(v.shape)) for v in start.vision.weights):,} parameters locked" in out
+    for a, b in zip(start.vision.weights, trained.vision.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    assert not all(np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+                   for a, b in zip(start.text.weights, trained.text.weights))
+    status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--lock-text-unlocked-groups", "1",
+                         "--out", out_dir)
+    assert status == 2 and "--lock-text-unlocked-groups: needs --lock-text" in err
+
+
 @pytest.mark.slow
 def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file

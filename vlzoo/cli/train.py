@@ -1,5 +1,6 @@
 """`vlzoo train`: fine-tune a preset on image-caption pairs with `model.fit` and save it as a preset."""
 
+import math
 import os
 
 from vlzoo.cli._common import (
@@ -49,6 +50,12 @@ def register(sub):
     p.add_argument("--gradient-accumulation-steps", type=_positive_int, default=None, metavar="N",
                    help="average the gradients of N batches per optimizer update (less memory, but each "
                    "batch's loss only contrasts its own pairs; default: no accumulation)")
+    for tower in ("image", "text"):
+        p.add_argument(f"--lock-{tower}", action="store_true",
+                       help=f"lock the {tower} tower (LiT; vlzoo.training.lock_tower): its weights do not train")
+        p.add_argument(f"--lock-{tower}-unlocked-groups", type=_non_negative_int, default=0, metavar="N",
+                       help=f"with --lock-{tower}: leave its last N groups (blocks; the projection is the last) "
+                       "trainable, as open_clip's option of that name (default: 0)")
     p.add_argument("--remat", action="store_true",
                    help="recompute the towers' activations in the backward pass (less memory, more time)")
     p.add_argument("--seed", type=_non_negative_int, default=0,
@@ -73,6 +80,10 @@ def run(args, out):
 
     if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
         raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
+    for tower in ("image", "text"):
+        if getattr(args, f"lock_{tower}_unlocked_groups") and not getattr(args, f"lock_{tower}"):
+            raise UsageError(f"--lock-{tower}-unlocked-groups", f"needs --lock-{tower}")
+
     steps = args.steps_per_epoch
     if steps is None:
         with _naming("--data"):
@@ -98,11 +109,14 @@ def run(args, out):
     # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
     configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
               alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
-              gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None)
+              gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None,
+              lock_image=args.lock_image, lock_image_unlocked_groups=args.lock_image_unlocked_groups,
+              lock_text=args.lock_text, lock_text_unlocked_groups=args.lock_text_unlocked_groups)
     print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
           f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
           f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
           f"gradient accumulation {args.gradient_accumulation_steps or 1}, remat {args.remat}, "
+          f"{model.count_params() - sum(math.prod(v.shape) for v in model.trainable_weights):,} parameters locked, "
           f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, shuffle=False,
                         verbose=args.verbose)  # the dataset shuffles itself

@@ -36,6 +36,7 @@ import keras
 from keras import ops
 
 from vlzoo.models.base import ContrastiveModel
+from vlzoo.training.locking import lock_tower
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -186,7 +187,8 @@ def training_optimizer(
     )
 
 
-def configure(model, *, remat=None, jit_compile="auto", **optimizer_args):
+def configure(model, *, remat=None, jit_compile="auto", lock_image=False, lock_image_unlocked_groups=0,
+              lock_text=False, lock_text_unlocked_groups=0, **optimizer_args):
     """Compiles a vlzoo model for training with the papers' defaults, in one call.
 
     Sets the optimizer (`training_optimizer(**optimizer_args)`, with the
@@ -203,6 +205,10 @@ def configure(model, *, remat=None, jit_compile="auto", **optimizer_args):
             None keeps what the towers were built with. A training setting,
             not part of the model's saved config.
         jit_compile: passed to `model.compile` (`"auto"`, True or False).
+        lock_image, lock_text: lock that tower (LiT), all of it but its last
+            `lock_image_unlocked_groups` / `lock_text_unlocked_groups` groups
+            (open_clip's `--lock-image --lock-image-unlocked-groups N`;
+            `vlzoo.training.locking`). Locked variables end `fit` unchanged.
         **optimizer_args: arguments of `training_optimizer` (`learning_rate`,
             `total_steps`, `warmup_steps`, `alpha`, `weight_decay`, `beta_1`,
             `beta_2`, `epsilon`, `gradient_accumulation_steps`, `clipnorm`).
@@ -224,6 +230,12 @@ def configure(model, *, remat=None, jit_compile="auto", **optimizer_args):
             raise TypeError(f"`remat` must be True, False or None; received {remat!r}.")
         model.vision.remat = remat
         model.text.remat = remat
+    for tower, lock, unlocked_groups in (("image", lock_image, lock_image_unlocked_groups),
+                                         ("text", lock_text, lock_text_unlocked_groups)):
+        if lock:
+            lock_tower(model, tower, unlocked_groups)
+        elif unlocked_groups:
+            raise ValueError(f"`lock_{tower}_unlocked_groups` needs `lock_{tower}=True`.")
     model.compile(optimizer=training_optimizer(**optimizer_args), jit_compile=jit_compile)
     return model.optimizer
 
