@@ -110,3 +110,20 @@ def test_every_family_scores_images_against_its_class_representation(preset):
     classes = ensembling.encode_classes(model, {k: keras.ops.reshape(v, (2, 2, -1)) for k, v in prompts.items()})
     scores = to_numpy(ensembling.score(model, images, classes))
     assert scores.shape == (3, 2) and np.all(np.isfinite(scores))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_dense_embeddings_are_one_per_patch_where_declared(preset):
+    # FILIP's are its late interaction's patch tokens (their mean is its global embedding, CLS
+    # excluded); SPARC's pass through h_v as its global path does. Others refuse by name.
+    model = _preset(preset)
+    images, _ = _inputs(model)
+    if not model.has_dense_embeddings:
+        with pytest.raises(NotImplementedError, match="SPARC and FILIP"):
+            model.dense_image_embeddings(images)
+        return
+    dense = to_numpy(model.dense_image_embeddings(images))
+    patches = (model.vision.image_size // model.vision.patch_size) ** 2
+    assert dense.shape == (3, patches, model.embed_dim)
+    if preset == "filip_shapes" and not model.interaction_include_cls:
+        np.testing.assert_allclose(dense.mean(axis=1), to_numpy(model.encode_image(images)["embeds"]), atol=1e-5)

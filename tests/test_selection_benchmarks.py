@@ -423,7 +423,7 @@ def test_vlzoo_eval_runs_cifar(tmp_path, capsys):
     out = tmp_path / "cifar.json"
     assert main(["eval", "--preset", "clip_shapes", "--benchmark", "cifar10", "--data", str(directory),
                  "--templates", "simple", "--json", str(out)]) == 0
-    assert "cifar10: 14 images, 10 classes, 7 template(s)" in capsys.readouterr().out
+    assert "cifar10: 14 images of 10 of 10 classes, 7 template(s)" in capsys.readouterr().out
     record, = json.loads(out.read_text())
     want = benchmarks.evaluate_classification(_preset("clip_shapes"), benchmarks.cifar(directory),
                                               vlzoo.evaluation.SIMPLE_TEMPLATES)

@@ -1,9 +1,11 @@
 """`vlzoo eval`: a benchmark read from its published layout, scored by any family."""
 
+import argparse
+
 from vlzoo import pretrained
 from vlzoo.cli._common import (
     UsageError, _add_command, _add_preset, _add_report_options, _check_file, _check_preset, _load_preset,
-    _naming, _positive_int, _write_json,
+    _naming, _non_negative_int, _positive_int, _write_json,
 )
 
 # --benchmark -> (what --images is to it: "unused", "optional" or "required", the task it runs)
@@ -15,12 +17,35 @@ BENCHMARKS = {
     "flickr30k": ("required", "retrieval"),
     "cifar10": ("unused", "classification"),
     "cifar100": ("unused", "classification"),
+    "imagenet1k": ("unused", "classification"),
+    "imagenetv2": ("unused", "classification"),
+    "imagenet_sketch": ("unused", "classification"),
+    "imagenet-a": ("unused", "classification"),
+    "imagenet-r": ("unused", "classification"),
+    "vg_relation": ("unused", "aro"),
+    "vg_attribution": ("unused", "aro"),
+    "coco_order": ("optional", "aro"),
+    "flickr30k_order": ("optional", "aro"),
+    "voc2012": ("unused", "segmentation"),
 }
+
+
+def _background(text):
+    """An argparse `type`: `ignore`, `prompts` or a probability in (0, 1)."""
+    if text in ("ignore", "prompts"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected ignore, prompts or a probability in (0, 1); got {text!r}")
+    return value
 
 
 def register(sub):
     p = _add_command(
-        sub, "eval", "score a preset on SugarCrepe, Winoground, MMVP-VLM, COCO, Flickr30k or CIFAR from files on disk",
+        sub, "eval", "score a preset on a zero-shot, retrieval or compositionality benchmark from files on disk",
         "Reads a benchmark in its published layout (nothing is downloaded) and scores it with the\n"
         "family's own scores (vlzoo.evaluation.benchmarks):\n"
         "  sugarcrepe  --data: the repository's data/ (add_att.json, ..., swap_obj.json);\n"
@@ -32,6 +57,16 @@ def register(sub):
         "              recall@1, 5, 10 both ways\n"
         "  cifar10, cifar100  --data: cifar-10-batches-py/ or cifar-100-python/ (the python pickles);\n"
         "              zero-shot acc1, acc5 and mean per-class recall with --templates\n"
+        "  imagenet1k, imagenetv2, imagenet_sketch, imagenet-a, imagenet-r  --data: the folder of class\n"
+        "              folders (val/<wnid>/, imagenetv2-*-format-val/<0..999>/, sketch/<wnid>/,\n"
+        "              imagenet-a/<wnid>/, imagenet-r/<wnid>/); as cifar (vlzoo.evaluation.imagenet)\n"
+        "  vg_relation, vg_attribution  --data: ARO's folder of visual_genome_{relation,attribution}.json\n"
+        "              and images/; acc and the authors' macro_acc (vlzoo.evaluation.aro)\n"
+        "  coco_order, flickr30k_order  --data: the folder of BLIP's coco_karpathy_test.json /\n"
+        "              flickr30k_test.json; --images: the images' root (default: DATA); needs spaCy's\n"
+        "              en_core_web_sm for two of the four shuffles; --seed (default 1, as the authors)\n"
+        "  voc2012     --data: VOCdevkit/VOC2012 (JPEGImages/, SegmentationClass/, ImageSets/); zero-shot\n"
+        "              segmentation mIoU of the patch embeddings (FILIP, SPARC), --background, --candidates\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
         "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).",
@@ -50,6 +85,14 @@ def register(sub):
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
                    help="selection: tied scores count their expected value under a random order (default; "
                    "chance for a constant model), as failed (the benchmarks' own scripts) or as passed")
+    p.add_argument("--background", default="ignore", type=_background, metavar="ignore|prompts|P",
+                   help="voc2012: background pixels ignored (default; 20 classes, SPARC's protocol), scored "
+                   "with background prompts, or where no class's probability reaches P (both 21 classes)")
+    p.add_argument("--candidates", default="all", choices=("all", "present"),
+                   help="voc2012: each pixel chooses among all classes (default) or its image's own ones "
+                   "(SPARC's 'given a text label')")
+    p.add_argument("--seed", type=_non_negative_int, default=1,
+                   help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors')")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the towers' dtype policy (default: float32); scores are float32 either way")
@@ -57,9 +100,23 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def _read(benchmarks, args):
+def _read(args):
     """The benchmarks `--data` (and `--images`) hold, as a list."""
+    # heavy: imports a backend
+    from vlzoo.evaluation import aro, benchmarks, imagenet, segmentation
+
     name = args.benchmark
+    if name == "voc2012":
+        return [segmentation.voc2012(args.data)]
+    if name in imagenet.IMAGENET_BENCHMARKS:
+        return [imagenet.IMAGENET_BENCHMARKS[name](args.data)]
+    if name in ("vg_relation", "vg_attribution"):
+        return [getattr(aro, name)(args.data)]
+    if name in aro.ORDER_FILES:
+        try:
+            return [getattr(aro, name)(args.data, images=args.images, seed=args.seed)]
+        except ImportError as error:
+            raise UsageError("--benchmark", str(error)) from None
     if name == "sugarcrepe":
         return benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
     if name in ("coco", "flickr30k"):
@@ -80,27 +137,40 @@ def run(args, out):
         raise UsageError("--images", f"{args.benchmark} reads its images from --data")
     if args.images is None and images == "required":
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
+    with _naming("--data"):
+        chosen = _read(args)
     # heavy: imports a backend
-    from vlzoo.evaluation import benchmarks, results
+    from vlzoo.evaluation import aro, benchmarks, results, segmentation
     from vlzoo.evaluation.templates import read_templates
 
-    with _naming("--data"):
-        chosen = _read(benchmarks, args)
-    if task == "classification":
+    if task in ("classification", "segmentation"):
         with _naming("--templates"):
             templates = read_templates(args.templates)
     model = _load_preset(args.preset, out, dtype=args.dtype)
+    if task == "segmentation":
+        try:
+            segmentation.check_family(model)
+        except TypeError as error:
+            raise UsageError("--preset", str(error)) from None
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
     records = []
     for benchmark in chosen:
         if task == "classification":
-            print(f"{benchmark.name}: {len(benchmark.labels)} images, {len(benchmark.class_names)} classes, "
-                  f"{len(templates)} template(s)", file=out)
+            print(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
+                  f"{len(benchmark.class_names)} classes, {len(templates)} template(s)", file=out)
             result = benchmarks.evaluate_classification(model, benchmark, templates, **options)
         elif task == "retrieval":
             print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
             result = benchmarks.evaluate_retrieval(model, benchmark, **options)
+        elif task == "segmentation":
+            print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.class_names)} classes, "
+                  f"{len(templates)} template(s)", file=out)
+            result = segmentation.evaluate_segmentation(
+                model, benchmark, templates, background=args.background, candidates=args.candidates, **options)
+        elif task == "aro":
+            print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
+            result = aro.evaluate_aro(model, benchmark, ties=args.ties, **options)
         else:
             print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
             result = benchmarks.evaluate_selection(model, benchmark, ties=args.ties, **options)

@@ -1,4 +1,7 @@
-"""Shared plumbing of the evaluation modules: batching, progress, text inputs and rank counting."""
+"""Shared plumbing of the evaluation modules: batching, progress, text inputs, rank counting and
+the entries of benchmark files."""
+
+import os
 
 import keras
 import numpy as np
@@ -106,3 +109,23 @@ def count_ahead(scores, positive, ties):
 def hit_rates(ahead, ks):
     """`{k: fraction of rows with count < k}` for counts from `count_ahead`."""
     return {k: float(np.mean(ahead < k)) for k in ks}
+
+
+# ------------------------------------------------------------------ benchmark files
+
+
+def entry_image(path, source, key):
+    """`path` when the image exists; else a `FileNotFoundError` naming the benchmark file and entry."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{source}, entry {key}: image not found: {path}.")
+    return path
+
+
+def entry_fields(record, keys, source, key):
+    """The values of `keys` in a benchmark file's entry; a `ValueError` naming the file and entry otherwise."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{source}, entry {key}: expected an object; received {type(record).__name__}.")
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise ValueError(f"{source}, entry {key}: missing key(s) {missing}.")
+    return [record[k] for k in keys]

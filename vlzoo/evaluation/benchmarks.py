@@ -55,6 +55,7 @@ import numpy as np
 
 from vlzoo.catalogue import read_json
 from vlzoo.data.labels import ImageFiles
+from vlzoo.evaluation._common import entry_fields, entry_image
 from vlzoo.evaluation.retrieval import retrieval_recall
 from vlzoo.evaluation.zeroshot import classification_metrics, zero_shot_classifier
 from vlzoo.evaluation.selection import selection_metrics, selection_scores
@@ -114,21 +115,6 @@ class ClassificationBenchmark:
     source: str
 
 
-def _image(path, source, key):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{source}, entry {key}: image not found: {path}.")
-    return path
-
-
-def _fields(record, keys, source, key):
-    if not isinstance(record, dict):
-        raise ValueError(f"{source}, entry {key}: expected an object; received {type(record).__name__}.")
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise ValueError(f"{source}, entry {key}: missing key(s) {missing}.")
-    return [record[k] for k in keys]
-
-
 def sugarcrepe(data, images, files=SUGARCREPE_FILES):
     """SugarCrepe's seven benchmarks (or `files`), from its `data/` directory and COCO val2017 `images`."""
     benchmarks = []
@@ -139,8 +125,8 @@ def sugarcrepe(data, images, files=SUGARCREPE_FILES):
             raise ValueError(f"{source}: expected an object of entries; received {type(records).__name__}.")
         items = []
         for key, record in records.items():
-            filename, caption, negative = _fields(record, ("filename", "caption", "negative_caption"), source, key)
-            items.append(SelectionItem((_image(os.path.join(images, filename), source, key),),
+            filename, caption, negative = entry_fields(record, ("filename", "caption", "negative_caption"), source, key)
+            items.append(SelectionItem((entry_image(os.path.join(images, filename), source, key),),
                                        (caption, negative), str(key), stem))
         benchmarks.append(SelectionBenchmark(f"sugar_crepe/{stem}", "caption", tuple(items), source))
     return benchmarks
@@ -161,8 +147,8 @@ def winoground(data):
             except json.JSONDecodeError as error:
                 raise ValueError(f"{source}, line {line_number}: not valid JSON: {error}.") from None
             key = record.get("id", f"line {line_number}") if isinstance(record, dict) else f"line {line_number}"
-            example, image_0, image_1, caption_0, caption_1, tag = _fields(record, WINOGROUND_KEYS, source, key)
-            paths = tuple(_image(os.path.join(data, "images", f"{stem}.png"), source, key)
+            example, image_0, image_1, caption_0, caption_1, tag = entry_fields(record, WINOGROUND_KEYS, source, key)
+            paths = tuple(entry_image(os.path.join(data, "images", f"{stem}.png"), source, key)
                           for stem in (image_0, image_1))
             items.append(SelectionItem(paths, (caption_0, caption_1), str(example), str(tag)))
     return SelectionBenchmark("winoground", "winoground", tuple(items), source)
@@ -191,7 +177,7 @@ def mmvp(data):
         if ids[0] % 2 != 1 or ids[1] != ids[0] + 1:
             raise ValueError(f"{source}, entry {key}: a pair is an odd id and the next one; received {ids}.")
         folder = os.path.join(data, MMVP_IMAGES, first["Type"])  # both images under the first row's type
-        paths = tuple(_image(os.path.join(folder, f"{i}.jpg"), source, key) for i in ids)
+        paths = tuple(entry_image(os.path.join(folder, f"{i}.jpg"), source, key) for i in ids)
         items.append(SelectionItem(paths, tuple(f"a photo of {row['Statement']}" for row in (first, second)),
                                    key, first["Type"]))
     return SelectionBenchmark("mmvp_vlm", "mmvp", tuple(items), source)
@@ -235,14 +221,14 @@ def karpathy(path, images, split="test", name=None):
     paths, captions, image_ids = [], [], []
     for index, entry in enumerate(document["images"]):
         key = entry.get("imgid", index) if isinstance(entry, dict) else index
-        filename, entry_split, sentences = _fields(entry, ("filename", "split", "sentences"), path, key)
+        filename, entry_split, sentences = entry_fields(entry, ("filename", "split", "sentences"), path, key)
         if entry_split != split:
             continue
         if not sentences:
             raise ValueError(f"{path}, entry {key}: no sentences.")
-        paths.append(_image(os.path.join(images, entry.get("filepath", ""), filename), path, key))
+        paths.append(entry_image(os.path.join(images, entry.get("filepath", ""), filename), path, key))
         for number, sentence in enumerate(sentences):
-            captions.append(_fields(sentence, ("raw",), path, f"{key}, sentence {number}")[0].strip())
+            captions.append(entry_fields(sentence, ("raw",), path, f"{key}, sentence {number}")[0].strip())
             image_ids.append(len(paths) - 1)
     if not paths:
         raise ValueError(f"{path}: no image in split {split!r}.")

@@ -403,6 +403,19 @@ class ContrastiveModel(keras.Model):
         """
         return EmbeddingMean()
 
+    has_dense_embeddings = False
+
+    def dense_image_embeddings(self, images):
+        """Per-patch embeddings `(B, P, D)` in the text embeddings' space, the image's `P` patches in
+        row-major order (no prefix tokens): what zero-shot segmentation compares with class prompts.
+
+        Families that train patch-level alignment (SPARC's `g_v(h_v(F_v[p]))`, FILIP's
+        projected patch tokens) set `has_dense_embeddings` and implement this.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no per-patch embeddings; SPARC and FILIP models have them."
+        )
+
     has_token_alignment = False
 
     def token_patch_alignment(self, images, texts):

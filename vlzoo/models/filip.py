@@ -111,6 +111,15 @@ class FILIP(TokenContrastiveModel):
         tokens = self.image_projection(tokens)
         return {"embeds": ops.mean(tokens, axis=1), "tokens": tokens}
 
+    has_dense_embeddings = True
+
+    def dense_image_embeddings(self, images):
+        """The projected patch tokens `(B, P, D)` (never the CLS token): the image side of the late
+        interaction, patch by patch."""
+        self._check_image_inputs(images)
+        tokens = self.vision(images)["tokens"][:, self.vision.num_prefix_tokens:]
+        return self.image_projection(tokens)
+
     # --------------------------------------------------------------- scores
 
     def _chunks(self):

@@ -102,6 +102,8 @@ class SPARC(TokenContrastiveModel):
         pooled = self.image_projection(self.vision_head(ops.mean(features, axis=1)))
         return {"embeds": pooled, "tokens": tokens}
 
+    has_dense_embeddings = True
+
     def dense_image_embeddings(self, images):
         """`g_v(h_v(F_v[p]))` per patch `(B, P, D)`: the paper's zero-shot segmentation embeddings."""
         self._check_image_inputs(images)

@@ -123,6 +123,7 @@ def interpolation_sweep(zero_shot, finetuned, alphas, evaluate):
     for alpha in alphas:
         metrics = evaluate(interpolate(zero_shot, finetuned, alpha))
         if not isinstance(metrics, dict) or "alpha" in metrics:
-            raise ValueError(f"`evaluate` must return a dict of metrics without an `alpha` key; received {metrics!r:.80}.")
+            raise ValueError("`evaluate` must return a dict of metrics without an `alpha` key; "
+                             f"received {metrics!r:.80}.")
         rows.append({"alpha": alpha, **metrics})
     return rows
