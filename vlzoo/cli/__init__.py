@@ -6,7 +6,7 @@
     vlzoo zeroshot --preset P --images DIR_OR_CAPTIONFILE [--classes "a,b" | --classes-file F]
                    [--templates imagenet|simple|default|FILE] [--top-k 1 5] [--json OUT]
     vlzoo retrieve --preset P --data CAPTIONFILE_OR_SHARDS [--ks 1 5 10] [--query TEXT ...] [--json OUT]
-    vlzoo eval     --preset P --benchmark sugarcrepe|winoground|mmvp|coco|flickr30k|cifar10|cifar100 --data PATH
+    vlzoo eval     --preset P --benchmark sugarcrepe|winoground|mmvp|coco|imagenet1k|vg_relation|voc2012|... --data PATH
     vlzoo train    --preset P --data SOURCE --out DIR [--epochs E] [--batch-size B] [--learning-rate LR] ...
     vlzoo interpolate --zero-shot P --finetuned P --alpha A --out DIR
     vlzoo convert  --from open_clip|transformers|keras_hub --checkpoint PATH --out DIR [--model NAME | --config F]
@@ -26,8 +26,9 @@ but by `download` and by the pretrained presets and hub handles `--preset` names
 * `retrieve`: image -> text and text -> image recall@K
   (`vlzoo.evaluation.retrieval_recall`) on the image-caption pairs of a caption
   file or tar shards, or the best images for `--query` texts.
-* `eval`: SugarCrepe, Winoground, MMVP-VLM, COCO, Flickr30k or CIFAR read from their published
-  layouts (`vlzoo.evaluation.benchmarks`), a Markdown table and clip_benchmark-schema JSON.
+* `eval`: SugarCrepe, Winoground, MMVP-VLM, ARO, COCO, Flickr30k, CIFAR, ImageNet and its variants
+  or VOC 2012 segmentation read from their published layouts (`vlzoo.evaluation`), a Markdown
+  table and clip_benchmark-schema JSON.
 * `train`: fine-tunes with `model.fit` on `vlzoo.data.image_text_dataset(...,
   training=True)`, then `save_to_preset(--out)`.
 * `interpolate`: WiSE-FT, the weights `(1 - alpha) * zero-shot + alpha * fine-tuned` of two

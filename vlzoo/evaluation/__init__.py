@@ -7,9 +7,13 @@
   recall@K with several captions per image and documented tie handling.
 * `ZeroShotCallback` / `RetrievalCallback`: the same during `fit`, logged as
   `val_zeroshot_top1`, `val_i2t_r@1`, ...
-* `benchmarks`: SugarCrepe, Winoground and MMVP-VLM read from their published
-  layouts, scored by `evaluate_selection` (`selection`: the per-item scores and
-  the benchmarks' metrics, with documented tie handling); `results`:
+* `benchmarks`: SugarCrepe, Winoground, MMVP-VLM, COCO / Flickr30k (Karpathy)
+  and CIFAR read from their published layouts, scored by `evaluate_selection`
+  (`selection`: the per-item scores and the benchmarks' metrics, with documented
+  tie handling), `evaluate_retrieval` and `evaluate_classification`;
+  `imagenet` (ImageNet-1k, V2, Sketch, A, R), `aro` (VG-Relation,
+  VG-Attribution, COCO / Flickr30k-Order) and `segmentation` (PASCAL VOC 2012
+  zero-shot segmentation from per-patch embeddings); `results`:
   clip_benchmark's result schema and a Markdown table.
 * `slots` (SPARO's per-slot zero-shot accuracy and post-hoc slot selection) and
   `shapes_benchmark` (what the bundled `*_shapes` presets report): modules.
