@@ -298,6 +298,27 @@ def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_f
     assert status == 2 and "--lock-text-unlocked-groups: needs --lock-text" in err
 
 
+def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    out_dir, adapters = tmp_path / "lora", tmp_path / "adapters.npz"
+    status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--steps-per-epoch", "2",
+                           "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "2",
+                           "--save-adapters", adapters, "--out", out_dir)
+    assert status == 0, err
+    start, merged = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    assert f"{sum(int(np.prod(v.shape)) for v in merged.weights):,} parameters locked" in out  # all but adapters
+    base = vlzoo.from_preset(preset_dir)
+    vlzoo.training.load_lora_weights(base, str(adapters))
+    pixels = np.random.default_rng(0).normal(size=(2,) + tuple(start.vision.image_size for _ in range(2)) + (3,))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(merged.encode_image(pixels)["embeds"]),
+                               keras.ops.convert_to_numpy(base.encode_image(pixels)["embeds"]), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(keras.ops.convert_to_numpy(merged.encode_image(pixels)["embeds"]),
+                           keras.ops.convert_to_numpy(start.encode_image(pixels)["embeds"]))
+    status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--save-adapters", adapters,
+                         "--out", out_dir)
+    assert status == 2 and "--save-adapters: needs --lora-rank" in err
+
+
 @pytest.mark.slow
 def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file

@@ -56,6 +56,14 @@ def register(sub):
         p.add_argument(f"--lock-{tower}-unlocked-groups", type=_non_negative_int, default=0, metavar="N",
                        help=f"with --lock-{tower}: leave its last N groups (blocks; the projection is the last) "
                        "trainable, as open_clip's option of that name (default: 0)")
+    p.add_argument("--lora-rank", type=_positive_int, default=None, metavar="R",
+                   help="train LoRA adapters of rank R instead of the weights (vlzoo.training.enable_lora); --out "
+                   "gets the merged model")
+    p.add_argument("--lora-targets", nargs="+", default=["query", "value"], metavar="NAME",
+                   help="with --lora-rank: the block projections to adapt, among query, key, value, output, "
+                   "fc1, fc2 (default: query value)")
+    p.add_argument("--save-adapters", default=None, metavar="FILE",
+                   help="with --lora-rank: also write the adapters alone to FILE (.npz; load_lora_weights)")
     p.add_argument("--remat", action="store_true",
                    help="recompute the towers' activations in the backward pass (less memory, more time)")
     p.add_argument("--seed", type=_non_negative_int, default=0,
@@ -76,7 +84,7 @@ def run(args, out):
 
     import vlzoo
     from vlzoo.data import labels
-    from vlzoo.training import configure
+    from vlzoo.training import configure, enable_lora, save_lora_weights
 
     if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
         raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
@@ -84,6 +92,8 @@ def run(args, out):
         if getattr(args, f"lock_{tower}_unlocked_groups") and not getattr(args, f"lock_{tower}"):
             raise UsageError(f"--lock-{tower}-unlocked-groups", f"needs --lock-{tower}")
 
+    if args.lora_rank is None and args.save_adapters is not None:
+        raise UsageError("--save-adapters", "needs --lora-rank")
     steps = args.steps_per_epoch
     if steps is None:
         with _naming("--data"):
@@ -106,6 +116,9 @@ def run(args, out):
         on_error=args.on_error,
     )
     stats = train.stats
+    if args.lora_rank is not None:
+        with _naming("--lora-targets"):
+            enable_lora(model, rank=args.lora_rank, targets=args.lora_targets)
     # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
     configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
               alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
@@ -125,6 +138,9 @@ def run(args, out):
     losses = history.history.get("loss", [])
     if losses:
         print(f"final loss: {losses[-1]:.4f}", file=out)
-    model.save_to_preset(os.path.abspath(args.out))
+    if args.save_adapters is not None:
+        save_lora_weights(model, args.save_adapters)
+        print(f"saved the LoRA adapters to {args.save_adapters}", file=out)
+    model.save_to_preset(os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0

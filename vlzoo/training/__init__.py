@@ -5,6 +5,8 @@
   `retain_host_memory` for CPU training.
 * `locking`: locked towers (LiT): `lock_tower(model, "image", unlocked_groups=N)`,
   also `configure(..., lock_image=True)`.
+* `lora`: LoRA adapters through Keras' `enable_lora` (`enable_lora`, `merge_lora`,
+  `save_lora_weights`, `load_lora_weights`).
 * `interpolation`: WiSE-FT weight-space ensembles of a zero-shot and a
   fine-tuned model (`interpolate`, `interpolation_sweep`).
 
@@ -18,6 +20,8 @@ Example:
 from vlzoo.training.defaults import WarmupCosine, configure, retain_host_memory, training_optimizer
 from vlzoo.training.interpolation import interpolate, interpolation_sweep
 from vlzoo.training.locking import lock_tower, tower_groups
+from vlzoo.training.lora import enable_lora, load_lora_weights, merge_lora, save_lora_weights
 
-__all__ = ["WarmupCosine", "configure", "interpolate", "interpolation_sweep", "lock_tower", "retain_host_memory",
-           "tower_groups", "training_optimizer"]
+__all__ = ["WarmupCosine", "configure", "enable_lora", "interpolate", "interpolation_sweep", "load_lora_weights",
+           "lock_tower", "merge_lora", "retain_host_memory", "save_lora_weights", "tower_groups",
+           "training_optimizer"]

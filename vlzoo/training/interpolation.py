@@ -29,6 +29,7 @@ import keras
 import numpy as np
 
 from vlzoo.models.base import ContrastiveModel
+from vlzoo.training._models import blank_copy
 
 __all__ = ["interpolate", "interpolation_sweep"]
 
@@ -95,10 +96,9 @@ def interpolate(zero_shot, finetuned, alpha):
     _check_model(finetuned, "finetuned")
     alpha = _check_alpha(alpha)
     _check_geometry(zero_shot, finetuned)
-    mixed = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(finetuned))
+    mixed = blank_copy(finetuned)
     for target, a, b in zip(mixed.weights, zero_shot.weights, finetuned.weights, strict=True):
         target.assign(_mix(keras.ops.convert_to_numpy(a.value), keras.ops.convert_to_numpy(b.value), alpha))
-    mixed.tokenizer, mixed.preprocessor = finetuned.tokenizer, finetuned.preprocessor
     return mixed
 
 
