@@ -1,5 +1,6 @@
 """`ContrastiveModel`: the dual-encoder base every family builds on."""
 
+import functools
 import math
 
 import keras
@@ -11,6 +12,7 @@ from vlzoo.losses import l2_normalize
 from vlzoo.models import layout
 from vlzoo.models import validation
 from vlzoo.models.ensembling import EmbeddingMean
+from vlzoo.models.micro_batching import micro_batched
 from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
@@ -310,11 +312,26 @@ class ContrastiveModel(keras.Model):
                               values=False)
         validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
 
+    # Rows per tower call in training (gradient caching, `vlzoo.models.micro_batching`); None: the whole
+    # batch at once. A training setting (`vlzoo.training.configure`), not part of the config.
+    micro_batch_size = None
+
     def call(self, inputs, training=False):
-        """`encode_image` and `encode_text`'s entries, prefixed with `image_` / `text_`, and `logit_scale`."""
+        """`encode_image` and `encode_text`'s entries, prefixed with `image_` / `text_`, and `logit_scale`.
+
+        In training with `micro_batch_size` set, the towers run that many rows at a time under
+        `keras.remat` (exact gradients of the whole batch's loss, a micro-batch's activations).
+        """
         self._check_training_inputs(inputs)
-        outputs = _prefixed("image", self._image_features(inputs["images"], training=training))
-        outputs.update(_prefixed("text", self._text_features(inputs, training=training)))
+        texts = {key: inputs[key] for key in ("token_ids", "padding_mask") if key in inputs}
+        image_features = functools.partial(self._image_features, training=training)
+        text_features = functools.partial(self._text_features, training=training)
+        if training and self.micro_batch_size is not None:
+            image = micro_batched(image_features, inputs["images"], self.micro_batch_size)
+            text = micro_batched(text_features, texts, self.micro_batch_size)
+        else:
+            image, text = image_features(inputs["images"]), text_features(texts)
+        outputs = {**_prefixed("image", image), **_prefixed("text", text)}
         outputs["logit_scale"] = self.logit_scale_value()
         return outputs
 

@@ -187,8 +187,8 @@ def training_optimizer(
     )
 
 
-def configure(model, *, remat=None, jit_compile="auto", lock_image=False, lock_image_unlocked_groups=0,
-              lock_text=False, lock_text_unlocked_groups=0, **optimizer_args):
+def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, lock_image=False,
+              lock_image_unlocked_groups=0, lock_text=False, lock_text_unlocked_groups=0, **optimizer_args):
     """Compiles a vlzoo model for training with the papers' defaults, in one call.
 
     Sets the optimizer (`training_optimizer(**optimizer_args)`, with the
@@ -205,6 +205,13 @@ def configure(model, *, remat=None, jit_compile="auto", lock_image=False, lock_i
             None keeps what the towers were built with. A training setting,
             not part of the model's saved config.
         jit_compile: passed to `model.compile` (`"auto"`, True or False).
+        micro_batch_size: gradient caching (`vlzoo.models.micro_batching`): the
+            towers run this many pairs at a time, holding one micro-batch's
+            activations, while the loss contrasts the whole batch exactly;
+            the batch size must be a multiple of it. None: the whole batch.
+            Use it rather than `gradient_accumulation_steps` to train with a
+            contrastive batch larger than memory: accumulation averages the
+            losses of small batches, each with its own negatives only.
         lock_image, lock_text: lock that tower (LiT), all of it but its last
             `lock_image_unlocked_groups` / `lock_text_unlocked_groups` groups
             (open_clip's `--lock-image --lock-image-unlocked-groups N`;
@@ -230,6 +237,17 @@ def configure(model, *, remat=None, jit_compile="auto", lock_image=False, lock_i
             raise TypeError(f"`remat` must be True, False or None; received {remat!r}.")
         model.vision.remat = remat
         model.text.remat = remat
+    if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
+                                         or micro_batch_size < 1):
+        raise ValueError(f"`micro_batch_size` must be a positive int or None; received {micro_batch_size!r}.")
+    model.micro_batch_size = micro_batch_size
+    if (optimizer_args.get("gradient_accumulation_steps") or 1) > 1:
+        warnings.warn(
+            "gradient_accumulation_steps averages the losses of separate batches: each contrasts its own pairs "
+            "only, so the contrastive batch stays the micro-batch. For an exact large contrastive batch, give "
+            "fit the whole batch and set `micro_batch_size` (gradient caching) instead.",
+            stacklevel=2,
+        )
     for tower, lock, unlocked_groups in (("image", lock_image, lock_image_unlocked_groups),
                                          ("text", lock_text, lock_text_unlocked_groups)):
         if lock:

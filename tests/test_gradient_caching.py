@@ -1,0 +1,68 @@
+"""Gradient caching (`micro_batch_size`): every family's gradients over the whole contrastive batch,
+computed a micro-batch of towers at a time, equal the one-pass gradients."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import vlzoo
+from vlzoo import training
+
+from conftest import tiny_batch, to_numpy
+
+FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
+# What depends on the backend is `keras.remat` around a micro-batch of towers, the same code for every
+# family; what depends on the family (features computed example by example, every output concatenated)
+# is the same on every backend. So every family runs on PyTorch (about 1 s each), and on JAX and
+# TensorFlow (10-20 s of compilation each) CLIP and Llip, whose features are the most varied (keys,
+# values, mixture tokens, queries; a logit bias).
+BACKEND_FAMILIES = FAMILIES if keras.backend.backend() == "torch" else ["clip", "llip"]
+
+
+def _one_sgd_step(family, micro_batch_size, batch):
+    """The change of every trainable variable after one SGD(lr=1) step of `fit` on `batch`: minus the
+    gradient (the logit-scale clamp is off so that it cannot cut the step)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
+        keras.utils.set_random_seed(0)
+        model = vlzoo.from_preset(f"{family}_tiny", logit_scale_max=None)
+    model.micro_batch_size = micro_batch_size
+    before = [to_numpy(v).copy() for v in model.trainable_variables]
+    model.compile(optimizer=keras.optimizers.SGD(1.0))
+    model.fit(batch, batch_size=len(batch["images"]), epochs=1, verbose=0, shuffle=False)
+    return [b - to_numpy(v) for b, v in zip(before, model.trainable_variables, strict=True)]
+
+
+@pytest.mark.parametrize("family", BACKEND_FAMILIES)
+def test_micro_batched_gradients_equal_the_whole_batchs(family):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = vlzoo.from_preset(f"{family}_tiny")
+    batch = tiny_batch(8, seed=1, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
+                       vocabulary_size=model.text.vocabulary_size)
+    whole = _one_sgd_step(family, None, batch)
+    cached = _one_sgd_step(family, 2, batch)
+    assert sum(float(np.abs(g).sum()) for g in whole) > 0
+    for got, want in zip(cached, whole):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_batch_the_micro_batch_does_not_divide_is_refused():
+    model = vlzoo.from_preset("clip_tiny")
+    model.micro_batch_size = 3
+    with pytest.raises(ValueError, match=r"batch size \(4\) must be a multiple of `micro_batch_size` \(3\)"):
+        model(tiny_batch(4, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
+                         vocabulary_size=model.text.vocabulary_size), training=True)
+
+
+def test_configure_sets_it_and_warns_that_accumulation_shrinks_the_negatives():
+    model = vlzoo.from_preset("clip_tiny")
+    training.configure(model, learning_rate=1e-3, total_steps=10, micro_batch_size=4)
+    assert model.micro_batch_size == 4
+    with pytest.warns(UserWarning, match="contrastive batch stays the micro-batch"):
+        training.configure(model, learning_rate=1e-3, total_steps=10, gradient_accumulation_steps=2)
+    assert model.micro_batch_size is None
+    with pytest.raises(ValueError, match="`micro_batch_size` must be a positive int"):
+        training.configure(model, learning_rate=1e-3, total_steps=10, micro_batch_size=0)

@@ -1,0 +1,74 @@
+"""Exact large contrastive batches in the memory of a micro-batch (gradient caching).
+
+A contrastive loss couples its whole batch: every image is contrasted with every
+caption. Keras' gradient accumulation over N micro-batches of B pairs therefore
+trains a different objective (each image against B captions, not N B). Gradient
+caching (Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory
+Limited Setup", RepL4NLP 2021) keeps the full batch exact and bounds the memory of
+the towers instead:
+
+1. embed all N examples, a micro-batch of m at a time, keeping no activations;
+2. compute the loss over the N embeddings and its gradient with respect to them;
+3. run each micro-batch forward again and back-propagate its slice of those
+   embedding gradients into the towers.
+
+`micro_batched` expresses exactly this to the framework's own autodiff: each
+micro-batch's tower call is wrapped in `keras.remat` (`jax.checkpoint`,
+`torch.utils.checkpoint`, `tf.recompute_grad`), which keeps only its inputs and
+outputs in the forward pass and, in the backward pass, re-runs the micro-batch
+and back-propagates the gradient arriving at its outputs, which is step 3. The
+loss and the logit scale/bias see all N embeddings, so the gradients are the
+full batch's (up to floating-point summation order). Peak activation memory is
+one micro-batch's tower activations, plus the N embeddings and the loss's own.
+
+Set through `vlzoo.training.configure(model, micro_batch_size=m)` (or
+`model.micro_batch_size = m` before compiling); a training setting, not saved in
+the model's config.
+"""
+
+import keras
+from keras import ops
+
+__all__ = ["micro_batched"]
+
+
+def micro_batched(compute, inputs, micro_batch_size):
+    """`compute(inputs)` run `micro_batch_size` rows at a time under `keras.remat`, concatenated.
+
+    Args:
+        compute: a function of a tensor, or of a dict of tensors, with a batch axis first, to a dict
+            of per-example tensors (a model's `_image_features` / `_text_features`); nothing in it may
+            couple the examples of a batch.
+        inputs: `(B, ...)` tensor or dict of `(B, ...)` tensors; `B` (static) a multiple of
+            `micro_batch_size`.
+        micro_batch_size: rows per `compute` call.
+
+    Returns:
+        `compute`'s dict for all `B` rows.
+    """
+    keys = sorted(inputs) if isinstance(inputs, dict) else None
+    values = [inputs[key] for key in keys] if keys else [inputs]
+    batch = values[0].shape[0]
+    if batch is None or batch % micro_batch_size:
+        raise ValueError(f"The batch size ({batch}) must be a multiple of `micro_batch_size` ({micro_batch_size}) "
+                         "for gradient caching; choose a batch size it divides.")
+    names = []
+
+    def remat_call(chunk):
+        # Only floating tensors cross the remat boundary (TensorFlow's `recompute_grad` differentiates
+        # every argument); token ids and masks are bound to the chunk's function.
+        floating = [k for k, value in enumerate(chunk) if "float" in keras.backend.standardize_dtype(value.dtype)]
+
+        def step(*floats):
+            arrays = list(chunk)
+            for k, value in zip(floating, floats):
+                arrays[k] = value
+            outputs = compute(dict(zip(keys, arrays)) if keys else arrays[0])
+            names[:] = list(outputs)
+            return tuple(outputs[name] for name in names)
+
+        return keras.remat(step)(*(chunk[k] for k in floating))
+
+    parts = [remat_call([value[start:start + micro_batch_size] for value in values])
+             for start in range(0, batch, micro_batch_size)]
+    return {name: ops.concatenate([part[k] for part in parts], axis=0) for k, name in enumerate(names)}
