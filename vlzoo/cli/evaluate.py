@@ -27,6 +27,7 @@ BENCHMARKS = {
     "coco_order": ("optional", "aro"),
     "flickr30k_order": ("optional", "aro"),
     "voc2012": ("unused", "segmentation"),
+    "shapes": ("unused", "shapes"),
 }
 
 
@@ -67,16 +68,19 @@ def register(sub):
         "              en_core_web_sm for two of the four shuffles; --seed (default 1, as the authors)\n"
         "  voc2012     --data: VOCdevkit/VOC2012 (JPEGImages/, SegmentationClass/, ImageSets/); zero-shot\n"
         "              segmentation mIoU of the patch embeddings (FILIP, SPARC), --background, --candidates\n"
+        "  shapes      no --data: SugarCrepe's and ARO's hard-negative types on held-out synthetic\n"
+        "              shapes scenes (vlzoo.evaluation.shapes_compositional; --seed, default 0)\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
         "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).",
         ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
          "--images coco/val2017",
-         "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json"],
+         "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json",
+         "vlzoo eval --preset sparo_shapes --benchmark shapes"],
     )
     _add_preset(p)
     p.add_argument("--benchmark", required=True, choices=tuple(BENCHMARKS), help="which benchmark --data holds")
-    p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's folder (see above)")
+    p.add_argument("--data", default=None, metavar="DIR", help="the benchmark's folder (see above; all but shapes)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
                    "images' root (required)")
@@ -91,8 +95,9 @@ def register(sub):
     p.add_argument("--candidates", default="all", choices=("all", "present"),
                    help="voc2012: each pixel chooses among all classes (default) or its image's own ones "
                    "(SPARC's 'given a text label')")
-    p.add_argument("--seed", type=_non_negative_int, default=1,
-                   help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors')")
+    p.add_argument("--seed", type=_non_negative_int, default=None,
+                   help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors'); "
+                   "shapes: of the scenes and negatives (default: 0)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the towers' dtype policy (default: float32); scores are float32 either way")
@@ -114,7 +119,7 @@ def _read(args):
         return [getattr(aro, name)(args.data)]
     if name in aro.ORDER_FILES:
         try:
-            return [getattr(aro, name)(args.data, images=args.images, seed=args.seed)]
+            return [getattr(aro, name)(args.data, images=args.images, seed=1 if args.seed is None else args.seed)]
         except ImportError as error:
             raise UsageError("--benchmark", str(error)) from None
     if name == "sugarcrepe":
@@ -131,16 +136,22 @@ def _read(args):
 
 def run(args, out):
     _check_preset(args.preset)
-    _check_file(args.data, "--data", "folder")
     images, task = BENCHMARKS[args.benchmark]
+    if task == "shapes":
+        if args.data is not None:
+            raise UsageError("--data", "shapes builds its scenes itself; it reads no files")
+    elif args.data is None:
+        raise UsageError("--data", f"{args.benchmark} needs the folder of its files")
+    else:
+        _check_file(args.data, "--data", "folder")
     if args.images is not None and images == "unused":
         raise UsageError("--images", f"{args.benchmark} reads its images from --data")
     if args.images is None and images == "required":
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
     with _naming("--data"):
-        chosen = _read(args)
+        chosen = [None] if task == "shapes" else _read(args)
     # heavy: imports a backend
-    from vlzoo.evaluation import aro, benchmarks, results, segmentation
+    from vlzoo.evaluation import aro, benchmarks, results, segmentation, shapes_compositional
     from vlzoo.evaluation.templates import read_templates
 
     if task in ("classification", "segmentation"):
@@ -156,6 +167,12 @@ def run(args, out):
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
     records = []
     for benchmark in chosen:
+        if task == "shapes":
+            outcome = shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties,
+                                                    batch_size=args.batch_size)
+            records += [results.benchmark_record(result, args.preset, pretrained=source,
+                                                 dtype=model.dtype_policy.name) for result in outcome]
+            continue
         if task == "classification":
             print(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
                   f"{len(benchmark.class_names)} classes, {len(templates)} template(s)", file=out)

@@ -1,5 +1,6 @@
 """Input pipelines (image-text pairs from caption files or webdataset tar shards) and the
-synthetic compositional shapes dataset (`vlzoo.data.shapes`).
+synthetic compositional shapes dataset (`vlzoo.data.shapes`, its hard negatives in
+`vlzoo.data.shapes_negatives`).
 
 `image_text_dataset` builds a `tf.data.Dataset` of `{"images": float32 (B, H, W, 3),
 "token_ids": int32 (B, T), "padding_mask": bool (B, T)}` batches that `model.fit`

@@ -18,6 +18,8 @@ gives the same bytes on every machine and backend.
   class, for zero-shot classification; what `vlzoo demo` trains and evaluates on.
 - `retrieval_scenes(split)`: one image of each distinct two-object scene of a split
   (captions that no other image of the set satisfies), for retrieval recall.
+- Hard negative captions of SugarCrepe's and ARO's types on held-out scenes:
+  `vlzoo.data.shapes_negatives`, scored by `vlzoo.evaluation.shapes_compositional`.
 - The fixed held-out benchmark the bundled `*_shapes` presets report (retrieval
   R@1/R@5, binding accuracy per swap, zero-shot accuracy) is
   `vlzoo.evaluation.shapes_benchmark.evaluate(model)`.

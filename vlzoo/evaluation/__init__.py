@@ -15,8 +15,9 @@
   VG-Attribution, COCO / Flickr30k-Order) and `segmentation` (PASCAL VOC 2012
   zero-shot segmentation from per-patch embeddings); `results`:
   clip_benchmark's result schema and a Markdown table.
-* `slots` (SPARO's per-slot zero-shot accuracy and post-hoc slot selection) and
-  `shapes_benchmark` (what the bundled `*_shapes` presets report): modules.
+* `slots` (SPARO's per-slot zero-shot accuracy and post-hoc slot selection),
+  `shapes_benchmark` (what the bundled `*_shapes` presets report) and
+  `shapes_compositional` (SugarCrepe's and ARO's negative types on shapes scenes): modules.
 * `IMAGENET_TEMPLATES` (CLIP's 80), `SIMPLE_TEMPLATES` (CLIP's 7),
   `DEFAULT_TEMPLATES`, `build_prompts`.
 
