@@ -47,9 +47,12 @@ def register(sub):
                    "constant (default: %(default)s)")
     p.add_argument("--warmup-steps", type=_non_negative_int, default=0,
                    help="linear warm-up steps from 0 to --learning-rate (default: %(default)s)")
+    p.add_argument("--micro-batch-size", type=_positive_int, default=None, metavar="M",
+                   help="gradient caching: run the towers M pairs at a time (a micro-batch's activation memory) "
+                   "while the loss contrasts the whole --batch-size exactly; --batch-size must be a multiple of M")
     p.add_argument("--gradient-accumulation-steps", type=_positive_int, default=None, metavar="N",
                    help="average the gradients of N batches per optimizer update (less memory, but each "
-                   "batch's loss only contrasts its own pairs; default: no accumulation)")
+                   "batch's loss only contrasts its own pairs: prefer --micro-batch-size; default: none)")
     for tower in ("image", "text"):
         p.add_argument(f"--lock-{tower}", action="store_true",
                        help=f"lock the {tower} tower (LiT; vlzoo.training.lock_tower): its weights do not train")
@@ -92,6 +95,8 @@ def run(args, out):
         if getattr(args, f"lock_{tower}_unlocked_groups") and not getattr(args, f"lock_{tower}"):
             raise UsageError(f"--lock-{tower}-unlocked-groups", f"needs --lock-{tower}")
 
+    if args.micro_batch_size is not None and args.batch_size % args.micro_batch_size:
+        raise UsageError("--micro-batch-size", f"{args.micro_batch_size} does not divide --batch-size {args.batch_size}")
     if args.lora_rank is None and args.save_adapters is not None:
         raise UsageError("--save-adapters", "needs --lora-rank")
     steps = args.steps_per_epoch
@@ -123,12 +128,14 @@ def run(args, out):
     configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
               alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
               gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None,
+              micro_batch_size=args.micro_batch_size,
               lock_image=args.lock_image, lock_image_unlocked_groups=args.lock_image_unlocked_groups,
               lock_text=args.lock_text, lock_text_unlocked_groups=args.lock_text_unlocked_groups)
     print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
           f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
           f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
-          f"gradient accumulation {args.gradient_accumulation_steps or 1}, remat {args.remat}, "
+          f"gradient accumulation {args.gradient_accumulation_steps or 1}, "
+          f"micro-batch {args.micro_batch_size or args.batch_size}, remat {args.remat}, "
           f"{model.count_params() - sum(math.prod(v.shape) for v in model.trainable_weights):,} parameters locked, "
           f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, shuffle=False,
