@@ -29,6 +29,15 @@ def test_peak_memory_is_measured_from_its_baseline(bench):
     assert 384 - 16 <= growing.peak_mb <= 384 + 64, growing.peak_mb
 
 
+def test_accelerator_cases_leave_out_the_cpu_runs(bench):
+    # On a GPU: the roofline matmul at N = 8192 (2048 on the CPU), no XLA:CPU option or retained host memory.
+    for on_gpu, size in ((False, 2048), (True, 8192)):
+        todo = list(bench.cases(["open_clip", "precision"], False, on_gpu))
+        assert {c["N"] for c in todo if c.get("task") == "matmul"} == {size}
+        assert any(c.get("xla_flags") for c in todo) != on_gpu
+        assert any(c.get("retain_host_memory") for c in todo) != on_gpu
+
+
 @run_once
 def test_bench_quick_run_writes_results(tmp_path, repo_root):
     result = subprocess.run(

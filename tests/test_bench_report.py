@@ -46,3 +46,19 @@ def test_from_json_writes_into_the_page(tmp_path, repo_root, report):
     subprocess.run([sys.executable, os.path.join(repo_root, "tools", "bench.py"), "--from-json",
                     str(tmp_path / "bench.json"), "--markdown", str(page)], check=True, capture_output=True)
     assert page.read_text() == report.render_into(_page(report, "old\n"), RESULTS)
+
+
+def test_an_accelerator_run_goes_to_its_own_section_with_device_memory(report):
+    gpu = dict(RESULTS, machine="NVIDIA H100 80GB HBM3 (jax); host: test CPU", accelerators={"jax": "NVIDIA H100"},
+               rows=[dict(RESULTS["rows"][0], result=dict(RESULTS["rows"][0]["result"], device_peak_mb=777.0))])
+    page = _page(report, "cpu figures\n") + f"{report.GPU_SECTION_BEGIN}\nold gpu\n{report.GPU_SECTION_END}\n"
+    text = report.render_into(page, gpu)
+    assert text.split(report.GPU_SECTION_BEGIN)[0] == page.split(report.GPU_SECTION_BEGIN)[0]  # the CPU run's stays
+    section = text.split(report.GPU_SECTION_BEGIN)[1].split(report.GPU_SECTION_END)[0]
+    assert "old gpu" not in section and "NVIDIA H100 80GB HBM3" in section
+    # The accelerator's peak, labelled so, in place of the host's (120.0 MB).
+    assert "peak accelerator memory (MB)" in section and "| 777.0 |" in section and "120.0" not in section
+    # A CPU run (no accelerator found) still writes the CPU section, with the host's peak.
+    cpu = report.render_into(text, dict(RESULTS, accelerators={"jax": None}))
+    assert "| 120.0 |" in cpu.split(report.SECTION_BEGIN)[1] and cpu.split(report.GPU_SECTION_BEGIN)[1] == \
+        text.split(report.GPU_SECTION_BEGIN)[1]

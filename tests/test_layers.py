@@ -8,7 +8,7 @@ from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
-from vlzoo.layers.transformer import _scannable, apply_blocks, transformer_stack
+from vlzoo.layers.transformer import _flash_attention, _scannable, apply_blocks, transformer_stack
 
 
 def _randomise(layer, seed=0, scale=0.2):
@@ -219,3 +219,15 @@ def test_get_config_round_trip(make):
     layer = make()
     clone = type(layer).from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+def test_flash_attention_only_for_lengths_cudnns_backward_takes():
+    # On JAX, Keras would pick cuDNN's flash attention on a GPU after an inference-only check; its
+    # backward pass refuses lengths that are not multiples of 64 (a ViT-B/16's 197 tokens, CLIP's 77).
+    def heads(length):
+        return keras.KerasTensor((2, length, 4, 8))
+
+    jax = keras.backend.backend() == "jax"
+    assert _flash_attention(heads(197), heads(197)) is (False if jax else None)
+    assert _flash_attention(heads(256), heads(77)) is (False if jax else None)
+    assert _flash_attention(heads(256), heads(128)) is None

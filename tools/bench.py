@@ -13,6 +13,13 @@ a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown t
 PATH` also writes them into a Markdown page: between its marked lines when it has them (as
 `docs/benchmarks.md`, whose prose stays), else as a whole page (`tools/bench_report.py`).
 
+On a GPU (each backend is asked which device it computes on, `accelerator`), the cases run there:
+vlzoo's and open_clip's inputs and open_clip's model go to the device first, repeats are timed until
+their results are ready (`wait_for`), and each case also reports its peak accelerator memory
+(`DevicePeakMemory`), shown in place of the host's. The roofline matmul grows to N = 8192, the
+XLA:CPU option and retained-host-memory runs are left out, and the results go to the page's own
+marked section for accelerator runs, leaving the CPU run's in place.
+
 Entries:
   open_clip    vlzoo against open_clip on the same weights (open_clip's
                ViT-B-16-quickgelu, random init, converted with
@@ -69,6 +76,7 @@ import numpy as np
 
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no package (loaded from a path)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from bench_device import DevicePeakMemory, accelerator, to_accelerator, wait_for  # noqa: E402
 from bench_report import (  # noqa: E402,F401  (the report tables; re-exported for scripts that read them here)
     BF16_USABLE, INFERENCE_TARGET, PEER_TARGETS, bf16_plan, describe, markdown, memory_table, not_run,
     open_clip_table, page, peer_target, precision_table, render_into, rooflines,
@@ -85,6 +93,7 @@ PRECISION_TASKS = {"encode_image": ("float32", "bfloat16"), "train_step": ("floa
 # its custom-call form, and XNNPACK (whole program, or its dot fusions only).
 JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_custom_call=true",
                  "--xla_cpu_use_xnnpack=true", "--xla_cpu_experimental_xnn_fusion_type=dot")
+GPU_MATMUL_SIZE = 8192  # the precision entry's roofline matmul on an accelerator (N = 2048 on the CPU)
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Per-family arguments on top of the CLIP towers (dicts merge into the tower's).
 STEP_FAMILY_ARGS = {
@@ -183,7 +192,7 @@ def _block(result):
 
     def to_numpy(x):
         if hasattr(x, "detach"):  # a torch tensor (open_clip's); numpy has no bfloat16
-            return x.detach().float().numpy() if x.is_floating_point() else x.detach().numpy()
+            return x.detach().float().cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
         return keras.ops.convert_to_numpy(x)
 
     return [to_numpy(x) for x in keras.tree.flatten(result)]
@@ -317,7 +326,7 @@ def _family_step(family, towers, batch_size):
     model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
                           model.text.vocabulary_size)
-    return (lambda x: model.train_on_batch(x)), (batch,)
+    return (lambda x: model.train_on_batch(x)), (to_accelerator(batch),)
 
 
 def _train_steps(case):
@@ -341,8 +350,9 @@ def _open_clip_steps(case):
     Precision: vlzoo's model takes the dtype policy `case["dtype"]` (default
     float32); open_clip runs once per entry of `case["peer_precisions"]`
     (default `["float32"]`): "float32" plainly, "bfloat16" under
-    `torch.autocast("cpu", torch.bfloat16)` (its mixed precision), in that
-    order after vlzoo's step.
+    `torch.autocast(device, torch.bfloat16)` (its mixed precision), in that
+    order after vlzoo's step. open_clip runs on CUDA when vlzoo's backend
+    computes on an accelerator and PyTorch sees one, else on the CPU.
     """
     import contextlib
 
@@ -359,20 +369,21 @@ def _open_clip_steps(case):
     text_cfg = config["text_cfg"]
     batch = _random_batch(case["batch_size"], config["vision_cfg"]["image_size"], text_cfg["context_length"],
                         text_cfg["vocab_size"])
-    images = torch.from_numpy(batch["images"]).permute(0, 3, 1, 2).contiguous()
-    ids = torch.from_numpy(batch["token_ids"]).long()
+    device = torch.device("cuda" if accelerator() and torch.cuda.is_available() else "cpu")
+    images = torch.from_numpy(batch["images"]).permute(0, 3, 1, 2).contiguous().to(device)
+    ids = torch.from_numpy(batch["token_ids"]).long().to(device)
     task, steps = case["task"], {}
     if case.get("only") != "open_clip":
-        model = from_open_clip(peer, dtype=case.get("dtype"))
+        model, inputs = from_open_clip(peer, dtype=case.get("dtype")), to_accelerator(batch)
         if task == "train_step":
             model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5, weight_decay=0.1))
-            steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (batch,)
+            steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (inputs,)
         else:
-            texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
+            texts = {k: inputs[k] for k in ("token_ids", "padding_mask")}
             if task.startswith("predict"):
-                steps["vlzoo"] = model.predict_on_batch, ({"images": batch["images"]} if "image" in task else texts,)
+                steps["vlzoo"] = model.predict_on_batch, ({"images": inputs["images"]} if "image" in task else texts,)
             else:
-                encode, arg = ((model.encode_image, batch["images"]) if task == "encode_image" else
+                encode, arg = ((model.encode_image, inputs["images"]) if task == "encode_image" else
                                (model.encode_text, texts))
                 if keras.backend.backend() == "torch":  # as open_clip's: no autograd graph at inference
                     def encode_no_grad(x, encode=encode):
@@ -383,11 +394,13 @@ def _open_clip_steps(case):
                 else:
                     steps["vlzoo"] = encode, (arg,)
     peers = [] if case.get("only") == "vlzoo" else case.get("peer_precisions", ["float32"])
+    if peers:  # after the conversion, which reads the weights on the host
+        peer.to(device)
     for precision in peers:
         def autocast(precision=precision):
             if precision == "float32":
                 return contextlib.nullcontext()
-            return torch.autocast("cpu", dtype=getattr(torch, precision))
+            return torch.autocast(device.type, dtype=getattr(torch, precision))
 
         if task == "train_step":
             loss_fn = open_clip.ClipLoss()
@@ -439,10 +452,14 @@ CASE_BUILDERS = {
 }
 
 
-def _timed(step, args):
-    """`(seconds, outputs as numpy)` of one call, waiting for its results."""
+def _timed(step, args, fetch=True):
+    """`(seconds, outputs as numpy)` of one call, waiting for its results.
+
+    `fetch=False` only waits for them on an accelerator (`wait_for`; outputs None): the time of the call,
+    not of copying its outputs to the host.
+    """
     start = time.perf_counter()
-    outputs = _block(step(*args))
+    outputs = _block(step(*args)) if fetch else wait_for(step(*args))
     return time.perf_counter() - start, outputs
 
 
@@ -469,17 +486,21 @@ def run_case(case):
     neighbouring calls. `compile_s` is the first call's time above the median
     (tracing and compilation). `peak_mb` is the peak resident memory of all
     the calls above the resident set once the inputs are built
-    (`PeakMemory`): it is one framework's only in single-step cases.
+    (`PeakMemory`): it is one framework's only in single-step cases. On an
+    accelerator the repeats are timed until their results are ready on the
+    device, and `device_peak_mb` is the same peak in accelerator memory
+    (`DevicePeakMemory`).
     """
     if case["entry"] not in CASE_BUILDERS:
         raise ValueError(f"Unknown entry {case['entry']!r}; expected one of {ENTRIES}.")
     steps = CASE_BUILDERS[case["entry"]](case)
-    with PeakMemory() as memory:
+    fetch = accelerator() is None  # on the CPU the repeats copy their outputs too, as they always did
+    with PeakMemory() as memory, DevicePeakMemory() as device_memory:
         first = [_timed(step, args) for step, args in steps]
         times = [[] for _ in steps]
         for _ in range(case["repeats"]):
             for (step, args), record in zip(steps, times):
-                record.append(_timed(step, args)[0])
+                record.append(_timed(step, args, fetch)[0])
     medians = [statistics.median(t) for t in times]
     result = {
         "first_call_s": round(first[0][0], 3),
@@ -487,6 +508,8 @@ def run_case(case):
         "median_s": round(medians[0], 4),
         "peak_mb": round(memory.peak_mb, 1),
     }
+    if device_memory.peak_mb is not None:
+        result.update(device=accelerator(), device_peak_mb=round(device_memory.peak_mb, 1))
     for k, name in enumerate(baselines(case)[:len(steps) - 1], start=1):
         ratios = [a / b for a, b in zip(times[0], times[k])]
         result.update({
@@ -528,7 +551,7 @@ def open_clip_flops(config, task, batch_size):
     return batch_size * per_item
 
 
-def cases(entries, quick):
+def cases(entries, quick, on_accelerator=False):
     repeats = 2 if quick else 3
     for entry in entries:
         if entry == "open_clip":
@@ -541,13 +564,13 @@ def cases(entries, quick):
                 if task == "train_step" or (task == "encode_image" and not quick):
                     yield dict(common, only="vlzoo", repeats=1)
                     yield dict(common, only="open_clip", repeats=1, once=True)
-                if task == "train_step":  # again, with `vlzoo.training.retain_host_memory()` in the process
+                if task == "train_step" and not on_accelerator:  # again, with `retain_host_memory()` in the process
                     yield dict(common, repeats=repeats, retain_host_memory=True)
         elif entry == "precision":
-            size = 256 if quick else 2048
+            size = 256 if quick else GPU_MATMUL_SIZE if on_accelerator else 2048
             for dtype in PRECISIONS:
                 yield dict(entry=entry, task="matmul", N=size, dtype=dtype, flops=2 * size**3, repeats=repeats + 2)
-            for flags in ([] if quick else JAX_CPU_FLAGS):
+            for flags in ([] if quick or on_accelerator else JAX_CPU_FLAGS):
                 yield dict(entry=entry, task="matmul", N=size, dtype="bfloat16", flops=2 * size**3,
                            repeats=repeats + 2, xla_flags=flags, jax_only=True)
             peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
@@ -586,12 +609,31 @@ def _open_clip_config(name):
     return open_clip_model_config(name)
 
 
+def _backend_env(backend):
+    """A `backend` process's environment; JAX takes GPU memory as needed (not 75% at start: open_clip's too)."""
+    return dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+                XLA_PYTHON_CLIENT_PREALLOCATE=os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false"))
+
+
+def accelerators(backends):
+    """`{backend: accelerator name or None}`, each read in a fresh process of that backend (`accelerator`)."""
+    found = {}
+    for backend in backends:
+        proc = subprocess.run([sys.executable, __file__, "--accelerator"], env=_backend_env(backend),
+                              capture_output=True, text=True, timeout=600)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("ACCELERATOR ")]
+        if not lines:
+            raise RuntimeError(f"Could not ask the {backend} backend for its device: {proc.stderr.strip()[-2000:]}")
+        found[backend] = json.loads(lines[-1][len("ACCELERATOR "):])
+    return found
+
+
 def run_in_subprocess(cases, backend, timeout):
     """Runs `cases` (a list) one after another in one fresh process of `backend`: their results, in order.
 
     `timeout` is per case. A case that fails, and those after it, get `{"error": [last line]}`.
     """
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env = _backend_env(backend)
     flags = {case.get("xla_flags") for case in cases} - {None}
     if flags:
         (flag,) = flags  # process-wide: cases with XLA flags run alone (`shares_process`)
@@ -645,7 +687,13 @@ def main(argv=None):
     parser.add_argument("--from-json", metavar="BENCH_JSON",
                         help="run nothing: render this bench.json (to --markdown PATH, or print it)")
     parser.add_argument("--cases", help=argparse.SUPPRESS)
+    parser.add_argument("--accelerator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.accelerator:
+        import vlzoo  # noqa: F401  (as in a case's process)
+
+        print("ACCELERATOR " + json.dumps(accelerator()), flush=True)
+        return 0
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
@@ -665,23 +713,30 @@ def main(argv=None):
         return 0
     from vlzoo.host import describe_host  # imports Keras and its backend: not for --from-json
 
+    found = accelerators(args.backends)
     machine = describe_host()
+    if any(found.values()):
+        on = ", ".join(f"{name} ({backend})" for backend, name in found.items())
+        machine = f"{on}; host: {machine}"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
-    todo = [(case, backend) for case in cases(args.entries, args.quick)
+    todo = [(case, backend) for case in cases(args.entries, args.quick, any(found.values()))
             for backend in (args.backends[:1] if case.get("once") else args.backends)
             if not case.get("jax_only") or backend == "jax"]
     pending = []  # (row, case) waiting for their process: one case, or a --quick run of several
+    results = {"machine": machine, "accelerators": found, "date": started, "rows": rows}
+    os.makedirs(args.out, exist_ok=True)
 
-    def run_pending():
+    def run_pending():  # then bench.json as it stands, which a run stopped before its end leaves behind
         if pending:
-            results = run_in_subprocess([case for _, case in pending], pending[0][0]["backend"], args.timeout)
-            for (row, _), result in zip(pending, results):
+            done = run_in_subprocess([case for _, case in pending], pending[0][0]["backend"], args.timeout)
+            for (row, _), result in zip(pending, done):
                 row["result"] = dict(result, **row["result"])
                 rows.append(row)
                 print(f"    {row['entry']} {row['backend']}: {row['result']}", flush=True)
             pending.clear()
+        write_text(os.path.join(args.out, "bench.json"), json.dumps(results, indent=2))
 
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
@@ -701,10 +756,6 @@ def main(argv=None):
         if not args.quick:  # a fresh process per case
             run_pending()
     run_pending()
-    os.makedirs(args.out, exist_ok=True)
-    results = {"machine": machine, "date": started, "rows": rows}
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(results, f, indent=2)
     table = markdown(rows, machine)
     write_text(os.path.join(args.out, "bench.md"), table)
     if args.markdown:

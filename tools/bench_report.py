@@ -6,6 +6,9 @@
 `page(results)` is a whole Markdown page of one `bench.json` (`{"machine": ..., "date": ..., "rows":
 [...]}`), and `render_into(text, results)` rewrites only the marked section of an existing page (how
 `make bench` keeps `docs/benchmarks.md`'s latest run current under its hand-written prose).
+A run on an accelerator (`bench.json`'s `accelerators`) shows each case's peak accelerator memory
+(`device_peak_mb`) in place of the host's and goes to the page's own marked section
+(`GPU_SECTION_BEGIN` / `GPU_SECTION_END`), so the CPU run's section stays.
 `bf16_plan` reads the measured matmul rooflines (`rooflines`) to decide which bfloat16 runs are worth
 running. Nothing here runs a benchmark or imports a framework.
 """
@@ -61,6 +64,16 @@ def describe(row):
     return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
 
 
+def peak_mb(result):
+    """A case's peak memory in MB: the accelerator's where it ran on one, else the host's ("" if unmeasured)."""
+    return result.get("device_peak_mb", result.get("peak_mb", ""))
+
+
+def memory_kind(rows):
+    """`"accelerator "` when the rows' peak memory is the accelerator's (`peak_mb`), else `""`: for the headers."""
+    return "accelerator " if any("device_peak_mb" in row["result"] for row in rows) else ""
+
+
 def peer_target(task, backend):
     """vlzoo's required throughput over open_clip's for `task` on `backend` (issue 8's CPU targets)."""
     return PEER_TARGETS.get(task, {}).get(backend, INFERENCE_TARGET)
@@ -75,7 +88,7 @@ def open_clip_table(rows):
     alone = {(row["task"], row["only"], row["backend"] if row["only"] == "vlzoo" else None): row["result"]
              for row in rows if row["entry"] == "open_clip" and "only" in row}
     out = ["| task | backend | vlzoo items/s | open_clip items/s | vlzoo / open_clip | target | compile (s) "
-           "| peak MB: vlzoo | open_clip | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           f"| peak {memory_kind(rows)}MB: vlzoo | open_clip | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in paired:
         r, b = row["result"], row["batch_size"]
         retained = row.get("retain_host_memory", False)
@@ -84,7 +97,7 @@ def open_clip_table(rows):
             out.append(f"| {task} | {row['backend']} | error: {r['error']} | | | | | | | |")
             continue
         # Memory alone was measured with the default allocator settings only.
-        memory = [alone.get((row["task"], side, key), {}).get("peak_mb", "") if not retained else ""
+        memory = [peak_mb(alone.get((row["task"], side, key), {})) if not retained else ""
                   for side, key in (("vlzoo", row["backend"]), ("open_clip", None))]
         ratio = 1 / r["vs_open_clip"]
         target = peer_target(row["task"], row["backend"])
@@ -102,10 +115,11 @@ def memory_table(rows):
     sizes = sorted({row["B"] for row in memory})
     if not memory:
         return []
-    out = ["| loss (forward + backward) | backend | " + " | ".join(f"B={b}" for b in sizes) + " |",
+    out = [f"| loss (forward + backward), peak {memory_kind(memory)}memory | backend | "
+           + " | ".join(f"B={b}" for b in sizes) + " |",
            "|---|---|" + "---:|" * len(sizes)]
     for key in dict.fromkeys((row["loss"], row["backend"]) for row in memory):
-        peaks = {row["B"]: row["result"]["peak_mb"] for row in memory if (row["loss"], row["backend"]) == key}
+        peaks = {row["B"]: peak_mb(row["result"]) for row in memory if (row["loss"], row["backend"]) == key}
         first = next(row for row in memory if (row["loss"], row["backend"]) == key)
         label = describe(first).replace(f", B={first['B']}", "")
         out.append(f"| {label} | {key[1]} | " + " | ".join(f"{peaks.get(b, '')} MB" for b in sizes) + " |")
@@ -153,7 +167,8 @@ def markdown(rows, machine):
     out = [f"Machine: {machine}", ""] + open_clip_table(rows) + precision_table(rows) + memory_table(rows)
     others = [row for row in rows if row["entry"] not in ("open_clip", "precision")]
     if others:
-        out += ["| entry | backend | case | first call (s) | median (s) | peak memory (MB) | CLIP median (s) | time / CLIP |",
+        out += [f"| entry | backend | case | first call (s) | median (s) | peak {memory_kind(others)}memory (MB) "
+                "| CLIP median (s) | time / CLIP |",
                 "|---|---|---|---:|---:|---:|---:|---:|"]
     for row in others:
         r = row["result"]
@@ -161,7 +176,7 @@ def markdown(rows, machine):
         if "error" in r:
             out.append(f"{head} error: {r['error']} | | | | |")
         else:
-            out.append(f"{head} {r['first_call_s']} | {r['median_s']} | {r['peak_mb']} | "
+            out.append(f"{head} {r['first_call_s']} | {r['median_s']} | {peak_mb(r)} | "
                        f"{r.get('clip_median_s', '')} | {r.get('vs_clip', '')} |")
     return "\n".join(out) + "\n"
 
@@ -174,9 +189,19 @@ def not_run(rows):
     return None
 
 
-# `docs/benchmarks.md` keeps its prose; the tool rewrites only what lies between these lines.
+# `docs/benchmarks.md` keeps its prose; the tool rewrites only what lies between these lines (a CPU
+# run's, or an accelerator run's).
 SECTION_BEGIN = "<!-- written by tools/bench.py from bench.json: begin -->"
 SECTION_END = "<!-- written by tools/bench.py from bench.json: end -->"
+GPU_SECTION_BEGIN = "<!-- written by tools/bench.py from an accelerator run's bench.json: begin -->"
+GPU_SECTION_END = "<!-- written by tools/bench.py from an accelerator run's bench.json: end -->"
+
+
+def markers(results):
+    """`(begin, end)`: the marked lines of `results`' section, the accelerator run's when it ran on one."""
+    if any((results.get("accelerators") or {}).values()):
+        return GPU_SECTION_BEGIN, GPU_SECTION_END
+    return SECTION_BEGIN, SECTION_END
 
 
 def section(results):
@@ -198,10 +223,12 @@ def page(results, title="vlzoo benchmarks"):
 
 
 def render_into(text, results):
-    """`text` (a Markdown page) with `section(results)` between `SECTION_BEGIN` and `SECTION_END`;
+    """`text` (a Markdown page) with `section(results)` between its `markers(results)` (a CPU run's
+    `SECTION_BEGIN` / `SECTION_END`, an accelerator run's `GPU_SECTION_BEGIN` / `GPU_SECTION_END`);
     the whole `page(results)` when `text` is None or has no such lines."""
-    if text is None or SECTION_BEGIN not in text or SECTION_END not in text:
+    begin, end = markers(results)
+    if text is None or begin not in text or end not in text:
         return page(results)
-    head, rest = text.split(SECTION_BEGIN, 1)
-    tail = rest.split(SECTION_END, 1)[1]
-    return f"{head}{SECTION_BEGIN}\n{section(results)}{SECTION_END}{tail}"
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    return f"{head}{begin}\n{section(results)}{end}{tail}"
