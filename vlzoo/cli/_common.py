@@ -113,6 +113,22 @@ def _number(kind, allow_zero):
     return parse
 
 
+def _probability(closed):
+    """An argparse `type`: a number in [0, 1] (`closed`) or in (0, 1)."""
+    expected = "a number in [0, 1]" if closed else "a number in (0, 1)"
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}") from None
+        if not (0 <= value <= 1 if closed else 0 < value < 1):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+
+    return parse
+
+
 _positive_int = _number(int, allow_zero=False)
 _non_negative_int = _number(int, allow_zero=True)
 _positive_float = _number(float, allow_zero=False)

@@ -1,11 +1,9 @@
 """`vlzoo eval`: a benchmark read from its published layout, scored by any family."""
 
-import argparse
-
 from vlzoo import pretrained
 from vlzoo.cli._common import (
     UsageError, _add_command, _add_preset, _add_report_options, _check_file, _check_preset, _load_preset,
-    _naming, _non_negative_int, _positive_int, _write_json,
+    _naming, _non_negative_int, _positive_int, _probability, _write_json,
 )
 
 # --benchmark -> (what --images is to it: "unused", "optional" or "required", the task it runs)
@@ -33,15 +31,7 @@ BENCHMARKS = {
 
 def _background(text):
     """An argparse `type`: `ignore`, `prompts` or a probability in (0, 1)."""
-    if text in ("ignore", "prompts"):
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected ignore, prompts or a probability in (0, 1); got {text!r}")
-    return value
+    return text if text in ("ignore", "prompts") else _probability(closed=False)(text)
 
 
 def register(sub):

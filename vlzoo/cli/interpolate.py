@@ -1,19 +1,6 @@
 """`vlzoo interpolate`: a WiSE-FT weight-space ensemble of two presets, saved as a preset."""
 
-import argparse
-
-from vlzoo.cli._common import _add_command, _check_preset, _load_preset
-
-
-def _alpha(text):
-    """An argparse `type`: a number in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1]; got {text!r}")
-    return value
+from vlzoo.cli._common import _add_command, _check_preset, _load_preset, _probability
 
 
 def register(sub):
@@ -28,7 +15,7 @@ def register(sub):
     )
     p.add_argument("--zero-shot", required=True, metavar="NAME_OR_DIR", help="the preset before fine-tuning")
     p.add_argument("--finetuned", required=True, metavar="NAME_OR_DIR", help="the same preset after fine-tuning")
-    p.add_argument("--alpha", required=True, type=_alpha, metavar="A", help="the fine-tuned weights' share, in [0, 1]")
+    p.add_argument("--alpha", required=True, type=_probability(closed=True), metavar="A", help="the fine-tuned weights' share, in [0, 1]")
     p.add_argument("--out", required=True, metavar="DIR", help="preset directory to write")
     p.set_defaults(func=run)
 
