@@ -1,5 +1,7 @@
 """`vlzoo eval`: a benchmark read from its published layout, scored by any family."""
 
+import argparse
+
 from vlzoo import pretrained
 from vlzoo.cli._common import (
     UsageError, _add_command, _add_preset, _add_report_options, _check_file, _check_preset, _load_preset,
@@ -31,7 +33,12 @@ BENCHMARKS = {
 
 def _background(text):
     """An argparse `type`: `ignore`, `prompts` or a probability in (0, 1)."""
-    return text if text in ("ignore", "prompts") else _probability(closed=False)(text)
+    if text in ("ignore", "prompts"):
+        return text
+    try:
+        return _probability(closed=False)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected ignore, prompts or a number in (0, 1); got {text!r}") from None
 
 
 def register(sub):
