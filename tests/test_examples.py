@@ -1,11 +1,12 @@
-"""The notebooks of examples/ execute from top to bottom on the current backend.
+"""The notebooks and scripts of examples/ execute from top to bottom on the current backend.
 
 Each notebook's code cells run in order, in one namespace, in a fresh Python
 process (a notebook kernel would do the same; no Jupyter needed), with fewer
 fine-tuning steps than a user gets (`VLZOO_EXAMPLE_STEPS`). The quick start runs in
 every backend's pass; the others run once (`backend_utils.run_once`: the cross-backend
 notebook starts a process per backend itself; the fine-tuning and evaluation notebooks
-use the same public API that the rest of the suite tests on every backend).
+use the same public API that the rest of the suite tests on every backend). The
+fine-tuning recipes script runs in its `--quick` mode, also once.
 """
 
 import json
@@ -97,3 +98,35 @@ def test_zero_shot_evaluation():
                      "sparo_shapes": "EmbeddingMean", "llip_shapes": "ClassTextsMethod"}, out
     assert re.search(r"^all 8 slots top1 [01]\.\d{3}$", out, re.M), out
     assert re.search(r"^slots \[\d, \d, \d, \d\] top1 [01]\.\d{3}$", out, re.M), out
+
+
+@run_once
+def test_finetuning_recipes(tmp_path):
+    """The script prints the recipes' table and the WiSE-FT curve, and writes the plot and the numbers."""
+    environment = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "finetuning_recipes.py"), "--quick",
+                           "--out", str(tmp_path)], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    out = done.stdout
+    accuracy = r"([01]\.\d{3})"
+    rows = {name: (in_distribution, shifted) for name, in_distribution, shifted in re.findall(
+        rf"^\| ([^|]+?) \| [\d,]+(?: \([\d.]+%\))? \| {accuracy} \| {accuracy} \|$", out, re.M)}
+    assert list(rows) == ["zero-shot `clip_shapes`", "full fine-tuning", "LiT (image locked)", "LoRA (rank 8)"], out
+    trainable = dict(re.findall(r"^\| ([^|]+?) \| ([\d,]+)(?: \([\d.]+%\))? \| [01]\.", out, re.M))
+    # clip_shapes has 1,846,081 parameters. LiT locks the image tower's first 4 of 6 groups: patch embedding
+    # 4 * 4 * 3 * 64, class token 64, position embedding 65 * 64, pre-norm 2 * 64, then 3 blocks of width 64,
+    # MLP 256 (attention 4 * (64 * 64 + 64), 2 norms 4 * 64, MLP 64 * 256 + 256 + 256 * 64 + 64). LoRA rank 8
+    # on query and value of 4 image blocks and 4 text blocks (width 32): 4 * 2 * 8 * (64 + 64 + 32 + 32).
+    locked = 4 * 4 * 3 * 64 + 64 + 65 * 64 + 2 * 64 + 3 * (4 * (64 * 64 + 64) + 4 * 64 + 2 * 64 * 256 + 256 + 64)
+    assert trainable == {"zero-shot `clip_shapes`": "0", "full fine-tuning": "1,846,081",
+                         "LiT (image locked)": f"{1_846_081 - locked:,}", "LoRA (rank 8)": "12,288"}, out
+    curve = re.findall(rf"^\| (0|0\.25|0\.5|0\.75|1) \| {accuracy} \| {accuracy} \|$", out, re.M)
+    assert [alpha for alpha, _, _ in curve] == ["0", "0.25", "0.5", "0.75", "1"], out
+    # WiSE-FT's ends are the zero-shot and the fully fine-tuned models, bit for bit.
+    assert curve[0][1:] == rows["zero-shot `clip_shapes`"], out
+    assert curve[-1][1:] == rows["full fine-tuning"], out
+    results = json.load(open(tmp_path / "finetuning_recipes.json"))
+    assert [row["alpha"] for row in results["wise_ft"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    with open(tmp_path / "finetuning_wise_ft.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
