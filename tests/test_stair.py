@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import reference_towers as ref
-from backend_utils import value_and_grad
+from backend_utils import run_once, value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 
 from vlzoo import registry
@@ -25,6 +25,7 @@ from vlzoo.models.stair import STAIR
 from vlzoo.retrieval import top_terms
 from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
 
+EPOCHS = 16  # the learning test: 128 steps
 PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "stair"}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,8 +79,10 @@ def np_encode(model, batch):
 
 
 def tiny_stair(**overrides):
+    """A tiny STAIR whose `fit` trains the current stage (no one-`fit` schedule unless `stage_fractions` is given)."""
     config = dict(vision=dict(TINY_VISION, hidden_dim=48, intermediate_dim=96),
-                  text=dict(TINY_TEXT, intermediate_dim=80), excluded_token_ids=EXCLUDED, flops_warmup_steps=0)
+                  text=dict(TINY_TEXT, intermediate_dim=80), excluded_token_ids=EXCLUDED, flops_warmup_steps=0,
+                  stage_fractions=None)
     config.update(overrides)
     return STAIR(**config)
 
@@ -392,6 +395,137 @@ def test_fit_lowers_the_loss_in_each_stage(stage):
     assert np.isfinite(history.history["loss"]).all() and all(np.isfinite(to_numpy(v)).all() for v in model.weights)
     np.testing.assert_array_equal(to_numpy(model.encode_text(batch)["embeds"])[7], 0.0)
     assert after < 0.7 * before, (stage, before, after)
+
+
+# ------------------------------------------------------- three stages in one fit
+
+
+class _Record(keras.callbacks.Callback):
+    """The model's stage at every training step, and each stage's learning rate and optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages, self.rates, self.optimizers = [], [], []
+
+    def on_train_begin(self, logs=None):
+        self.rates.append(float(to_numpy(self.model.optimizer.learning_rate)))
+        self.optimizers.append(self.model.optimizer)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.stages.append(self.model.stage)
+
+
+def test_one_fit_switches_stages_at_the_configured_steps():
+    batch = tiny_batch(batch_size=8, seed=9)
+    model = tiny_stair(stage_fractions=(0.5, 0.25, 0.25), stage_learning_rate_factors=(1.0, 0.5, 0.1))
+    compiled = keras.optimizers.AdamW(learning_rate=1e-3)
+    model.compile(optimizer=compiled)
+    record = _Record()
+    history = model.fit(batch, batch_size=2, epochs=3, verbose=0, shuffle=False, callbacks=[record])
+    # 3 epochs of 4 steps: stages of round(12 * 0.5) = 6, round(12 * 0.75) - 6 = 3 and 3 steps.
+    assert record.stages == [1] * 6 + [2] * 3 + [3] * 3
+    assert int(to_numpy(model.global_step)) == 12 and int(to_numpy(model.stage_step)) == 3 and model.stage == 3
+    # Rows: stage 1 = one epoch and a half; stages 2 and 3 each one partial epoch (a new pass over the data).
+    assert history.history["stage"] == [1, 1, 2, 3] and len(history.history["loss"]) == 4
+    assert history.epoch == [0, 1, 2, 3] and model.history is history
+    # A fresh optimizer per stage (new state, `iterations` from 0), the rate times the stage's factor.
+    np.testing.assert_allclose(record.rates, [1e-3, 5e-4, 1e-4], rtol=1e-6)
+    assert len({id(o) for o in record.optimizers + [compiled]}) == 4
+    assert int(to_numpy(model.optimizer.iterations)) == 3
+    assert model.frozen_token_embeddings is None and model.vision.trainable
+    # A second fit goes on in stage 3: the schedule only starts from a fresh model.
+    record = _Record()
+    model.fit(batch, batch_size=4, epochs=1, verbose=0, callbacks=[record])
+    assert record.stages == [3, 3] and int(to_numpy(model.stage_step)) == 5
+
+
+def test_stage_optimizer_restarts_a_schedule_over_each_stage():
+    from vlzoo.models.stair_stages import stage_optimizer
+    from vlzoo.training import WarmupCosine
+
+    template = keras.optimizers.AdamW(WarmupCosine(1e-3, total_steps=1000, warmup_steps=4), weight_decay=0.1)
+    stage = stage_optimizer(template, 0.1, 30)
+    schedule = stage._learning_rate  # the schedule object (`learning_rate` is its current value)
+    assert isinstance(stage, keras.optimizers.AdamW) and stage is not template and stage.weight_decay == 0.1
+    assert (schedule.peak_learning_rate, schedule.total_steps, schedule.warmup_steps) == pytest.approx((1e-4, 30, 4))
+    assert template._learning_rate.total_steps == 1000  # the template is left as it was
+    with pytest.raises(ValueError, match="warm-up"):
+        stage_optimizer(template, 1.0, 4)
+    piecewise = keras.optimizers.SGD(keras.optimizers.schedules.PiecewiseConstantDecay([10], [1e-2, 1e-3]))
+    assert stage_optimizer(piecewise, 1.0, 20).get_config() == piecewise.get_config()
+    with pytest.raises(ValueError, match="stage_learning_rate_factors"):
+        stage_optimizer(piecewise, 0.1, 20)
+
+
+@run_once  # the checks run before any backend computes; the generator's run repeats the boundary test's
+def test_bad_stage_schedules_are_refused_by_name():
+    for fractions in ((0.5, 0.5), (0.5, 0.6, -0.1), (0.3, 0.3, 0.3), (0.5, 0.5, 0.0), "abc", (0.5, "x", 0.5)):
+        with pytest.raises(ValueError, match="stage_fractions"):
+            tiny_stair(stage_fractions=fractions)
+    for factors in ((1.0, 1.0, 0.0), (1.0, 1.0), (1.0, 1.0, float("nan"))):
+        with pytest.raises(ValueError, match="stage_learning_rate_factors"):
+            tiny_stair(stage_learning_rate_factors=factors)
+    batch = tiny_batch(batch_size=4, seed=1)
+    model = tiny_stair(stage_fractions=(0.25, 0.25, 0.5))
+    model.compile(optimizer="adamw")
+    with pytest.raises(ValueError, match="every stage needs at least one"):  # 2 steps for 3 stages
+        model.fit(batch, batch_size=2, epochs=1, verbose=0)
+
+    def batches():
+        while True:
+            yield (batch,)
+
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        model.fit(batches(), epochs=1, verbose=0, shuffle=False)
+    assert int(to_numpy(model.global_step)) == 0 and model.stage == 1  # nothing trained
+    # With `steps_per_epoch`, a generator runs the schedule: 4 steps, stages of 1, 1 and 2.
+    record = _Record()
+    model.fit(batches(), epochs=1, steps_per_epoch=4, verbose=0, shuffle=False, callbacks=[record])
+    assert record.stages == [1, 2, 3, 3]
+
+
+def test_set_stage_before_compile():
+    batch = tiny_batch(batch_size=4, seed=2)
+    model = tiny_stair(stage_fractions=(0.25, 0.25, 0.5))
+    model.set_stage(2, optimizer=keras.optimizers.SGD(learning_rate=0.5))  # compiles with it
+    assert model.compiled and model.stage == 2 and model.stage_fractions is None
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    frozen = weights_of([model.vision, model.image_head])
+    record = _Record()
+    model.fit(batch, batch_size=2, epochs=2, verbose=0, callbacks=[record])  # by hand: stage 2 only
+    assert record.stages == [2] * 4 and int(to_numpy(model.stage_step)) == 4
+    for a, b in zip(weights_of([model.vision, model.image_head]), frozen):
+        np.testing.assert_array_equal(a, b)
+    # Without an optimizer: the stage is set, the later compile trains it.
+    other = tiny_stair()
+    other.set_stage(3)
+    assert not other.compiled and other.stage == 3
+    other.compile(optimizer="adamw")
+    other.fit(batch, batch_size=4, epochs=1, verbose=0)
+    assert other.stage == 3 and int(to_numpy(other.stage_step)) == 1
+
+
+@pytest.mark.slow
+def test_one_fit_grounds_text_and_image_zero_shot_beats_chance():
+    """Plain compile + fit on 16 shape classes: stage 1 alone stays near chance (1/16), the schedule retrieves."""
+    from vlzoo.data import shapes
+    from vlzoo.evaluation.shapes_benchmark import zero_shot_metrics
+
+    keras.utils.set_random_seed(0)
+    text = dict(TINY_TEXT, intermediate_dim=80, vocabulary_size=45, sequence_length=6)  # the shapes words
+    model = tiny_stair(text=text, excluded_token_ids=[0, 1, 2, 3, 4], stage_fractions=(0.25, 0.25, 0.5))
+    model.tokenizer = WordPieceTokenizer(shapes.vocabulary(), sequence_length=6)
+    classes = dict(colors=["red", "green", "blue", "yellow"], shapes=["circle", "square", "triangle", "cross"])
+    train, test = shapes.classification(32, seed=0, **classes), shapes.classification(4, seed=1, **classes)
+    inputs = shapes.model_inputs(train["images"], train["captions"], model.tokenizer, model.preprocessor)
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-3))
+    history = model.fit(inputs, batch_size=64, epochs=EPOCHS, verbose=0)  # 8 steps per epoch
+    steps = EPOCHS * 8
+    assert model.stage == 3 and int(to_numpy(model.global_step)) == steps
+    assert int(to_numpy(model.stage_step)) == steps // 2 and history.history["stage"][-1] == 3
+    accuracy = zero_shot_metrics(model, model.preprocessor(test["images"]), test["labels"],
+                                 test["class_names"])["zero_shot_accuracy"]
+    assert accuracy >= 0.25, accuracy  # chance: 1 / 16; measured 0.41 (stage 1 alone: 0.11)
 
 
 def test_save_load_round_trip_in_stage_2(tmp_path):

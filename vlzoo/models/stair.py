@@ -9,6 +9,7 @@ from keras import ops
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
+from vlzoo.models import stair_stages
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, bundled_tokenizer
 
@@ -39,7 +40,7 @@ class STAIR(ContrastiveModel):
     `L_con + l_1(t) F(ENC_I) + l_2(t) F(ENC_T)` with the FLOPs regulariser
     `F` and SPLADE's quadratic ramp `l(t) = l * min(1, t / T)^2`.
 
-    Training stages (`set_stage`; the paper's three-stage schedule):
+    Training stages (the paper's three-stage schedule):
     1. everything trains; the text vector in the loss is masked to the ids of
        its own caption (`caption_mask`), so the image learns to put its
        weight on real words.
@@ -49,6 +50,20 @@ class STAIR(ContrastiveModel):
        bit-identical while the text tower (and `E_tok`) trains; no mask.
        The image FLOPs term is constant then: logged, left out of the loss.
     3. everything trains, no mask.
+
+    One `fit` trains all three (`stage_fractions`, 0.25 / 0.25 / 0.5 of its
+    steps as the paper's 300K / 300K / 600K) when it starts from a fresh
+    model (stage 1, `global_step` 0): each stage with a fresh optimizer
+    rebuilt from the compiled one (`stair_stages.stage_optimizer`: new
+    state, the rate times `stage_learning_rate_factors`, 0.1 in stage 3 as
+    the paper's 1e-4 for 1e-3, a schedule with `total_steps` restarted over
+    the stage). A boundary inside an epoch ends that epoch early and the
+    next stage starts a new pass over `x`; the returned history has one row
+    per (possibly partial) epoch and a `stage` entry. The run's length is
+    `epochs * steps_per_epoch` (from the data when it has a length; pass
+    `steps_per_epoch` for a generator). Callbacks see one `fit` per stage.
+    `set_stage` takes the stages by hand instead (it sets `stage_fractions`
+    to None); later `fit` calls then train the current stage only.
 
     Training logs, besides `loss`: `loss_con` (the contrastive term),
     `flops_img` / `flops_txt` (the regulariser values), `nnz_img` / `nnz_txt`
@@ -90,6 +105,11 @@ class STAIR(ContrastiveModel):
         cosine_epsilon: lower bound on the norms in the cosine (1e-6).
         num_chunks: vocabulary blocks of the heads' pooling (None: one).
         remat: rematerialise each block in the backward pass.
+        stage_fractions: shares of one `fit`'s steps for stages 1, 2, 3
+            (each > 0, sum 1; default (0.25, 0.25, 0.5)); None: no
+            schedule, `fit` trains the current stage.
+        stage_learning_rate_factors: multipliers of the compiled learning
+            rate per stage ((1, 1, 0.1)).
 
     `encode_image` / `encode_text` return `{"embeds": (B, V)}`, float32
     non-negative vectors; `vlzoo.retrieval.top_terms` reads their heaviest
@@ -98,7 +118,8 @@ class STAIR(ContrastiveModel):
     Example:
     >>> model = vlzoo.from_preset("stair_tiny")
     >>> top_terms(model.encode_image(images)["embeds"], k=5, tokenizer=model.tokenizer)[0]  # [("dog", 1.7), ...]
-    >>> model.set_stage(2); model.fit(dataset)   # re-compiles for the stage
+    >>> model.compile(optimizer="adamw"); model.fit(dataset, epochs=10)   # stages 1, 2, 3
+    >>> model.stage, model.history.history["stage"][-1]   # (3, 3)
     """
 
     family = "stair"
@@ -121,7 +142,8 @@ class STAIR(ContrastiveModel):
         image_flops_weight=1e-3, text_flops_weight=1e-3, flops_warmup_steps=50_000, restart_per_stage=False,
         stage2_image_embed="snapshot", stage1_flops_on="masked", excluded_token_ids="bert",
         zero_excluded=False, pool_include_cls=True, head_layer_norm_epsilon=1e-5, cosine_epsilon=1e-6,
-        num_chunks=None, remat=True, **kwargs,
+        num_chunks=None, remat=True, stage_fractions=stair_stages.STAGE_FRACTIONS,
+        stage_learning_rate_factors=stair_stages.STAGE_LEARNING_RATE_FACTORS, **kwargs,
     ):
         vocabulary_size = text["vocabulary_size"]
         if embed_dim is not None and embed_dim != vocabulary_size:
@@ -150,6 +172,8 @@ class STAIR(ContrastiveModel):
         self.cosine_epsilon = cosine_epsilon
         self.num_chunks = num_chunks
         self.remat = remat
+        self.stage_fractions = stair_stages.check_stage_fractions(stage_fractions)
+        self.stage_learning_rate_factors = stair_stages.check_learning_rate_factors(stage_learning_rate_factors)
         keep = np.ones((vocabulary_size,), "float32")
         keep[_excluded_ids(self.excluded_token_ids)] = 0.0
         self._keep = keep  # numpy: 0 at the excluded ids
@@ -194,31 +218,40 @@ class STAIR(ContrastiveModel):
         self.stage = stage
 
     def set_stage(self, stage, optimizer=None):
-        """Switches to training stage 1, 2 or 3 (see the class docstring).
+        """Switches to training stage 1, 2 or 3 by hand (see the class docstring).
 
         Entering stage 2 freezes the image tower and snapshots `E_tok` for
         its decoder; leaving it unfreezes the tower and drops the snapshot.
-        `stage_step` restarts at 0; `global_step` carries on. Keras fixes the
-        trainable variables at `compile` time, so a compiled model is
-        re-compiled here with the same arguments and `optimizer`, or by
-        default a fresh optimizer of the same config (its state and
-        `iterations` reset, so a learning-rate schedule restarts per stage;
-        pass the stage's own optimizer for stage 3's lower rate). Setting
-        the current stage again changes nothing (the stage-2 snapshot is
-        kept) unless an `optimizer` is given.
+        `stage_step` restarts at 0; `global_step` carries on. It turns the
+        one-`fit` schedule off (`stage_fractions = None`): `fit` then trains
+        the current stage. Keras fixes the trainable variables at `compile`
+        time, so a compiled model is re-compiled here with the same
+        arguments and `optimizer`, or by default a fresh optimizer of the
+        same config (its state and `iterations` reset, so a learning-rate
+        schedule restarts per stage; pass the stage's own optimizer for
+        stage 3's lower rate). A model not compiled yet is compiled with
+        `optimizer` when one is given; otherwise the later `compile` picks
+        the stage up. Setting the current stage again changes nothing (the
+        stage-2 snapshot is kept) unless an `optimizer` is given.
 
         Args:
             stage: 1, 2 or 3.
-            optimizer: optional optimizer for the re-compile.
+            optimizer: optional optimizer for the (re-)compile.
 
         Returns:
             The model.
 
         Example:
-        >>> model.set_stage(1); model.fit(data, epochs=...)
+        >>> model.set_stage(1, keras.optimizers.Lamb(1e-3)); model.fit(data, epochs=...)
         >>> model.set_stage(2); model.fit(data, epochs=...)
         >>> model.set_stage(3, keras.optimizers.Lamb(1e-4)); model.fit(data, epochs=...)
         """
+        self._switch_stage(stage, optimizer)
+        self.stage_fractions = None
+        return self
+
+    def _switch_stage(self, stage, optimizer=None):
+        """`set_stage` without turning the schedule off."""
         if stage not in STAGES:
             raise ValueError(f"`stage` must be one of {STAGES}; received {stage!r}.")
         changed = stage != self.stage
@@ -229,12 +262,55 @@ class STAIR(ContrastiveModel):
             if optimizer is None:
                 optimizer = type(self.optimizer).from_config(self.optimizer.get_config())
             self.compile(optimizer, **self._compile_kwargs)
-        return self
+        elif optimizer is not None:
+            self.compile(optimizer)
 
     def compile(self, optimizer="adamw", **kwargs):
-        """`ContrastiveModel.compile`; the arguments are kept for `set_stage`'s re-compile."""
+        """`ContrastiveModel.compile`; the arguments are kept for the stages' re-compiles."""
         self._compile_kwargs = dict(kwargs)
         super().compile(optimizer, **kwargs)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            initial_epoch=0, steps_per_epoch=None, **kwargs):
+        """`keras.Model.fit`; from a fresh model with `stage_fractions` set, stages 1, 2, 3 in one run.
+
+        The run's `T = (epochs - initial_epoch) * steps_per_epoch` steps are
+        split by `stair_stages.stage_lengths`; each stage is compiled with
+        `stair_stages.stage_optimizer` and trained until its last step. Where
+        the data has no length (a generator), pass `steps_per_epoch`.
+
+        Returns:
+            a `History` over all stages, with a `stage` entry per epoch row.
+        """
+        arguments = dict(batch_size=batch_size, verbose=verbose, steps_per_epoch=steps_per_epoch, **kwargs)
+        if not self._schedule_applies():
+            return super().fit(x, y, epochs=epochs, callbacks=callbacks, initial_epoch=initial_epoch, **arguments)
+        per_epoch = stair_stages.steps_per_epoch(x, batch_size, steps_per_epoch, kwargs.get("validation_split", 0.0))
+        if per_epoch is None:
+            raise ValueError(
+                "STAIR's stage schedule splits the run's steps, and this `x` does not tell how many there are: "
+                "pass `steps_per_epoch` to `fit`, or set `model.stage_fractions = None` (or call `set_stage`) "
+                "to train one stage."
+            )
+        lengths = stair_stages.stage_lengths((epochs - initial_epoch) * per_epoch, self.stage_fractions)
+        every = int(self.steps_per_execution or 1)
+        if any(length % every for length in lengths):
+            raise ValueError(f"STAIR's stages of {lengths} steps must be multiples of `steps_per_execution` ({every}).")
+        template, parts, epoch = self.optimizer, [], initial_epoch
+        for stage, length, factor in zip(STAGES, lengths, self.stage_learning_rate_factors):
+            self._switch_stage(stage, stair_stages.stage_optimizer(template, factor, length))
+            stop = stair_stages.StopAfter(length)
+            part = super().fit(x, y, epochs=epoch + -(-length // per_epoch), callbacks=[stop, *(callbacks or [])],
+                               initial_epoch=epoch, **arguments)
+            parts.append((stage, part))
+            epoch += len(part.epoch)
+        self.history = stair_stages.merged_history(self, parts)
+        return self.history
+
+    def _schedule_applies(self):
+        """Whether `fit` runs the three stages: a schedule is set and training has not started."""
+        return (self.compiled and self.stage_fractions is not None and self.stage == 1
+                and int(ops.convert_to_numpy(self.global_step)) == 0)
 
     # ------------------------------------------------------------- features
 
@@ -352,7 +428,8 @@ class STAIR(ContrastiveModel):
             stage1_flops_on=self.stage1_flops_on, excluded_token_ids=self.excluded_token_ids,
             zero_excluded=self.zero_excluded, pool_include_cls=self.pool_include_cls,
             head_layer_norm_epsilon=self.head_layer_norm_epsilon, cosine_epsilon=self.cosine_epsilon,
-            num_chunks=self.num_chunks, remat=self.remat,
+            num_chunks=self.num_chunks, remat=self.remat, stage_fractions=self.stage_fractions,
+            stage_learning_rate_factors=self.stage_learning_rate_factors,
         )
         return config
 
