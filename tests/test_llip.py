@@ -448,6 +448,25 @@ def test_fit_lowers_the_loss(num_chunks):
     assert 0.0 <= float(to_numpy(model.logit_scale)) <= math.log(100.0) + 1e-6
 
 
+def test_initialisation_follows_the_authors():
+    # The authors' CMP / xAttnPred / CLIP (facebookresearch/Llip, llip/open_clip/model.py):
+    # q_proj ~ N(0, W_t**-0.5), k_proj and v_proj ~ N(0, W_v**-0.5) per token,
+    # out_proj ~ N(0, D**-0.5), logit scale ln(1 / 0.07), bias -10 (the model configs'
+    # init_logit_bias). Their tiny runs start as slowly as vlzoo's; keep this init.
+    keras.utils.set_random_seed(0)
+    head = LlipCrossAttention(8, 64, 96, 64, num_heads=4)
+    head.build()
+    expected = {"q_proj": 96**-0.5, "k_proj": 64**-0.5, "v_proj": 64**-0.5, "out_proj": 64**-0.5}
+    for name, std in expected.items():  # >= 4096 draws each: 5% is over 4 standard errors
+        values = to_numpy(getattr(head, name)).ravel()
+        assert abs(values.std() / std - 1) < 0.05, (name, values.std(), std)
+        assert abs(values.mean()) < 0.1 * std, (name, values.mean())
+    model = tiny_llip()
+    assert np.isclose(float(to_numpy(model.logit_scale)), math.log(1 / 0.07))
+    assert float(to_numpy(model.logit_bias)) == -10.0
+    assert model.temperature == 5.0
+
+
 def test_weight_decay_follows_the_authors():
     model = tiny_llip(use_qkv_norm=True)
     excluded = {v.path for v in model.no_weight_decay_variables()}
