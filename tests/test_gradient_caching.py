@@ -19,15 +19,20 @@ FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
 # TensorFlow (10-20 s of compilation each) CLIP and Llip, whose features are the most varied (keys,
 # values, mixture tokens, queries; a logit bias).
 BACKEND_FAMILIES = FAMILIES if keras.backend.backend() == "torch" else ["clip", "llip"]
+# STAIR's loss changes with its stage (stage 2 freezes the image tower): each is checked, set by hand,
+# since one step has no room for the one-`fit` schedule.
+CASES = [(family, stage) for family in BACKEND_FAMILIES for stage in ((1, 2, 3) if family == "stair" else (None,))]
 
 
-def _one_sgd_step(family, micro_batch_size, batch):
+def _one_sgd_step(family, micro_batch_size, batch, stage=None):
     """The change of every trainable variable after one SGD(lr=1) step of `fit` on `batch`: minus the
     gradient (the logit-scale clamp is off so that it cannot cut the step)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
         keras.utils.set_random_seed(0)
         model = vlzoo.from_preset(f"{family}_tiny", logit_scale_max=None)
+    if stage is not None:
+        model.set_stage(stage)
     model.micro_batch_size = micro_batch_size
     before = [to_numpy(v).copy() for v in model.trainable_variables]
     model.compile(optimizer=keras.optimizers.SGD(1.0))
@@ -35,18 +40,21 @@ def _one_sgd_step(family, micro_batch_size, batch):
     return [b - to_numpy(v) for b, v in zip(before, model.trainable_variables, strict=True)]
 
 
-@pytest.mark.parametrize("family", BACKEND_FAMILIES)
-def test_micro_batched_gradients_equal_the_whole_batchs(family):
+@pytest.mark.parametrize("family, stage", CASES)
+def test_micro_batched_gradients_equal_the_whole_batchs(family, stage):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = vlzoo.from_preset(f"{family}_tiny")
     batch = tiny_batch(8, seed=1, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
                        vocabulary_size=model.text.vocabulary_size)
-    whole = _one_sgd_step(family, None, batch)
-    cached = _one_sgd_step(family, 2, batch)
+    whole = _one_sgd_step(family, None, batch, stage)
+    cached = _one_sgd_step(family, 2, batch, stage)
     assert sum(float(np.abs(g).sum()) for g in whole) > 0
-    for got, want in zip(cached, whole):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # Within 1e-5 of each gradient's scale (its largest entry, at least 1): both paths add the same
+    # float32 terms in another order, an error that grows with the terms. Measured on torch (AVX-512
+    # EPYC): at most 6.7e-6 in absolute terms, Llip's, whose gradient reaches 27.
+    for got, want in zip(cached, whole, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
 def test_a_batch_the_micro_batch_does_not_divide_is_refused():

@@ -46,6 +46,8 @@ def _model(family):
     resuming must restore the step count too; STAIR's FLOPs ramp reads its own step counters)."""
     keras.utils.set_random_seed(11)
     model = vlzoo.from_preset(f"{family}_tiny")
+    if family == "stair":  # one stage, set by hand: the one-`fit` schedule refuses BackupAndRestore
+        model.stage_fractions = None
     configure(model, learning_rate=1e-3, total_steps=8, warmup_steps=2)
     return model
 
@@ -124,3 +126,11 @@ def test_fit_with_a_fixed_seed_is_deterministic(family="clip"):
     keras.utils.set_random_seed(12)
     other = vlzoo.from_preset(f"{family}_tiny")
     assert not np.array_equal(to_numpy(other.weights[0]), states[0][0][1])
+
+
+def test_stairs_one_fit_schedule_refuses_backup_and_restore(tmp_path):
+    model = vlzoo.from_preset("stair_tiny")
+    configure(model, learning_rate=1e-3, total_steps=8)
+    with pytest.raises(ValueError, match="BackupAndRestore.*set_stage"):
+        _fit(model, _data(model), callbacks=[keras.callbacks.BackupAndRestore(tmp_path)])
+

@@ -285,6 +285,11 @@ class STAIR(ContrastiveModel):
         arguments = dict(batch_size=batch_size, verbose=verbose, steps_per_epoch=steps_per_epoch, **kwargs)
         if not self._schedule_applies():
             return super().fit(x, y, epochs=epochs, callbacks=callbacks, initial_epoch=initial_epoch, **arguments)
+        if any(isinstance(callback, keras.callbacks.BackupAndRestore) for callback in callbacks or []):
+            raise ValueError(
+                "STAIR's one-`fit` stage schedule cannot resume from `BackupAndRestore` (each stage is a `fit` of "
+                "its own, with a fresh optimizer): train the stages by hand with `set_stage`, each `fit` resumable."
+            )
         per_epoch = stair_stages.steps_per_epoch(x, batch_size, steps_per_epoch, kwargs.get("validation_split", 0.0))
         if per_epoch is None:
             raise ValueError(
