@@ -297,3 +297,78 @@ def test_vlzoo_eval_reads_each_variant_by_its_name(tmp_path, capsys):
     assert record["dataset"] == "imagenet-r" and record["metrics"] == want["metrics"]
     assert main(["eval", "--preset", "clip_shapes", "--benchmark", "imagenetv2", "--data", str(root)]) == 2
     assert "--data" in capsys.readouterr().err  # wnid folders are no ImageNetV2 class indices
+
+
+# ------------------------------------------------------------------ any image folder
+
+
+def _image_folder(tmp_path):
+    """Class folders in an order a string sort decides, one nested, names with underscores."""
+    root = _folders(tmp_path / "flowers", ["sun_flower", "daisy", "rose"], ".png")
+    _solid(str(root / "rose" / "more" / "deep.jpg"), 2)  # ImageFolder walks class folders recursively
+    return root
+
+
+def test_an_image_folder_labels_the_sorted_class_folders(tmp_path):
+    benchmark = benchmarks.image_folder(_image_folder(tmp_path))
+    assert benchmark.name == "image_folder" and benchmark.class_names == ("daisy", "rose", "sun flower")
+    got = {os.path.relpath(p, tmp_path / "flowers"): int(label) for p, label in zip(benchmark.images, benchmark.labels)}
+    assert got == {os.path.join("daisy", "1_0.png"): 0, os.path.join("daisy", "1_1.png"): 0,
+                   os.path.join("rose", "more", "deep.jpg"): 1, os.path.join("rose", "2_0.png"): 1,
+                   os.path.join("rose", "2_1.png"): 1, os.path.join("sun_flower", "0_0.png"): 2,
+                   os.path.join("sun_flower", "0_1.png"): 2}
+    # Grey level k of the fixture: sun_flower 0, daisy 1, rose 2 -> labels 2, 0, 1.
+    oracle = Oracle(benchmark.class_names, [2, 0, 1])
+    result = benchmarks.evaluate_classification(oracle, benchmark, TEMPLATES, ks=(1,))
+    assert result["metrics"] == {"acc1": 1.0, "mean_per_class_recall": 1.0}
+    constant = Oracle(benchmark.class_names, [2, 0, 1], constant=True)
+    assert benchmarks.evaluate_classification(constant, benchmark, TEMPLATES, ks=(1, 2))["metrics"] == pytest.approx(
+        {"acc1": 1 / 3, "acc2": 2 / 3, "mean_per_class_recall": 1 / 3}, rel=1e-12)
+
+
+def test_an_image_folder_takes_class_names_from_a_file_and_names_a_wrong_count(tmp_path):
+    root = _image_folder(tmp_path)
+    names = tmp_path / "classnames.txt"
+    names.write_text("common daisy\n\ngarden rose\nsunflower\n")
+    assert benchmarks.image_folder(root, classes=names).class_names == ("common daisy", "garden rose", "sunflower")
+    names.write_text("common daisy\ngarden rose\n")
+    with pytest.raises(ValueError, match=r"classnames\.txt: 2 class names for the 3 class folders of .*flowers "
+                                         r"\('daisy' \.\.\. 'sun_flower'\); expected one name per folder"):
+        benchmarks.image_folder(root, classes=names)
+    with pytest.raises(FileNotFoundError, match="Benchmark directory not found"):
+        benchmarks.image_folder(tmp_path / "absent")
+    os.makedirs(tmp_path / "flat")
+    _solid(str(tmp_path / "flat" / "0.jpg"), 0)
+    with pytest.raises(ValueError, match=r"flat has no class sub-folders"):
+        benchmarks.image_folder(tmp_path / "flat")
+
+
+@run_once  # the command's wiring; the scores themselves are checked above
+@pytest.mark.parametrize("name", [*LAYOUTS, "image_folder"])
+def test_vlzoo_eval_runs_every_folder_benchmark(tmp_path, capsys, name):
+    from vlzoo.cli import main
+
+    templates = tmp_path / "templates.txt"
+    templates.write_text("a photo of a {}.\n")
+    if name == "image_folder":
+        root, chosen = _image_folder(tmp_path), benchmarks.image_folder(_image_folder(tmp_path))
+    else:
+        root = _layout(tmp_path, name)
+        chosen = imagenet.IMAGENET_BENCHMARKS[name](root)
+    out = tmp_path / "records.json"
+    assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
+                 "--templates", str(templates), "--json", str(out)]) == 0
+    record, = json.loads(out.read_text())
+    want = benchmarks.evaluate_classification(_preset("siglip_shapes"), chosen, ["a photo of a {}."])
+    assert record["dataset"] == name and record["task"] == "zeroshot_classification"
+    assert record["metrics"] == want["metrics"] and f"| {name} | siglip_shapes |" in capsys.readouterr().out
+    if name == "image_folder":
+        (tmp_path / "two.txt").write_text("a\nb\n")
+        assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
+                     "--classes", str(tmp_path / "two.txt")]) == 2
+        assert "2 class names for the 3 class folders" in capsys.readouterr().err
+    else:
+        assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
+                     "--classes", str(templates)]) == 2
+        assert "--classes is for image_folder" in capsys.readouterr().err
+

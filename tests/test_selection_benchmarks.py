@@ -204,9 +204,14 @@ def _preset(name):
     return vlzoo.from_preset(name)
 
 
-@pytest.mark.parametrize("preset", ["clip_shapes", "filip_shapes", "llip_shapes"])
+SHAPES_PRESETS = ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes", "llip_shapes",
+                  "stair_shapes"]
+
+
+@pytest.mark.parametrize("preset", SHAPES_PRESETS)
 def test_batched_scores_equal_the_items_scored_one_by_one(layouts, preset):
-    # FILIP ranks captions with S_I and images with S_T; Llip scores each pair with its own embedding.
+    # Every family through its own `score`: FILIP ranks captions with S_I and images with S_T; Llip scores
+    # each pair with its own embedding; SPARO compares its slots; STAIR its sparse vocabulary vectors.
     model = _preset(preset)
     wino, = layouts["winoground"]
     result = benchmarks.evaluate_selection(model, wino, batch_size=2)
@@ -317,6 +322,29 @@ def test_karpathy_split_reads_the_test_images_and_every_caption(tmp_path, coco):
     assert result["task"] == "zeroshot_retrieval" and set(result["metrics"].values()) == {1.0}
     assert sorted(result["metrics"]) == ["image_retrieval_recall@1", "image_retrieval_recall@5",
                                          "text_retrieval_recall@1", "text_retrieval_recall@5"]
+
+
+def test_a_constant_model_retrieves_by_the_tie_rule_exactly(tmp_path):
+    # 4 test images, 2 captions each. Ranking images for a caption: 3 negatives; ranking captions for an
+    # image: 6 negatives (its own second caption never counts). With every score tied, "pessimistic" puts
+    # all negatives ahead (a hit only when they number under K), "optimistic" none.
+    benchmark = benchmarks.karpathy(*_karpathy(tmp_path))
+    constant = Oracle(constant=True)
+    pessimistic = benchmarks.evaluate_retrieval(constant, benchmark, ks=(1, 5, 10))["metrics"]
+    assert pessimistic == {"text_retrieval_recall@1": 0.0, "text_retrieval_recall@5": 0.0,
+                           "text_retrieval_recall@10": 1.0, "image_retrieval_recall@1": 0.0,
+                           "image_retrieval_recall@5": 1.0, "image_retrieval_recall@10": 1.0}
+    optimistic = benchmarks.evaluate_retrieval(constant, benchmark, ks=(1, 5, 10), ties="optimistic")["metrics"]
+    assert set(optimistic.values()) == {1.0}
+
+
+def test_karpathy_split_names_a_missing_key(tmp_path):
+    path, images = _karpathy(tmp_path)
+    document = json.loads(path.read_text())
+    del document["images"][1]["sentences"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"dataset_coco\.json, entry 1: missing key\(s\) \['sentences'\]"):
+        benchmarks.karpathy(path, images)
 
 
 def test_karpathy_split_names_a_missing_image(tmp_path):
@@ -430,3 +458,30 @@ def test_vlzoo_eval_runs_cifar(tmp_path, capsys):
     assert record["task"] == "zeroshot_classification" and record["metrics"] == want["metrics"]
     assert main(["eval", "--preset", "clip_shapes", "--benchmark", "cifar100", "--data", str(directory)]) == 2
     assert "holds cifar10, not cifar100" in capsys.readouterr().err
+
+
+@run_once  # the command's wiring on each benchmark; the scores themselves are checked above
+@pytest.mark.parametrize("benchmark", ["sugarcrepe", "mmvp", "coco"])
+def test_vlzoo_eval_runs_each_benchmark_by_its_name(tmp_path, capsys, benchmark):
+    from vlzoo.cli import main
+
+    if benchmark == "sugarcrepe":
+        data, images = _sugarcrepe(tmp_path)
+        options, want = ["--images", str(images)], benchmarks.sugarcrepe(data, images)
+    elif benchmark == "mmvp":
+        data = _mmvp(tmp_path)
+        options, want = [], [benchmarks.mmvp(data)]
+    else:
+        data, images = _karpathy(tmp_path)
+        options, want = ["--images", str(images)], [benchmarks.karpathy(data, images)]
+    out = tmp_path / "records.json"
+    assert main(["eval", "--preset", "stair_shapes", "--benchmark", benchmark, "--data", str(data), *options,
+                 "--batch-size", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    records = json.loads(out.read_text())
+    model = _preset("stair_shapes")
+    evaluate = benchmarks.evaluate_retrieval if benchmark == "coco" else benchmarks.evaluate_selection
+    assert [r["dataset"] for r in records] == [b.name for b in want]
+    for record, chosen in zip(records, want):
+        assert record["metrics"] == evaluate(model, chosen)["metrics"] and f"| {chosen.name} | stair_shapes |" in printed
+

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "imagenet_sketch": ("unused", "classification"),
     "imagenet-a": ("unused", "classification"),
     "imagenet-r": ("unused", "classification"),
+    "image_folder": ("unused", "classification"),
     "vg_relation": ("unused", "aro"),
     "vg_attribution": ("unused", "aro"),
     "coco_order": ("optional", "aro"),
@@ -81,6 +82,9 @@ def register(sub):
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
                    "images' root (required)")
+    p.add_argument("--classes", default=None, metavar="FILE",
+                   help="image_folder: the class names, one per line in the folders' sorted order "
+                   "(default: the folder names, underscores read as spaces)")
     p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
                    help="classification: prompt templates (default: CLIP's 80 ImageNet ones)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
@@ -123,6 +127,8 @@ def _read(args):
         return benchmarks.sugarcrepe(args.data, args.images or f"{args.data}/val2017")
     if name in ("coco", "flickr30k"):
         return [benchmarks.karpathy(args.data, args.images, name=name)]
+    if name == "image_folder":
+        return [benchmarks.image_folder(args.data, classes=args.classes)]
     if name.startswith("cifar"):
         chosen = benchmarks.cifar(args.data)
         if chosen.name != name:
@@ -145,6 +151,8 @@ def run(args, out):
         raise UsageError("--images", f"{args.benchmark} reads its images from --data")
     if args.images is None and images == "required":
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
+    if args.classes is not None and args.benchmark != "image_folder":
+        raise UsageError("--classes", f"{args.benchmark} names its own classes; --classes is for image_folder")
     with _naming("--data"):
         chosen = [None] if task == "shapes" else _read(args)
     # heavy: imports a backend

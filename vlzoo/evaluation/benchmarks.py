@@ -31,6 +31,10 @@ family (`vlzoo.evaluation.selection`). The retrieval reader returns a
   `(N, 3072)` channel-major, `labels` / `fine_labels`, the class names
   `label_names` / `fine_label_names` of the meta file (underscores read as
   spaces, as CLIP's prompts write them); scored by `evaluate_classification`.
+* `image_folder(directory, classes=None)`: any folder of class folders,
+  `<class>/**/<image>` (torchvision's `ImageFolder` layout); class `j` is the
+  `j`-th folder in sorted order, named by the folder (underscores read as
+  spaces) or by line `j` of `classes`, a text file of one name per line.
 * `karpathy(path, images, split="test")`: COCO or Flickr30k retrieval from
   Karpathy's split file (`dataset_coco.json`, `dataset_flickr30k.json`:
   `{"images": [{"filename", "split", "sentences": [{"raw"}, ...]}]}`, COCO's
@@ -54,7 +58,7 @@ import pickle
 import numpy as np
 
 from vlzoo.catalogue import read_json
-from vlzoo.data.labels import ImageFiles
+from vlzoo.data.labels import ImageFiles, folder_labels, read_classes_file
 from vlzoo.evaluation._common import entry_fields, entry_image
 from vlzoo.evaluation.retrieval import retrieval_recall
 from vlzoo.evaluation.zeroshot import classification_metrics, zero_shot_classifier
@@ -67,7 +71,7 @@ MMVP_IMAGES = "MLLM_VLM Images"
 
 __all__ = [
     "ClassificationBenchmark", "RetrievalBenchmark", "SelectionBenchmark", "SelectionItem", "cifar",
-    "evaluate_classification", "evaluate_retrieval", "evaluate_selection", "karpathy", "mmvp", "sugarcrepe",
+    "evaluate_classification", "image_folder", "evaluate_retrieval", "evaluate_selection", "karpathy", "mmvp", "sugarcrepe",
     "winoground",
 ]
 
@@ -298,6 +302,37 @@ def cifar(directory, split="test"):
     return ClassificationBenchmark("cifar100" if hundred else "cifar10", np.concatenate(images),
                                    np.concatenate(labels).astype(np.int64),
                                    tuple(n.replace("_", " ") for n in names), directory)
+
+
+def image_folder(directory, classes=None, name="image_folder"):
+    """Any image folder `<class>/**/<image>`: labels index the sorted class folders.
+
+    Args:
+        directory: the folder of class folders.
+        classes: optional text file of the class names, one per line in the
+            folders' sorted order (blank lines ignored); by default the folder
+            names with underscores read as spaces.
+        name: the dataset name the records carry.
+
+    Returns:
+        A `ClassificationBenchmark` of image paths.
+
+    Example:
+    >>> benchmark = image_folder("flowers/test", classes="flowers/classnames.txt")
+    >>> evaluate_classification(model, benchmark, ["a photo of a {}, a type of flower."])
+    """
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"Benchmark directory not found: {directory}.")
+    paths, folder_of, folders = folder_labels(directory)
+    names = [folder.replace("_", " ") for folder in folders]
+    if classes is not None:
+        names = read_classes_file(classes)
+        if len(names) != len(folders):
+            raise ValueError(f"{classes}: {len(names)} class names for the {len(folders)} class folders of "
+                             f"{directory} ({folders[0]!r} ... {folders[-1]!r}); expected one name per folder.")
+    index = {folder: j for j, folder in enumerate(folders)}
+    labels = np.array([index[folder] for folder in folder_of], np.int64)
+    return ClassificationBenchmark(name, tuple(paths), labels, tuple(names), str(directory))
 
 
 class _Pixels:
