@@ -106,6 +106,9 @@ def test_vg_attribution_macro_skips_groups_under_25_items(tmp_path):
 def test_a_constant_model_scores_chance_or_the_tie_rule_on_vg(tmp_path, ties, want):
     result = aro.evaluate_aro(Oracle(constant=True), aro.vg_relation(_vg(tmp_path)[0]), ties=ties)
     assert result["metrics"] == {"acc": want, "macro_acc": want}
+    attribution = aro.vg_attribution(_vg(tmp_path / "attribution", relation=False)[0])
+    result = aro.evaluate_aro(Oracle(constant=True), attribution, ties=ties)
+    assert result["metrics"] == {"acc": want, "macro_acc": want}
 
 
 class _Uint8:
@@ -439,6 +442,12 @@ def test_vlzoo_eval_scores_vg_and_explains_the_order_tagger(tmp_path, capsys, mo
     record, = json.loads(out.read_text())
     want = aro.evaluate_aro(_preset("clip_shapes"), aro.vg_relation(directory), ties="pessimistic")
     assert record["metrics"] == want["metrics"] and set(record["metrics"]) == {"acc", "macro_acc"}
+    directory, _ = _vg(tmp_path / "attribution", relation=False)
+    assert main(["eval", "--preset", "filip_shapes", "--benchmark", "vg_attribution", "--data", str(directory),
+                 "--json", str(out)]) == 0
+    record, = json.loads(out.read_text())
+    want = aro.evaluate_aro(_preset("filip_shapes"), aro.vg_attribution(directory))
+    assert record["dataset"] == "vg_attribution" and record["metrics"] == want["metrics"]
     monkeypatch.setattr(aro, "spacy", None)
     root, _ = _order(tmp_path / "order")
     assert main(["eval", "--preset", "clip_shapes", "--benchmark", "coco_order", "--data", str(root)]) == 2

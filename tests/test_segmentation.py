@@ -193,6 +193,32 @@ def test_background_threshold_and_present_classes(tmp_path):
     assert present["dataset"] == "voc2012/voc20/present" and present["metrics"]["mIoU"] == 1.0
 
 
+class Constant(Oracle):
+    """Every patch looks alike, here a cat: every pixel is called cat, whatever the image shows."""
+
+    def encode_image(self, images):
+        tokens = np.zeros((len(images), (HEIGHT // PATCH) * (WIDTH // PATCH), 21))
+        tokens[..., 8] = 1.0
+        return {"embeds": tokens.mean(1), "tokens": tokens}
+
+
+def test_a_constant_model_scores_the_one_class_baseline_exactly(tmp_path):
+    # With every pixel called cat, the confusion has one column: IoU(cat) = cat pixels / labelled pixels, any
+    # other class 0, and mIoU averages over the classes present or predicted (background and void ignored).
+    base = write_voc(tmp_path, STRIPES)
+    benchmark = voc2012(str(base))
+    labels = np.concatenate([np.asarray(Image.open(path)).ravel() for path in benchmark.masks])
+    labelled = labels[(labels != 0) & (labels != 255)]
+    counted = set(labelled.tolist()) | {8}
+    cat = float(np.mean(labelled == 8))
+    result = evaluate_segmentation(Constant(), benchmark)
+    assert result["metrics"]["pixel_accuracy"] == pytest.approx(cat, abs=1e-12)
+    assert result["metrics"]["mIoU"] == pytest.approx(cat / len(counted), abs=1e-12)
+    assert result["groups"]["cat"]["IoU"] == pytest.approx(cat, abs=1e-12) and 0.0 < cat < 1.0
+    assert {name for name, group in result["groups"].items() if group["IoU"] == 0.0} == {
+        VOC_CLASSES[c] for c in counted - {8}}
+
+
 class Swapped(Oracle):
     """Sees cats as persons: with `candidates="present"` the cat-only image is still right."""
 

@@ -485,3 +485,27 @@ def test_vlzoo_eval_runs_each_benchmark_by_its_name(tmp_path, capsys, benchmark)
     for record, chosen in zip(records, want):
         assert record["metrics"] == evaluate(model, chosen)["metrics"] and f"| {chosen.name} | stair_shapes |" in printed
 
+
+@run_once  # the command's wiring; SPARO's slot selection itself is checked in test_sparo
+def test_vlzoo_eval_scores_sparo_on_chosen_slots(tmp_path, capsys):
+    from vlzoo.cli import main
+
+    data = _winoground(tmp_path)
+    out = tmp_path / "wino.json"
+    assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "winoground", "--data", str(data),
+                 "--slots", "0,2", "--json", str(out)]) == 0
+    record, = json.loads(out.read_text())
+    want = benchmarks.evaluate_selection(_preset("sparo_shapes"), benchmarks.winoground(data), slots=[0, 2])
+    assert record["metrics"] == want["metrics"] and record["groups"] == want["groups"]
+    capsys.readouterr()
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "winoground", "--data", str(data),
+                 "--slots", "0"]) == 2
+    assert "clip_shapes has no slots to choose" in capsys.readouterr().err
+    num_slots = _preset("sparo_shapes").num_slots
+    assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "winoground", "--data", str(data),
+                 "--slots", f"0,{num_slots}"]) == 2
+    assert f"sparo_shapes has {num_slots} slots" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "--preset", "sparo_shapes", "--benchmark", "winoground", "--data", str(data), "--slots", "1,1"])
+    assert "expected distinct slot indices" in capsys.readouterr().err
+

@@ -299,3 +299,11 @@ def test_vlzoo_eval_shapes_prints_one_row_per_type(tmp_path, capsys):
     assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "shapes", "--data", str(tmp_path)]) == 2
     assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "winoground"]) == 2
     assert "winoground needs the folder of its files" in capsys.readouterr().err
+
+
+def test_a_progress_bar_when_verbose(clip_shapes, capsys):
+    quiet = shapes_compositional.evaluate(clip_shapes, num_examples=8, kinds=["swap_att"], batch_size=4)
+    assert capsys.readouterr().out == ""
+    loud = shapes_compositional.evaluate(clip_shapes, num_examples=8, kinds=["swap_att"], batch_size=4, verbose=True)
+    assert "2/2" in capsys.readouterr().out and loud == quiet
+

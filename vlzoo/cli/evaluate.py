@@ -42,6 +42,17 @@ def _background(text):
         raise argparse.ArgumentTypeError(f"expected ignore, prompts or a number in (0, 1); got {text!r}") from None
 
 
+def _slot_indices(text):
+    """An argparse `type`: comma-separated distinct slot indices >= 0."""
+    try:
+        indices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated slot indices such as 0,3,7; got {text!r}") from None
+    if min(indices) < 0 or len(set(indices)) != len(indices):
+        raise argparse.ArgumentTypeError(f"expected distinct slot indices >= 0; got {text!r}")
+    return indices
+
+
 def register(sub):
     p = _add_command(
         sub, "eval", "score a preset on a zero-shot, retrieval or compositionality benchmark from files on disk",
@@ -99,6 +110,8 @@ def register(sub):
     p.add_argument("--seed", type=_non_negative_int, default=None,
                    help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors'); "
                    "shapes: of the scenes and negatives (default: 0)")
+    p.add_argument("--slots", default=None, type=_slot_indices, metavar="I,J,...",
+                   help="SPARO: score with these slots only (indices, e.g. 0,3,7; default: all)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the towers' dtype policy (default: float32); scores are float32 either way")
@@ -158,6 +171,7 @@ def run(args, out):
     # heavy: imports a backend
     from vlzoo.evaluation import aro, benchmarks, results, segmentation, shapes_compositional
     from vlzoo.evaluation.templates import read_templates
+    from vlzoo.models.sparo import SPARO
 
     if task in ("classification", "segmentation"):
         with _naming("--templates"):
@@ -170,11 +184,17 @@ def run(args, out):
             raise UsageError("--preset", str(error)) from None
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
+    if args.slots is not None:
+        if task == "segmentation" or not isinstance(model, SPARO):
+            raise UsageError("--slots", f"{args.preset} has no slots to choose (SPARO presets have)")
+        if max(args.slots) >= model.num_slots:
+            raise UsageError("--slots", f"{args.preset} has {model.num_slots} slots (0 to {model.num_slots - 1}); "
+                             f"received {args.slots}")
+        options["slots"] = args.slots
     records = []
     for benchmark in chosen:
         if task == "shapes":
-            outcome = shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties,
-                                                    batch_size=args.batch_size)
+            outcome = shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties, **options)
             records += [results.benchmark_record(result, args.preset, pretrained=source,
                                                  dtype=model.dtype_policy.name) for result in outcome]
             continue

@@ -33,7 +33,7 @@ __all__ = ["evaluate", "evaluate_negatives", "table"]
 DATASET_PREFIX = "shapes/"
 
 
-def evaluate_negatives(model, data, name, batch_size=64, ties="expected", **score_kwargs):
+def evaluate_negatives(model, data, name, batch_size=64, ties="expected", verbose=False, **score_kwargs):
     """Scores one negative type: how often the true caption outscores the negative.
 
     Args:
@@ -45,6 +45,7 @@ def evaluate_negatives(model, data, name, batch_size=64, ties="expected", **scor
         batch_size: examples per forward pass.
         ties: `"expected"`, `"pessimistic"` or `"optimistic"` (see
             `vlzoo.evaluation.selection`).
+        verbose: a progress bar over the batches.
         **score_kwargs: passed to `model.score`.
 
     Returns:
@@ -63,13 +64,13 @@ def evaluate_negatives(model, data, name, batch_size=64, ties="expected", **scor
                          f"received {n}, {len(data['captions'])} and {len(data['negative_captions'])}.")
     pixels = model.preprocessor(data["images"])
     items = list(zip(data["captions"], data["negative_captions"]))
-    i2t, t2i = selection_scores(model, pixels, items, batch_size=batch_size, **score_kwargs)
+    i2t, t2i = selection_scores(model, pixels, items, batch_size=batch_size, verbose=verbose, **score_kwargs)
     metrics = selection_metrics("caption", i2t, t2i, ties=ties, symmetric=model.symmetric_score)
     return {"dataset": name, "task": "image_caption_selection", "metrics": metrics}
 
 
 def evaluate(model, num_examples=200, seed=0, batch_size=64, ties="expected", kinds=None, image_size=None,
-             split="test", **score_kwargs):
+             split="test", verbose=False, **score_kwargs):
     """The shapes compositionality suite: one record per negative type.
 
     Every type draws `num_examples` scenes of `split` with the same `seed` (the
@@ -85,6 +86,7 @@ def evaluate(model, num_examples=200, seed=0, batch_size=64, ties="expected", ki
         kinds: the types to run, names from `NEGATIVE_TYPES` (default: all, in order).
         image_size: image side `S` (default: the model's).
         split: "test" (held-out compositions) or "train".
+        verbose: a progress bar per type.
         **score_kwargs: passed to `model.score`.
 
     Returns:
@@ -106,7 +108,8 @@ def evaluate(model, num_examples=200, seed=0, batch_size=64, ties="expected", ki
             raise ValueError(f"`kinds` has an unknown entry {kind!r}; expected names from {NEGATIVE_TYPES}.")
     size = image_size or model.vision.image_size
     return [evaluate_negatives(model, negatives(kind, num_examples, split=split, image_size=size, seed=seed),
-                               DATASET_PREFIX + kind, batch_size=batch_size, ties=ties, **score_kwargs)
+                               DATASET_PREFIX + kind, batch_size=batch_size, ties=ties, verbose=verbose,
+                               **score_kwargs)
             for kind in kinds]
 
 
