@@ -13,6 +13,7 @@ import tarfile
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from PIL import Image, ImageDraw
 
 import vlzoo
@@ -280,6 +281,30 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
         for a, b in zip(start.weights, trained.weights)
     ]
     assert len(changed) == len(start.weights) and sum(changed) > len(changed) // 2
+
+
+@run_once  # STAIR's stages in one fit are checked on every backend in test_stair; this is the command's wiring
+def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
+    path, _, _ = caption_file
+    common = ["train", "--preset", "stair_tiny", "--data", path, "--steps-per-epoch", "4", "--batch-size", "4",
+              "--learning-rate", "0.001"]
+    out_dir = tmp_path / "stair"
+    status, out, err = run(capsys, *common, "--stair-stages", "0.25,0.25,0.5", "--stair-lr-factors", "1,0.5,0.1",
+                           "--out", out_dir)
+    assert status == 0, err
+    trained = vlzoo.from_preset(str(out_dir))
+    assert trained.stage == 3 and int(keras.ops.convert_to_numpy(trained.global_step)) == 4
+    assert trained.stage_learning_rate_factors == (1.0, 0.5, 0.1)
+    status, out, err = run(capsys, *common, "--stair-stages", "manual", "--out", tmp_path / "manual")
+    assert status == 0, err
+    manual = vlzoo.from_preset(str(tmp_path / "manual"))
+    assert manual.stage == 1 and int(keras.ops.convert_to_numpy(manual.global_step)) == 4
+    status, _, err = run(capsys, *common, "--warmup-steps", "1", "--out", out_dir)  # stages of 1, 1 and 2 steps
+    assert status == 2 and "--warmup-steps: 1 is not below STAIR's shortest stage (1 of the stages (1, 1, 2)" in err
+    status, _, err = run(capsys, *common, "--stair-stages", "0.5,0.5", "--out", out_dir)
+    assert status == 2 and "--stair-stages: `stage_fractions` must hold 3 numbers" in err
+    status, _, err = run(capsys, *common[:2], "clip_tiny", *common[3:], "--stair-stages", "manual", "--out", out_dir)
+    assert status == 2 and "--stair-stages: clip_tiny is a CLIP model, not STAIR" in err
 
 
 def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):

@@ -67,6 +67,11 @@ def register(sub):
                    "fc1, fc2 (default: query value)")
     p.add_argument("--save-adapters", default=None, metavar="FILE",
                    help="with --lora-rank: also write the adapters alone to FILE (.npz; load_lora_weights)")
+    p.add_argument("--stair-stages", default=None, metavar="F1,F2,F3|manual",
+                   help="STAIR: the shares of the run for its stages 1, 2, 3 (default: the preset's, 0.25,0.25,0.5 "
+                   "as the paper's 300K/300K/600K steps), or manual: train the preset's current stage only")
+    p.add_argument("--stair-lr-factors", default=None, metavar="A,B,C",
+                   help="STAIR: the learning rate's factor per stage (default: the preset's, 1,1,0.1)")
     p.add_argument("--remat", action="store_true",
                    help="recompute the towers' activations in the backward pass (less memory, more time)")
     p.add_argument("--seed", type=_non_negative_int, default=0,
@@ -121,6 +126,7 @@ def run(args, out):
         on_error=args.on_error,
     )
     stats = train.stats
+    staged = _set_stair_stages(model, args, total_steps)
     if args.lora_rank is not None:
         with _naming("--lora-targets"):
             enable_lora(model, rank=args.lora_rank, targets=args.lora_targets)
@@ -138,8 +144,10 @@ def run(args, out):
           f"micro-batch {args.micro_batch_size or args.batch_size}, remat {args.remat}, "
           f"{model.count_params() - sum(math.prod(v.shape) for v in model.trainable_weights):,} parameters locked, "
           f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
-    history = model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, shuffle=False,
-                        verbose=args.verbose)  # the dataset shuffles itself
+    # STAIR's stage schedule splits the run's steps, so it is told them even where the pipeline's length
+    # is unknown (images skipped on error).
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps if staged else args.steps_per_epoch,
+                        shuffle=False, verbose=args.verbose)  # the dataset shuffles itself
     if stats.num_skipped:
         print(f"note: {stats.summary()}", file=out)
     losses = history.history.get("loss", [])
@@ -151,3 +159,43 @@ def run(args, out):
     model.save_to_preset(os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0
+
+
+def _numbers(text, argument):
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(argument, f"expected comma-separated numbers; got {text!r}") from None
+
+
+def _set_stair_stages(model, args, total_steps):
+    """Applies --stair-stages / --stair-lr-factors to a STAIR model and checks its stages against the run.
+
+    Returns whether `fit` runs STAIR's stage schedule."""
+    # heavy: imports a backend
+    from vlzoo.models import stair_stages
+    from vlzoo.models.stair import STAIR
+
+    if not isinstance(model, STAIR):
+        for argument, value in (("--stair-stages", args.stair_stages), ("--stair-lr-factors", args.stair_lr_factors)):
+            if value is not None:
+                raise UsageError(argument, f"{args.preset} is a {type(model).__name__} model, not STAIR")
+        return False
+    if args.stair_stages == "manual":
+        model.stage_fractions = None
+    elif args.stair_stages is not None:
+        with _naming("--stair-stages"):
+            model.stage_fractions = stair_stages.check_stage_fractions(_numbers(args.stair_stages, "--stair-stages"))
+    if args.stair_lr_factors is not None:
+        with _naming("--stair-lr-factors"):
+            model.stage_learning_rate_factors = stair_stages.check_learning_rate_factors(
+                _numbers(args.stair_lr_factors, "--stair-lr-factors"))
+    if not model.schedule_pending:
+        return False
+    with _naming("--stair-stages"):
+        lengths = stair_stages.stage_lengths(total_steps, model.stage_fractions)
+    if args.warmup_steps >= min(lengths) and args.warmup_steps > 0:
+        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below STAIR's shortest stage ({min(lengths)} "
+                                           f"of the stages {lengths} steps), each of which warms up anew")
+    return True
+

@@ -312,10 +312,15 @@ class STAIR(ContrastiveModel):
         self.history = stair_stages.merged_history(self, parts)
         return self.history
 
-    def _schedule_applies(self):
-        """Whether `fit` runs the three stages: a schedule is set and training has not started."""
-        return (self.compiled and self.stage_fractions is not None and self.stage == 1
+    @property
+    def schedule_pending(self):
+        """Whether the next `fit` (once compiled) runs the three stages: a schedule is set and training has
+        not started (stage 1, `global_step` 0)."""
+        return (self.stage_fractions is not None and self.stage == 1
                 and int(ops.convert_to_numpy(self.global_step)) == 0)
+
+    def _schedule_applies(self):
+        return self.compiled and self.schedule_pending
 
     # ------------------------------------------------------------- features
 
