@@ -1,9 +1,12 @@
 """Locked towers (LiT): open_clip's groups, and locked weights unchanged bit for bit by `fit`."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 
+import vlzoo
 from vlzoo import training
 from vlzoo.training import lock_tower, tower_groups
 
@@ -68,3 +71,68 @@ def test_configure_locks_and_checks_its_arguments():
     with pytest.raises(ValueError, match="`tower` must be one of"):
         lock_tower(tiny_model("clip"), "vision")
     assert TINY_VISION["num_layers"] == TINY_TEXT["num_layers"] == 2
+
+
+# ------------------------------------------------------------------ a locked tower's cached outputs
+
+CACHE_FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
+# The cached path is the same code on every backend (a dict passed where the tower's output was); what
+# differs by family is which outputs it reads. So every family and tower runs on PyTorch; on JAX and
+# TensorFlow, whose compilations cost 10-20 s each, CLIP's image tower (the pooled output) and SPARC's
+# text tower (the token outputs, with the text mask beside them).
+CACHE_CASES = ([(family, tower) for family in CACHE_FAMILIES for tower in ("image", "text")]
+               if keras.backend.backend() == "torch" else [("clip", "image"), ("sparc", "text")])
+
+
+def _one_sgd_step(family, tower, cached, micro_batch_size=None):
+    """The change of every trainable variable after one SGD(lr=1) step of `fit` with `tower` locked,
+    on the raw pairs or on the tower's cached outputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
+        keras.utils.set_random_seed(0)
+        model = vlzoo.from_preset(f"{family}_tiny", logit_scale_max=None)
+    if family == "stair":
+        model.stage_fractions = None  # one step: stage 1, by hand
+    lock_tower(model, tower)
+    model.micro_batch_size = micro_batch_size
+    batch = tiny_batch(8, seed=1, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
+                       vocabulary_size=model.text.vocabulary_size)
+    data = training.cache_tower(model, batch, tower, batch_size=3) if cached else batch
+    before = _values(model.trainable_variables)
+    model.compile(optimizer=keras.optimizers.SGD(1.0))
+    model.fit(data, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    return [b - to_numpy(v) for b, v in zip(before, model.trainable_variables, strict=True)], data
+
+
+@pytest.mark.parametrize("family, tower", CACHE_CASES)
+def test_fit_on_a_cached_tower_takes_the_step_of_fit_on_the_pairs(family, tower):
+    want, _ = _one_sgd_step(family, tower, cached=False)
+    got, data = _one_sgd_step(family, tower, cached=True)
+    model_keys = {"image": "image_tower", "text": "text_tower"}
+    assert model_keys[tower] in data and ("images" in data) == (tower == "text")
+    assert sum(float(np.abs(g).sum()) for g in want) > 0
+    # The cached outputs came from batches of 3, the step's from a batch of 8: the same float32 sums in
+    # another order, an error that grows with the terms (1e-5 of each gradient's scale, at least 1).
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max())))
+
+
+def test_a_cached_tower_with_micro_batches_and_the_errors():
+    want, _ = _one_sgd_step("filip", "image", cached=False)
+    got, _ = _one_sgd_step("filip", "image", cached=True, micro_batch_size=2)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max())))
+    model = tiny_model("clip")
+    batch = tiny_batch(4)
+    with pytest.raises(ValueError, match=r"The image tower is not wholly locked .*lock_tower\(model, 'image'\)"):
+        training.cache_tower(model, batch, "image")
+    lock_tower(model, "image", unlocked_groups=1)
+    with pytest.raises(ValueError, match="not wholly locked"):
+        training.cache_tower(model, batch, "image")
+    lock_tower(model, "text")
+    with pytest.raises(ValueError, match=r"`data` must be a dict of arrays with \['token_ids', 'padding_mask'\]"):
+        training.cache_tower(model, {"images": batch["images"]}, "text")
+    cached = training.cache_tower(model, batch, "text")
+    cached["text_tower"] = {"tokens": cached["text_tower"]["pooled"]}
+    with pytest.raises(ValueError, match=r"`inputs\['text_tower'\]` must be a dict of the tower's outputs \['pooled'\]"):
+        model(cached)

@@ -294,23 +294,48 @@ class ContrastiveModel(keras.Model):
             mask = ops.ones_like(inputs["token_ids"], dtype="bool")
         return mask
 
+    # The tower outputs (`"pooled"`, `"tokens"`) the family's features read: what
+    # `vlzoo.training.cache_tower` keeps of a locked tower.
+    image_tower_keys = ("pooled",)
+    text_tower_keys = ("pooled",)
+
+    def _image_tower(self, images, training=None):
+        """The image tower's outputs for pixels `(B, H, W, 3)`; a dict is a locked tower's cached outputs
+        (`vlzoo.training.cache_tower`) and is returned as it is."""
+        if isinstance(images, dict):
+            return images
+        return self.vision(images, training=training)
+
+    def _text_tower(self, inputs, training=None, mask=None):
+        """The text tower's outputs for `inputs` (`token_ids`, `padding_mask`), or the cached ones under
+        `inputs["text_tower"]`; `mask` replaces the padding mask given to the tower."""
+        if "text_tower" in inputs:
+            return inputs["text_tower"]
+        return self.text(inputs["token_ids"], self._padding_mask(inputs) if mask is None else mask, training=training)
+
     def _image_features(self, images, training=None):
-        return {"embeds": self.vision(images, training=training)["pooled"]}
+        return {"embeds": self._image_tower(images, training=training)["pooled"]}
 
     def _text_features(self, inputs, training=None):
-        return {"embeds": self.text(inputs["token_ids"], self._padding_mask(inputs), training=training)["pooled"]}
+        return {"embeds": self._text_tower(inputs, training=training)["pooled"]}
 
     def _check_training_inputs(self, inputs):
-        if not isinstance(inputs, dict) or not {"images", "token_ids"} <= set(inputs):
+        if not isinstance(inputs, dict) or "token_ids" not in inputs or not {"images", "image_tower"} & set(inputs):
             raise ValueError(
-                "Model inputs must be a dict with `images` (B, H, W, 3), `token_ids` (B, T) and "
-                f"`padding_mask` (B, T); received {type(inputs).__name__}"
-                + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "") + "."
+                "Model inputs must be a dict with `images` (B, H, W, 3) (or a locked image tower's cached "
+                "`image_tower` outputs), `token_ids` (B, T) and `padding_mask` (B, T); received "
+                f"{type(inputs).__name__}" + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "") + "."
             )
-        self._check_image_shape(inputs["images"])
+        for side in ("image", "text"):
+            if f"{side}_tower" in inputs:
+                validation.check_tower_outputs(inputs[f"{side}_tower"], getattr(self, f"{side}_tower_keys"),
+                                               f"inputs['{side}_tower']")
+        images = inputs["images"] if "images" in inputs else inputs["image_tower"][self.image_tower_keys[0]]
+        if "images" in inputs:
+            self._check_image_shape(images)
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs",
                               values=False)
-        validation.check_batch_sizes(inputs["images"], inputs["token_ids"])
+        validation.check_batch_sizes(images, inputs["token_ids"])
 
     # Rows per tower call in training (gradient caching, `vlzoo.models.micro_batching`); None: the whole
     # batch at once. A training setting (`vlzoo.training.configure`), not part of the config.
@@ -323,14 +348,15 @@ class ContrastiveModel(keras.Model):
         `keras.remat` (exact gradients of the whole batch's loss, a micro-batch's activations).
         """
         self._check_training_inputs(inputs)
-        texts = {key: inputs[key] for key in ("token_ids", "padding_mask") if key in inputs}
+        texts = {key: inputs[key] for key in ("token_ids", "padding_mask", "text_tower") if key in inputs}
+        images = inputs["images"] if "images" in inputs else inputs["image_tower"]
         image_features = functools.partial(self._image_features, training=training)
         text_features = functools.partial(self._text_features, training=training)
         if training and self.micro_batch_size is not None:
-            image = micro_batched(image_features, inputs["images"], self.micro_batch_size)
+            image = micro_batched(image_features, images, self.micro_batch_size)
             text = micro_batched(text_features, texts, self.micro_batch_size)
         else:
-            image, text = image_features(inputs["images"]), text_features(texts)
+            image, text = image_features(images), text_features(texts)
         outputs = {**_prefixed("image", image), **_prefixed("text", text)}
         outputs["logit_scale"] = self.logit_scale_value()
         return outputs

@@ -105,7 +105,7 @@ class FILIP(TokenContrastiveModel):
     # ------------------------------------------------------------- features
 
     def _image_features(self, images, training=None):
-        tokens = self.vision(images, training=training)["tokens"]
+        tokens = self._image_tower(images, training=training)["tokens"]
         if not self.interaction_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         tokens = self.image_projection(tokens)

@@ -73,6 +73,7 @@ class Llip(ContrastiveModel):
 
     family = "llip"
     image_embedding_keys = ("embeds", "keys", "values", "mixture_tokens")
+    image_tower_keys = ("tokens",)
     text_embedding_keys = ("embeds", "queries")
     extra_layout_rules = (
         ("cross_attention/q_proj", (None, "model")),
@@ -128,7 +129,7 @@ class Llip(ContrastiveModel):
     # ------------------------------------------------------------- features
 
     def _image_features(self, images, training=None):
-        tokens = self.vision(images, training=training)["tokens"][:, : self.num_mixture_tokens]
+        tokens = self._image_tower(images, training=training)["tokens"][:, : self.num_mixture_tokens]
         keys, values = self.cross_attention.image_keys_values(tokens)
         # Uniform attention: the mean over the K tokens, summed over the M heads' folded values.
         embeds = ops.sum(ops.mean(values, axis=1), axis=1)

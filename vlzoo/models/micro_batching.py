@@ -39,15 +39,14 @@ def micro_batched(compute, inputs, micro_batch_size):
         compute: a function of a tensor, or of a dict of tensors, with a batch axis first, to a dict
             of per-example tensors (a model's `_image_features` / `_text_features`); nothing in it may
             couple the examples of a batch.
-        inputs: `(B, ...)` tensor or dict of `(B, ...)` tensors; `B` (static) a multiple of
+        inputs: `(B, ...)` tensor or (nested) dict of `(B, ...)` tensors; `B` (static) a multiple of
             `micro_batch_size`.
         micro_batch_size: rows per `compute` call.
 
     Returns:
         `compute`'s dict for all `B` rows.
     """
-    keys = sorted(inputs) if isinstance(inputs, dict) else None
-    values = [inputs[key] for key in keys] if keys else [inputs]
+    values = keras.tree.flatten(inputs)
     batch = values[0].shape[0]
     if batch is None or batch % micro_batch_size:
         raise ValueError(f"The batch size ({batch}) must be a multiple of `micro_batch_size` ({micro_batch_size}) "
@@ -63,7 +62,7 @@ def micro_batched(compute, inputs, micro_batch_size):
             arrays = list(chunk)
             for k, value in zip(floating, floats):
                 arrays[k] = value
-            outputs = compute(dict(zip(keys, arrays)) if keys else arrays[0])
+            outputs = compute(keras.tree.pack_sequence_as(inputs, arrays))
             names[:] = list(outputs)
             return tuple(outputs[name] for name in names)
 

@@ -92,7 +92,7 @@ class SPARC(TokenContrastiveModel):
 
     def _patch_features(self, images, training=None):
         """The tower's patch outputs `(B, P, W)`: prefix tokens, if any, are left out."""
-        return self.vision(images, training=training)["tokens"][:, self.vision.num_prefix_tokens:]
+        return self._image_tower(images, training=training)["tokens"][:, self.vision.num_prefix_tokens:]
 
     def _image_features(self, images, training=None):
         features = self._patch_features(images, training=training)

@@ -118,6 +118,7 @@ class SPARO(ContrastiveModel):
     """
 
     family = "sparo"
+    image_tower_keys = text_tower_keys = ("tokens",)
     extra_layout_rules = (
         ("(vision|text)_readout/key/kernel", (None, "model")), ("(vision|text)_readout/key/bias", ("model",)),
     )
@@ -169,11 +170,11 @@ class SPARO(ContrastiveModel):
     # ------------------------------------------------------------- features
 
     def _image_readout(self, images, training=None):
-        return self.vision_readout(self.vision(images, training=training)["tokens"])
+        return self.vision_readout(self._image_tower(images, training=training)["tokens"])
 
     def _text_readout(self, inputs, training=None):
         ids = inputs["token_ids"]
-        tokens = self.text(ids, self._padding_mask(inputs), training=training)["tokens"]
+        tokens = self._text_tower(inputs, training=training)["tokens"]
         return self.text_readout(tokens, end_index=end_token_index(ids, self.end_token_id))
 
     def _flatten(self, slots):

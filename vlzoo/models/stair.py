@@ -123,6 +123,7 @@ class STAIR(ContrastiveModel):
     """
 
     family = "stair"
+    image_tower_keys = text_tower_keys = ("tokens",)
     extra_layout_rules = (
         ("(image|text)_head/transform/kernel", (None, "model")),
         ("(image|text)_head/transform/bias", ("model",)),
@@ -334,14 +335,14 @@ class STAIR(ContrastiveModel):
         return embeds * ops.convert_to_tensor(self._keep) if self.zero_excluded else embeds
 
     def _image_features(self, images, training=None):
-        tokens = self.vision(images, training=training)["tokens"]
+        tokens = self._image_tower(images, training=training)["tokens"]
         if not self.pool_include_cls:
             tokens = tokens[:, self.vision.num_prefix_tokens:]
         return {"embeds": self._restrict(self.image_head(tokens, self._image_table()))}
 
     def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text(inputs["token_ids"], mask, training=training)["tokens"]
+        tokens = self._text_tower(inputs, training=training, mask=mask)["tokens"]
         return {"embeds": self._restrict(self.text_head(tokens, self.token_embeddings, mask))}
 
     def image_token_logits(self, images):

@@ -40,6 +40,8 @@ class TokenContrastiveModel(ContrastiveModel):
 
     image_embedding_keys = ("embeds", "tokens")
     text_embedding_keys = ("embeds", "tokens", "mask")
+    image_tower_keys = ("tokens",)
+    text_tower_keys = ("tokens",)
     normalized_keys = ("embeds", "tokens")
 
     def __init__(self, vision, text, embed_dim, projection_bias=False, **kwargs):
@@ -58,7 +60,7 @@ class TokenContrastiveModel(ContrastiveModel):
 
     def _text_features(self, inputs, training=None):
         mask = ops.cast(self._padding_mask(inputs), "bool")
-        tokens = self.text_projection(self.text(inputs["token_ids"], mask, training=training)["tokens"])
+        tokens = self.text_projection(self._text_tower(inputs, training=training, mask=mask)["tokens"])
         return {"embeds": self._pool_text(tokens, mask), "tokens": tokens, "mask": mask}
 
     def get_config(self):

@@ -39,15 +39,33 @@ def check_tower_config(config, tower):
 
 
 def check_paired_arrays(x, method):
-    """`fit` / `evaluate` inputs given as a dict of arrays: every entry holds the same number of pairs."""
-    if not isinstance(x, dict) or not all(hasattr(v, "shape") and len(v.shape) for v in x.values()):
+    """`fit` / `evaluate` inputs given as a dict of arrays (a cached tower's outputs nested inside): every
+    entry holds the same number of pairs."""
+    if not isinstance(x, dict):
         return
-    sizes = {key: value.shape[0] for key, value in x.items()}
+    flat = {key: value for key, value in x.items() if not isinstance(value, dict)}
+    flat.update({f"{key}/{inner}": value for key, group in x.items() if isinstance(group, dict)
+                 for inner, value in group.items()})
+    if not all(hasattr(v, "shape") and len(v.shape) for v in flat.values()):
+        return
+    sizes = {key: value.shape[0] for key, value in flat.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(
             f"`x` of `{method}`: every entry must hold the same number of image-caption pairs; received "
             + ", ".join(f"`{key}` {size}" for key, size in sizes.items()) + "."
         )
+
+
+def check_tower_outputs(outputs, keys, name):
+    """A locked tower's cached outputs: a dict holding `keys`, each with a batch axis first."""
+    if not isinstance(outputs, dict) or not set(keys) <= set(outputs):
+        received = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+        raise ValueError(f"`{name}` must be a dict of the tower's outputs {list(keys)} "
+                         f"(`vlzoo.training.cache_tower`); received {received}.")
+    for key in keys:
+        shape = _static_shape(outputs[key])
+        if len(shape) < 2:
+            raise ValueError(f"`{name}['{key}']` must have a batch axis and a feature axis; received shape {shape}.")
 
 
 def _check_not_empty(shape, label, what):

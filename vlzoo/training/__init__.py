@@ -4,7 +4,8 @@
   `WarmupCosine`, weight-decay exclusions, accumulation, remat) and
   `retain_host_memory` for CPU training.
 * `locking`: locked towers (LiT): `lock_tower(model, "image", unlocked_groups=N)`,
-  also `configure(..., lock_image=True)`.
+  also `configure(..., lock_image=True)`; `cache_tower` computes a locked
+  tower's outputs once per dataset.
 * `lora`: LoRA adapters through Keras' `enable_lora` (`enable_lora`, `merge_lora`,
   `save_lora_weights`, `load_lora_weights`).
 * `interpolation`: WiSE-FT weight-space ensembles of a zero-shot and a
@@ -19,9 +20,9 @@ Example:
 
 from vlzoo.training.defaults import WarmupCosine, configure, retain_host_memory, training_optimizer
 from vlzoo.training.interpolation import interpolate, interpolation_sweep
-from vlzoo.training.locking import lock_tower, tower_groups
+from vlzoo.training.locking import cache_tower, lock_tower, tower_groups
 from vlzoo.training.lora import enable_lora, load_lora_weights, merge_lora, save_lora_weights
 
-__all__ = ["WarmupCosine", "configure", "enable_lora", "interpolate", "interpolation_sweep", "load_lora_weights",
+__all__ = ["WarmupCosine", "cache_tower", "configure", "enable_lora", "interpolate", "interpolation_sweep", "load_lora_weights",
            "lock_tower", "merge_lora", "retain_host_memory", "save_lora_weights", "tower_groups",
            "training_optimizer"]
