@@ -50,7 +50,9 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
     assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
     assert {row["entry"] for row in rows} == {"open_clip", "precision", "filip_loss", "train_step", "stair_pool",
-                                              "loss_memory"}
+                                              "loss_memory", "grad_caching"}
+    caching = {(row["batch_size"], row["micro_batch_size"]) for row in rows if row["entry"] == "grad_caching"}
+    assert caching == {(4, None), (4, 2), (8, None), (8, 2)}
     peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
             for row in rows if row["entry"] == "open_clip"}
     tasks = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
@@ -96,7 +98,8 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert "| matmul (roofline) | backend | GFLOP/s |" in table
     assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
                for line in table.splitlines()) == 4  # the precision table's rows
-    assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory"))
+    assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory",
+                                                     "grad_caching"))
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines()
               if line.startswith("| train_step |") and " towers, batch " in line]
     assert len(ratios) == 3 and all(float(r) > 0 for r in ratios)

@@ -57,6 +57,12 @@ Entries:
                by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
                (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
                linearly in B, not with B^2.
+  grad_caching one `train_on_batch` of CLIP on the clip_vit_b16 towers against the
+               contrastive batch N (CPU: 8, 16, 32; accelerator: 64 ... 4096),
+               without and with gradient caching (`micro_batch_size` 8 on the CPU,
+               64 on an accelerator; without it only up to N = 1024 there): step
+               time and peak memory, which with caching stays near one
+               micro-batch's activations plus the N embeddings.
   stair_pool   STAIR's vocabulary-sized head pooled to (B, V), forward +
                backward, B=64 images of S=197 positions (ViT-B/16), V=30,522,
                D=768: all (B, S, V) logits at once vs 16 rematerialised
@@ -82,7 +88,7 @@ from bench_report import (  # noqa: E402,F401  (the report tables; re-exported f
     open_clip_table, page, peer_target, precision_table, render_into, rooflines,
 )
 
-ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory")
+ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory", "grad_caching")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
 MEMORY_LOSSES = ("clip", "filip", "llip")
@@ -314,8 +320,9 @@ def _random_batch(batch_size, image_size, context, vocabulary_size, seed=0):
     }
 
 
-def _family_step(family, towers, batch_size):
-    """One `train_on_batch` of `family` on the towers of the CLIP preset `towers`: `(step, args)`."""
+def _family_step(family, towers, batch_size, micro_batch_size=None):
+    """One `train_on_batch` of `family` on the towers of the CLIP preset `towers` (gradient caching with
+    `micro_batch_size`): `(step, args)`."""
     import keras
 
     import vlzoo
@@ -323,6 +330,7 @@ def _family_step(family, towers, batch_size):
 
     classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in registry.definitions().values()}
     model = classes[family](**same_towers_config(family, towers))
+    model.micro_batch_size = micro_batch_size
     model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
                           model.text.vocabulary_size)
@@ -449,6 +457,7 @@ CASE_BUILDERS = {
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
     "loss_memory": lambda case: [_loss_memory_step(case)],
+    "grad_caching": lambda case: [_family_step("clip", case["towers"], case["batch_size"], case["micro_batch_size"])],
 }
 
 
@@ -597,6 +606,15 @@ def cases(entries, quick, on_accelerator=False):
                     small = {k: v for k, v in dict(P=16, T=12, K=4).items() if k in shapes[loss]}
                     size = {**shapes[loss], **small} if quick else shapes[loss]
                     yield dict(entry=entry, loss=loss, B=b, repeats=1, **size)  # a memory figure: one timed call
+        elif entry == "grad_caching":
+            towers, micro = ("clip_tiny", 2) if quick else ("clip_vit_b16", 64 if on_accelerator else 8)
+            sizes = (4, 8) if quick else (64, 256, 1024, 4096) if on_accelerator else (8, 16, 32)
+            for n in sizes:
+                for m in (None, micro):
+                    if m is None and on_accelerator and n > 1024:
+                        continue  # the whole batch's activations at once: past any one accelerator's memory
+                    if m is None or m < n:
+                        yield dict(entry=entry, towers=towers, batch_size=n, micro_batch_size=m, repeats=1)
         elif entry == "stair_pool":
             size = dict(B=4, S=17, V=512, D=32) if quick else dict(B=64, S=197, V=30522, D=768)
             for chunks in (None, 4 if quick else 16):

@@ -61,6 +61,9 @@ def describe(row):
                f"{row['batch_size']}, vlzoo {row['dtype']}"
     if row["entry"] == "stair_pool":
         return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
+    if row["entry"] == "grad_caching":
+        return (f"clip on {row['towers']} towers, contrastive batch {row['batch_size']}, "
+                f"micro-batch {row['micro_batch_size'] or '-'}")
     return f"{row['family']} on {row['towers']} towers, batch {row['batch_size']}"
 
 
