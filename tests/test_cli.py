@@ -364,6 +364,19 @@ def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_
     status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--save-adapters", adapters,
                          "--out", out_dir)
     assert status == 2 and "--save-adapters: needs --lora-rank" in err
+    text_only = tmp_path / "lora_text"
+    status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--steps-per-epoch", "2",
+                           "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "2", "--lora-towers", "text",
+                           "--lora-alpha", "4", "--save-adapters", adapters, "--out", text_only)
+    assert status == 0, err
+    trained = vlzoo.from_preset(str(text_only))
+    for a, b in zip(start.vision.weights, trained.vision.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    with np.load(adapters) as saved:
+        config = json.loads(str(saved[[name for name in saved.files if "config" in name][0]]))
+    assert config["rank"] == 2 and config["alpha"] == 4.0 and all("text" in layer for layer in config["layers"])
+    status, _, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--lora-alpha", "4", "--out", out_dir)
+    assert status == 2 and "--lora-alpha: needs --lora-rank" in err
 
 
 @pytest.mark.slow

@@ -65,6 +65,10 @@ def register(sub):
     p.add_argument("--lora-targets", nargs="+", default=["query", "value"], metavar="NAME",
                    help="with --lora-rank: the block projections to adapt, among query, key, value, output, "
                    "fc1, fc2 (default: query value)")
+    p.add_argument("--lora-towers", nargs="+", default=["image", "text"], choices=("image", "text"),
+                   help="with --lora-rank: the towers to adapt, image and/or text (default: both)")
+    p.add_argument("--lora-alpha", type=_positive_float, default=None, metavar="A",
+                   help="with --lora-rank: the update's scale is A / R (default: R, a scale of 1)")
     p.add_argument("--save-adapters", default=None, metavar="FILE",
                    help="with --lora-rank: also write the adapters alone to FILE (.npz; load_lora_weights)")
     p.add_argument("--stair-stages", default=None, metavar="F1,F2,F3|manual",
@@ -102,8 +106,12 @@ def run(args, out):
 
     if args.micro_batch_size is not None and args.batch_size % args.micro_batch_size:
         raise UsageError("--micro-batch-size", f"{args.micro_batch_size} does not divide --batch-size {args.batch_size}")
-    if args.lora_rank is None and args.save_adapters is not None:
-        raise UsageError("--save-adapters", "needs --lora-rank")
+    if args.lora_rank is None:
+        for argument, given in (("--save-adapters", args.save_adapters is not None),
+                                ("--lora-towers", args.lora_towers != ["image", "text"]),
+                                ("--lora-alpha", args.lora_alpha is not None)):
+            if given:
+                raise UsageError(argument, "needs --lora-rank")
     steps = args.steps_per_epoch
     if steps is None:
         with _naming("--data"):
@@ -129,7 +137,8 @@ def run(args, out):
     staged = _set_stair_stages(model, args, total_steps)
     if args.lora_rank is not None:
         with _naming("--lora-targets"):
-            enable_lora(model, rank=args.lora_rank, targets=args.lora_targets)
+            enable_lora(model, rank=args.lora_rank, targets=args.lora_targets, towers=args.lora_towers,
+                        alpha=args.lora_alpha)
     # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
     configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
               alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
