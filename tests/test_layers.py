@@ -231,3 +231,16 @@ def test_flash_attention_only_for_lengths_cudnns_backward_takes():
     assert _flash_attention(heads(197), heads(197)) is (False if jax else None)
     assert _flash_attention(heads(256), heads(77)) is (False if jax else None)
     assert _flash_attention(heads(256), heads(128)) is None
+
+
+def test_token_embedding_takes_adams_step_for_a_repeated_token():
+    # Token 1 is looked up twice, token 3 once: the table's gradient is 2 and 1 on their rows, and Adam's
+    # first step is lr * g / (|g| + eps), lr in every entry of both rows. Keras' own Embedding on TensorFlow
+    # moves row 1 by sqrt(2) lr: its Adam squares the two looked-up rows before summing them.
+    layer = layers.TokenEmbedding(4, 2, embeddings_initializer="zeros")
+    inputs = keras.Input((3,), dtype="int32")
+    model = keras.Model(inputs, layer(inputs))
+    model.compile(optimizer=keras.optimizers.Adam(0.1), loss=lambda y, p: keras.ops.sum(p))
+    model.fit(np.array([[1, 1, 3]]), np.zeros((1,)), epochs=1, verbose=0)
+    np.testing.assert_allclose(to_numpy(layer.embeddings), [[0, 0], [-0.1, -0.1], [0, 0], [-0.1, -0.1]], atol=1e-5)
+    assert isinstance(layer, keras.layers.Embedding) and layers.TokenEmbedding.from_config(layer.get_config()).input_dim == 4

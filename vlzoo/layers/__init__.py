@@ -1,6 +1,6 @@
 """Keras layers of vlzoo, written once in `keras.ops`."""
 
-from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding, bicubic_resize_matrix
+from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding, TokenEmbedding, bicubic_resize_matrix
 from vlzoo.layers.heads import MAPHead
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.layers.sparo import SPAROReadout, end_token_index

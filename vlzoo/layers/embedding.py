@@ -1,4 +1,4 @@
-"""Patch and position embeddings."""
+"""Patch, position and token embeddings."""
 
 import math
 
@@ -154,3 +154,36 @@ class PositionEmbedding(keras.layers.Layer):
             init_std=self.init_std,
         )
         return config
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class TokenEmbedding(keras.layers.Embedding):
+    """`keras.layers.Embedding` whose table gets the same gradient, and the same Adam step, on every backend.
+
+    On TensorFlow the gradient of a table lookup is an `IndexedSlices` with one
+    row per looked-up token, a token that occurs `k` times in the batch giving
+    `k` rows. Keras 3.15's Adam and AdamW square those rows one by one before
+    they are summed, so the second moment of such a token's row is
+    `sum_i g_i^2` instead of `(sum_i g_i)^2`, and its step is up to `sqrt(k)`
+    times too large (measured: an id looked up twice moves by `1.41 lr` on the
+    first step, by `lr` on JAX and PyTorch). In text batches every caption's end
+    token repeats. In training this layer reads the table through `ops.where`,
+    whose TensorFlow gradient sums the rows into one dense gradient first: the
+    gradient JAX and PyTorch compute. Elsewhere it is `keras.layers.Embedding`.
+
+    Input: int token ids `(B, T)`; output `(B, T, output_dim)`.
+
+    Example:
+    >>> layer = TokenEmbedding(49408, 512, name="token_embedding")
+    >>> layer(np.array([[49406, 320, 49407]])).shape
+    (1, 3, 512)
+    """
+
+    def call(self, inputs, training=None):
+        if not training or keras.backend.backend() != "tensorflow" or self.quantization_mode is not None:
+            return super().call(inputs)
+        if inputs.dtype not in ("int32", "int64"):
+            inputs = ops.cast(inputs, "int32")
+        table = ops.where(True, self.embeddings, ops.zeros((), self.embeddings.dtype))
+        return ops.cast(ops.take(table, inputs, axis=0), dtype=self.compute_dtype)
+

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from vlzoo.layers.embedding import PositionEmbedding
+from vlzoo.layers.embedding import PositionEmbedding, TokenEmbedding
 from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("eot", "last", "mean", "first")
@@ -73,7 +73,7 @@ class TextTransformer(keras.layers.Layer):
         self.remat = remat
 
         dtype = self.dtype_policy
-        self.token_embedding = keras.layers.Embedding(
+        self.token_embedding = TokenEmbedding(
             vocabulary_size, hidden_dim, dtype=dtype, name="token_embedding",
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
         )
@@ -109,7 +109,7 @@ class TextTransformer(keras.layers.Layer):
         return self.output_dim if self.output_dim is not None else self.hidden_dim
 
     def call(self, token_ids, padding_mask, training=None):
-        x = self.position_embedding(self.token_embedding(token_ids))
+        x = self.position_embedding(self.token_embedding(token_ids, training=training))
         mask, is_causal = None, self.causal
         if self.use_padding_mask:
             length = x.shape[1]
