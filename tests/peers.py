@@ -78,3 +78,26 @@ def assert_parity(model, images, texts, peer_image, peer_text, peer_logits, labe
     assert diffs["image"] < EMBED_TOL and diffs["text"] < EMBED_TOL, diffs
     assert diffs["logits"] < LOGIT_TOL, diffs
     return diffs
+
+
+# ----------------------------------------------------------------------------- clip_benchmark's metric code
+
+
+def clip_benchmark_embedding_model(texts):
+    """A PyTorch module for clip_benchmark's `image_caption_selection.evaluate` that scores given
+    embeddings: its "images" are the image embeddings themselves (flattened) and caption id `k` is row
+    `k` of `texts` reshaped to `(-1, D)`; so clip_benchmark's metrics run on scores computed here."""
+    import torch
+
+    class Embeddings(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.texts = torch.tensor(texts.reshape(-1, texts.shape[-1]))
+
+        def encode_image(self, x):
+            return x.flatten(1)
+
+        def encode_text(self, ids):
+            return self.texts[ids]
+
+    return Embeddings()

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import run_once
+from peers import clip_benchmark_embedding_model
 from PIL import Image
 from test_selection_benchmarks import LEVELS, Oracle, _preset, _solid
 
@@ -403,17 +404,6 @@ def test_precision_at_1_agrees_with_clip_benchmark_on_the_same_scores():
     import torch
     from clip_benchmark.metrics import image_caption_selection
 
-    class Embeddings(torch.nn.Module):
-        def __init__(self, texts):
-            super().__init__()
-            self.texts = torch.tensor(texts.reshape(-1, texts.shape[-1]))
-
-        def encode_image(self, x):
-            return x.flatten(1)
-
-        def encode_text(self, ids):
-            return self.texts[ids]
-
     rng = np.random.default_rng(0)
     for n_captions, tied in ((5, False), (2, False), (5, True)):
         images, texts = rng.normal(size=(200, 16)), rng.normal(size=(200, n_captions, 16))
@@ -423,7 +413,8 @@ def test_precision_at_1_agrees_with_clip_benchmark_on_the_same_scores():
                    [[str(n_captions * i + c) for c in range(n_captions)] for i in range(s, min(s + 64, 200))])
                   for s in range(0, 200, 64)]
         tokenizer = lambda ids: torch.tensor([int(i) for i in ids])  # noqa: E731
-        theirs = image_caption_selection.evaluate(Embeddings(texts), loader, tokenizer, "cpu", amp=False)["text_acc"]
+        model = clip_benchmark_embedding_model(texts)
+        theirs = image_caption_selection.evaluate(model, loader, tokenizer, "cpu", amp=False)["text_acc"]
         unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
         scores = np.einsum("nd,ncd->nc", unit(images), unit(texts))[:, None]
         ours = selection_metrics("caption", scores, scores, ties="optimistic" if tied else "expected")["acc"]

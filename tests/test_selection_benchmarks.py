@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import run_once
+from peers import clip_benchmark_embedding_model
 from PIL import Image
 
 import vlzoo
@@ -282,17 +283,6 @@ def test_metrics_agree_with_clip_benchmark_on_the_same_scores():
     import torch
     from clip_benchmark.metrics import image_caption_selection
 
-    class Embeddings(torch.nn.Module):
-        def __init__(self, texts):
-            super().__init__()
-            self.texts = torch.tensor(texts.reshape(-1, texts.shape[-1]))
-
-        def encode_image(self, x):
-            return x.flatten(1)
-
-        def encode_text(self, ids):
-            return self.texts[ids]
-
     rng = np.random.default_rng(0)
     for kind, n_images in (("caption", 1), ("winoground", 2), ("mmvp", 2)):
         images, texts = rng.normal(size=(300, n_images, 16)), rng.normal(size=(300, 2, 16))
@@ -300,7 +290,8 @@ def test_metrics_agree_with_clip_benchmark_on_the_same_scores():
                    [[str(2 * i + c) for c in range(2)] for i in range(s, min(s + 64, 300))])
                   for s in range(0, 300, 64)]
         tokenizer = lambda ids: torch.tensor([int(i) for i in ids])  # noqa: E731
-        theirs = image_caption_selection.evaluate(Embeddings(texts), loader, tokenizer, "cpu", amp=False)
+        model = clip_benchmark_embedding_model(texts)
+        theirs = image_caption_selection.evaluate(model, loader, tokenizer, "cpu", amp=False)
         unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
         scores = np.einsum("nad,ncd->nac", unit(images), unit(texts))
         ours = selection_metrics(kind, scores, scores)
