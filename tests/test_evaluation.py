@@ -2,6 +2,8 @@
 references and each family's own ensembling, dispatch, and the callbacks inside `fit`."""
 
 import functools
+import itertools
+import math
 import warnings
 
 import keras
@@ -157,6 +159,48 @@ def test_recall_at_k_by_hand(ties):
         streamed = retrieval_recall(MatrixModel(HAND_SCORES), images, texts, HAND_IDS, ks=(1, 2, 3),
                                     batch_size=batch_size, ties=ties)
         assert streamed == pytest.approx(HAND_EXPECTED[ties], abs=1e-12)
+
+
+def _expected_by_enumeration(scores, positive, k):
+    """Mean over rows of the share of all orderings (ties broken every possible way) that put a positive
+    in the top k: the definition of the "expected" rule, counted, not computed by its formula."""
+    hits = []
+    for row, pos in zip(scores, positive):
+        orders = [order for order in itertools.permutations(range(len(row)))
+                  if all(row[a] >= row[b] for a, b in zip(order, order[1:]))]
+        hits.append(np.mean([any(pos[j] for j in order[:k]) for order in orders]))
+    return float(np.mean(hits))
+
+
+def test_recall_expected_ties_count_every_ordering_and_stream_exactly():
+    # Integer scores of 3 levels: ties everywhere. 3 images x 6 captions (2 each), and 5 x 5, where a
+    # caption's 4 negative images exceed the max(ks) = 3 the streamed t2i side keeps, so ties of its
+    # positive can fall past the kept ones. Streaming in blocks of 1 and 3 images must not change a count.
+    rng = np.random.default_rng(4)
+    for num_images, ids in ((3, np.repeat(np.arange(3), 2)), (5, np.arange(5))):
+        images, texts = index_inputs(num_images, len(ids))
+        positive = ids[None, :] == np.arange(num_images)[:, None]
+        for trial in range(3):
+            scores = rng.integers(0, 3, size=(num_images, len(ids))).astype("float32")
+            want = {}
+            for k in (1, 2, 3):
+                want[f"i2t_r@{k}"] = _expected_by_enumeration(scores, positive, k)
+                want[f"t2i_r@{k}"] = _expected_by_enumeration(scores.T, positive.T, k)
+            assert recall_at_k(scores, ids, ks=(1, 2, 3), ties="expected") == pytest.approx(want, abs=1e-12)
+            for batch_size in (1, 3):
+                streamed = retrieval_recall(MatrixModel(scores), images, texts, ids, ks=(1, 2, 3),
+                                            batch_size=batch_size, ties="expected")
+                assert streamed == pytest.approx(want, abs=1e-12), (num_images, trial, batch_size)
+
+
+def test_recall_of_a_constant_model_is_chance_under_expected_ties():
+    # 5 images, 3 captions each: a caption's image is 1 of 5 (K / 5); an image's 3 captions are among K of
+    # 15 with probability 1 - C(12, K) / C(15, K).
+    scores, ids = np.zeros((5, 15)), np.repeat(np.arange(5), 3)
+    got = recall_at_k(scores, ids, ks=(1, 5, 10), ties="expected")
+    want = {f"t2i_r@{k}": min(k / 5, 1.0) for k in (1, 5, 10)}
+    want.update({f"i2t_r@{k}": 1 - math.comb(12, k) / math.comb(15, k) for k in (1, 5, 10)})
+    assert got == pytest.approx(want, abs=1e-12)
 
 
 def test_recall_one_caption_per_image_and_separate_t2i_scores():

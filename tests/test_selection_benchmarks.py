@@ -315,13 +315,20 @@ def test_karpathy_split_reads_the_test_images_and_every_caption(tmp_path, coco):
                                          "text_retrieval_recall@1", "text_retrieval_recall@5"]
 
 
-def test_a_constant_model_retrieves_by_the_tie_rule_exactly(tmp_path):
+def test_a_constant_model_retrieves_at_chance_or_by_the_tie_rule_exactly(tmp_path):
     # 4 test images, 2 captions each. Ranking images for a caption: 3 negatives; ranking captions for an
-    # image: 6 negatives (its own second caption never counts). With every score tied, "pessimistic" puts
-    # all negatives ahead (a hit only when they number under K), "optimistic" none.
+    # image: 6 negatives (its own second caption never counts). With every score tied, "expected" gives
+    # chance: K / 4 for a caption's image, 1 - C(6, K) / C(8, K) for one of an image's 2 captions among
+    # K of 8; "pessimistic" puts all negatives ahead (a hit only when they number under K), "optimistic"
+    # none.
     benchmark = benchmarks.karpathy(*_karpathy(tmp_path))
     constant = Oracle(constant=True)
-    pessimistic = benchmarks.evaluate_retrieval(constant, benchmark, ks=(1, 5, 10))["metrics"]
+    chance = benchmarks.evaluate_retrieval(constant, benchmark, ks=(1, 5, 10))["metrics"]
+    assert chance == pytest.approx({"image_retrieval_recall@1": 0.25, "image_retrieval_recall@5": 1.0,
+                                    "image_retrieval_recall@10": 1.0, "text_retrieval_recall@1": 0.25,
+                                    "text_retrieval_recall@5": 1 - 6 / 56, "text_retrieval_recall@10": 1.0},
+                                   abs=1e-12)
+    pessimistic = benchmarks.evaluate_retrieval(constant, benchmark, ks=(1, 5, 10), ties="pessimistic")["metrics"]
     assert pessimistic == {"text_retrieval_recall@1": 0.0, "text_retrieval_recall@5": 0.0,
                            "text_retrieval_recall@10": 1.0, "image_retrieval_recall@1": 0.0,
                            "image_retrieval_recall@5": 1.0, "image_retrieval_recall@10": 1.0}

@@ -99,8 +99,9 @@ def register(sub):
     p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
                    help="classification: prompt templates (default: CLIP's 80 ImageNet ones)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
-                   help="selection: tied scores count their expected value under a random order (default; "
-                   "chance for a constant model), as failed (the benchmarks' own scripts) or as passed")
+                   help="selection, retrieval, ARO, shapes: tied scores count their expected value under a random "
+                   "order (default; chance for a constant model), as failed (the benchmarks' own scripts) or as "
+                   "passed")
     p.add_argument("--background", default="ignore", type=_background, metavar="ignore|prompts|P",
                    help="voc2012: background pixels ignored (default; 20 classes, SPARC's protocol), scored "
                    "with background prompts, or where no class's probability reaches P (both 21 classes)")
@@ -204,7 +205,7 @@ def run(args, out):
             result = benchmarks.evaluate_classification(model, benchmark, templates, **options)
         elif task == "retrieval":
             print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
-            result = benchmarks.evaluate_retrieval(model, benchmark, **options)
+            result = benchmarks.evaluate_retrieval(model, benchmark, ties=args.ties, **options)
         elif task == "segmentation":
             print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.class_names)} classes, "
                   f"{len(templates)} template(s)", file=out)

@@ -240,12 +240,14 @@ def karpathy(path, images, split="test", name=None):
                               tuple(image_ids), path)
 
 
-def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="pessimistic", verbose=False,
+def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="expected", verbose=False,
                        **score_kwargs):
     """Recall@K of `benchmark` in both directions, named as clip_benchmark names them.
 
     `image_retrieval_recall@K` is text -> image (over captions), `text_retrieval_recall@K` image ->
-    text (over images: one of its captions in the top K); see `retrieval_recall`.
+    text (over images: one of its captions in the top K); see `retrieval_recall`. Tied scores count
+    their expected value under a random order by default (a constant model scores chance exactly);
+    without ties every rule gives clip_benchmark's recall.
 
     Returns:
         `{"dataset": name, "task": "zeroshot_retrieval", "metrics": {...}}`.

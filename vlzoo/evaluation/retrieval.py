@@ -13,16 +13,25 @@ images, or other images) ranked above the best positive; the other
 captions of the same image never count. With `ties="pessimistic"`
 (default) a negative whose score equals the positive's counts as ranked
 above it, so a constant-score model gets `R@K = 0` (unless there are fewer
-than K negatives); `"optimistic"` counts only strictly higher negatives.
-Recall@K is the fraction of queries that hit.
+than K negatives); `"optimistic"` counts only strictly higher negatives;
+`"expected"` counts a query's hit probability when the tied scores are put
+in a uniformly random order: with `a` negatives strictly above the best
+positive, `t` tied with it and `p` positives at that score, the hit at K
+has probability `1 - C(t, m) / C(t + p, m)` for `m = K - a` (0 when `m <= 0`,
+1 when `m > t`). A constant-score model then scores the chance level
+exactly: `R@K = K / N_images` for text -> image, and the chance that one
+of an image's captions is among K random ones for image -> text. Without
+ties the three agree. Recall@K is the fraction of queries that hit (or
+their mean hit probability).
 
 Scores come from the family's own `model.score` (`model.similarity`'s
 scoring of cached embeddings); a family whose `score` takes `direction`
 (FILIP) ranks captions with `direction="i2t"` and images with `"t2i"`.
 `retrieval_recall` encodes the captions once, then scores `batch_size`
-images at a time, keeping per caption only its positive score and its
-`max(ks)` best negative scores: memory is `O(batch_size * N_T + N_T * max(ks))`
-besides the caption embeddings.
+images at a time, keeping per caption only its positive score, its
+`max(ks)` best negative scores and how many dropped negatives tie the last
+of them: memory is `O(batch_size * N_T + N_T * max(ks))` besides the caption
+embeddings.
 
 Example:
 >>> recall_at_k(np.array([[0.9, 0.1], [0.2, 0.3]]), ks=(1,))
@@ -36,10 +45,38 @@ import numpy as np
 from keras import ops
 
 from vlzoo.evaluation._common import (
-    batches, check_ks, check_ties, concatenate, count_ahead, finite_numpy, hit_rates, num_rows, take, tokenize,
+    batches, check_ks, concatenate, finite_numpy, num_rows, take, tokenize,
 )
 
-__all__ = ["recall_at_k", "retrieval_recall"]
+__all__ = ["RETRIEVAL_TIES", "recall_at_k", "retrieval_recall"]
+
+RETRIEVAL_TIES = ("pessimistic", "optimistic", "expected")
+
+
+def _check_ties(ties):
+    if ties not in RETRIEVAL_TIES:
+        raise ValueError(f"`ties` must be one of {RETRIEVAL_TIES}; received {ties!r}.")
+    return ties
+
+
+def _hit_rates(ahead, tied, positives, ks, ties):
+    """`{k: mean hit}` of queries with `ahead` negatives above the best positive, `tied` negatives and
+    `positives` positives at its score (int arrays `(R,)`), under the tie rule `ties`."""
+    rates = {}
+    for k in ks:
+        if ties == "pessimistic":
+            hits = (ahead + tied < k).astype(np.float64)
+        elif ties == "optimistic":
+            hits = (ahead < k).astype(np.float64)
+        else:  # 1 - C(t, m) / C(t + p, m): no positive among the first m of the tied group, at random
+            m = k - ahead
+            miss = np.ones(ahead.shape, np.float64)
+            for i in range(k):
+                step = np.where(i < m, (tied - i) / np.maximum(tied + positives - i, 1), 1.0)
+                miss = miss * np.clip(step, 0.0, 1.0)
+            hits = 1.0 - miss
+        rates[k] = float(np.mean(hits))
+    return rates
 
 
 def _check_image_ids(image_ids, num_images, num_texts):
@@ -71,33 +108,48 @@ def _check_image_ids(image_ids, num_images, num_texts):
     return ids
 
 
+def _tie_counts(scores, positive):
+    """Per row: negatives above the best positive, negatives tied with it, positives at its score."""
+    best = np.max(np.where(positive, scores, -np.inf), axis=1, keepdims=True)
+    return (np.sum((scores > best) & ~positive, axis=1), np.sum((scores == best) & ~positive, axis=1),
+            np.sum((scores == best) & positive, axis=1))
+
+
 class _RecallCounter:
     """Streams rows of the score matrix (blocks of images) into both directions' rank counts."""
 
     def __init__(self, image_ids, num_images, ks, ties):
         self.image_ids, self.ks, self.ties = image_ids, ks, ties
-        self.i2t_ahead = np.zeros((num_images,), np.int64)
+        self.i2t_counts = np.zeros((3, num_images), np.int64)  # ahead, tied, positives at the best's score
         self.t2i_positive = np.zeros((image_ids.size,), np.float64)
-        # The max(ks) highest negative scores of every caption seen so far.
+        # The max(ks) highest negative scores of every caption seen so far, and how many negatives were
+        # dropped with a score equal to the last of them (ties of the positive past the kept ones).
         self.t2i_negatives = np.full((image_ids.size, max(ks)), -np.inf, np.float64)
+        self.t2i_dropped_ties = np.zeros((image_ids.size,), np.int64)
 
     def update(self, start, i2t, t2i):
         """`i2t`, `t2i`: finite numpy `(b, N_T)` scores of images `start:start + b`."""
         stop = start + i2t.shape[0]
         positive = self.image_ids[None, :] == np.arange(start, stop)[:, None]
-        self.i2t_ahead[start:stop] = count_ahead(i2t, positive, self.ties)
+        self.i2t_counts[:, start:stop] = _tie_counts(i2t, positive)
         rows, cols = np.nonzero(positive)
         self.t2i_positive[cols] = t2i[rows, cols]
-        merged = np.concatenate([self.t2i_negatives, np.where(positive, -np.inf, t2i).T], axis=1)
-        self.t2i_negatives = -np.sort(-merged, axis=1)[:, : self.t2i_negatives.shape[1]]
+        kept = self.t2i_negatives.shape[1]
+        last = self.t2i_negatives[:, -1]
+        merged = -np.sort(-np.concatenate([self.t2i_negatives, np.where(positive, -np.inf, t2i).T], axis=1), axis=1)
+        self.t2i_negatives = merged[:, :kept]
+        dropped = np.sum(merged[:, kept:] == self.t2i_negatives[:, -1:], axis=1)
+        same = self.t2i_negatives[:, -1] == last
+        self.t2i_dropped_ties = np.where(same, self.t2i_dropped_ties + dropped, dropped)
 
     def result(self):
-        scores = np.concatenate([self.t2i_positive[:, None], self.t2i_negatives], axis=1)
-        positive = np.zeros(scores.shape, bool)
-        positive[:, 0] = True
-        t2i_ahead = count_ahead(scores, positive, self.ties)
-        metrics = {f"i2t_r@{k}": rate for k, rate in hit_rates(self.i2t_ahead, self.ks).items()}
-        metrics.update({f"t2i_r@{k}": rate for k, rate in hit_rates(t2i_ahead, self.ks).items()})
+        positive_scores = self.t2i_positive[:, None]
+        ahead = np.sum(self.t2i_negatives > positive_scores, axis=1)
+        tied = np.sum(self.t2i_negatives == positive_scores, axis=1)
+        tied = tied + np.where(self.t2i_negatives[:, -1] == self.t2i_positive, self.t2i_dropped_ties, 0)
+        metrics = {f"i2t_r@{k}": rate for k, rate in _hit_rates(*self.i2t_counts, self.ks, self.ties).items()}
+        metrics.update({f"t2i_r@{k}": rate
+                        for k, rate in _hit_rates(ahead, tied, np.ones_like(ahead), self.ks, self.ties).items()})
         return metrics
 
 
@@ -111,7 +163,7 @@ def recall_at_k(scores, image_ids=None, ks=(1, 5, 10), ties="pessimistic", t2i_s
         image_ids: int `(N_texts,)`, the image index of every caption; None:
             caption `j` belongs to image `j` (`N_images == N_texts`).
         ks: an int or a sequence of ints.
-        ties: "pessimistic" (default) or "optimistic"; see the module docstring.
+        ties: "pessimistic" (default), "optimistic" or "expected"; see the module docstring.
         t2i_scores: optional `(N_images, N_texts)` scores for ranking images
             (FILIP's `S_T`).
 
@@ -123,7 +175,7 @@ def recall_at_k(scores, image_ids=None, ks=(1, 5, 10), ties="pessimistic", t2i_s
     >>> recall_at_k(scores, image_ids=[0, 0, 1], ks=(1, 2))
     {'i2t_r@1': 0.5, 'i2t_r@2': 1.0, 't2i_r@1': 0.666..., 't2i_r@2': 1.0}
     """
-    ks, ties = check_ks(ks, "ks"), check_ties(ties)
+    ks, ties = check_ks(ks, "ks"), _check_ties(ties)
     i2t = finite_numpy(scores, "scores")
     if i2t.ndim != 2:
         raise ValueError(f"`scores` must have shape (N_images, N_texts); received shape {i2t.shape}.")
@@ -164,7 +216,7 @@ def retrieval_recall(model, images, texts, image_ids=None, ks=(1, 5, 10), batch_
             belongs to image `j`. Every image needs at least one caption.
         ks: an int or a sequence of ints, `(1, 5, 10)` by default.
         batch_size: images (and captions) per forward pass.
-        ties: "pessimistic" (default) or "optimistic"; see the module docstring.
+        ties: "pessimistic" (default), "optimistic" or "expected"; see the module docstring.
         verbose: show progress bars (captions, then images).
         **score_kwargs: passed to `model.score` (`slots=` for SPARO, `temperature=` for Llip).
 
@@ -174,7 +226,7 @@ def retrieval_recall(model, images, texts, image_ids=None, ks=(1, 5, 10), batch_
     Example:
     >>> retrieval_recall(model, images, ["a dog", "a puppy", "a cat"], image_ids=[0, 0, 1], ks=(1, 5))
     """
-    ks, ties = check_ks(ks, "ks"), check_ties(ties)
+    ks, ties = check_ks(ks, "ks"), _check_ties(ties)
     num_images = num_rows(images)
     tokens = tokenize(model, texts)
     num_texts = tuple(tokens["token_ids"].shape)[0]
