@@ -58,7 +58,7 @@ Entries:
                (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
                linearly in B, not with B^2.
   grad_caching one `train_on_batch` of CLIP on the clip_vit_b16 towers against the
-               contrastive batch N (CPU: 8, 16, 32; accelerator: 64 ... 4096),
+               contrastive batch N (CPU: 16, 32, 64; accelerator: 64 ... 4096),
                without and with gradient caching (`micro_batch_size` 8 on the CPU,
                64 on an accelerator; without it only up to N = 1024 there): step
                time and peak memory, which with caching stays near one
@@ -608,7 +608,7 @@ def cases(entries, quick, on_accelerator=False):
                     yield dict(entry=entry, loss=loss, B=b, repeats=1, **size)  # a memory figure: one timed call
         elif entry == "grad_caching":
             towers, micro = ("clip_tiny", 2) if quick else ("clip_vit_b16", 64 if on_accelerator else 8)
-            sizes = (4, 8) if quick else (64, 256, 1024, 4096) if on_accelerator else (8, 16, 32)
+            sizes = (4, 8) if quick else (64, 256, 1024, 4096) if on_accelerator else (16, 32, 64)
             for n in sizes:
                 for m in (None, micro):
                     if m is None and on_accelerator and n > 1024:
