@@ -1,5 +1,7 @@
 """Layers against independent numpy references; serialisation; interpolation."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
+from vlzoo.layers import embedding, heads, llip, sparo, sparse_vocab, text, transformer, vision
 from vlzoo.layers.transformer import _flash_attention, _scannable, apply_blocks, transformer_stack
 
 
@@ -244,3 +247,13 @@ def test_token_embedding_takes_adams_step_for_a_repeated_token():
     model.fit(np.array([[1, 1, 3]]), np.zeros((1,)), epochs=1, verbose=0)
     np.testing.assert_allclose(to_numpy(layer.embeddings), [[0, 0], [-0.1, -0.1], [0, 0], [-0.1, -0.1]], atol=1e-5)
     assert isinstance(layer, keras.layers.Embedding) and layers.TokenEmbedding.from_config(layer.get_config()).input_dim == 4
+
+
+def test_every_layer_class_is_registered_for_saving():
+    # `.keras` files name layers by their registered name: an unregistered one loads nowhere.
+    classes = {cls for module in (embedding, heads, llip, sparo, sparse_vocab, text, transformer, vision)
+               for _, cls in inspect.getmembers(module, inspect.isclass)
+               if issubclass(cls, keras.layers.Layer) and cls.__module__ == module.__name__}
+    assert len(classes) >= 10
+    for cls in classes:
+        assert keras.saving.get_registered_object(f"vlzoo>{cls.__name__}") is cls, cls.__name__

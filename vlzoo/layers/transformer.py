@@ -45,7 +45,6 @@ def _float32_logits_operands(q, k):
     return ops.cast(q, "float32"), ops.cast(k, "float32")
 
 
-@keras.saving.register_keras_serializable(package="vlzoo")
 def _flash_attention(q, k):
     """`flash_attention` for `ops.dot_product_attention`: None (Keras decides) unless JAX would pick
     cuDNN's flash attention for lengths its backward pass refuses.
@@ -60,6 +59,7 @@ def _flash_attention(q, k):
     return None
 
 
+@keras.saving.register_keras_serializable(package="vlzoo")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with separate q/k/v projections (with biases).
 
