@@ -22,6 +22,7 @@ from vlzoo.losses.stair import (
     stair_pool,
 )
 from vlzoo.models.stair import STAIR
+from vlzoo.training import enable_lora, lock_tower
 from vlzoo.retrieval import top_terms
 from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
 
@@ -413,6 +414,30 @@ class _Record(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.stages.append(self.model.stage)
+
+
+@pytest.mark.parametrize("locked", ["tower", "lora"])
+def test_the_stages_keep_a_locked_image_tower_locked(locked):
+    # Stage 2 freezes the image side and stage 3 unfreezes it: a tower locked before (LiT), or everything
+    # but LoRA's adapters, must come out of the one-fit schedule as it went in.
+    batch = tiny_batch(batch_size=4, seed=3)
+    model = tiny_stair(stage_fractions=(0.25, 0.25, 0.5))
+    if locked == "tower":
+        lock_tower(model, "image")
+        fixed, moving = [model.vision], [model.image_head, model.text]
+    else:
+        enable_lora(model, rank=2, towers=("image",))
+        fixed, moving = [model.image_head, model.text], []
+    flags = [v.trainable for v in model.weights]
+    before = weights_of(fixed + moving)
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.1))
+    model.fit(batch, batch_size=2, epochs=4, verbose=0, shuffle=False)  # 8 steps: stages of 2, 2 and 4
+    assert model.stage == 3 and [v.trainable for v in model.weights] == flags
+    after = weights_of(fixed + moving)
+    count = sum(len(layer.weights) for layer in fixed)
+    for a, b in zip(after[:count], before[:count], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(after[count:], before[count:]) if a.size > 1)
 
 
 def test_one_fit_switches_stages_at_the_configured_steps():

@@ -193,6 +193,7 @@ class STAIR(ContrastiveModel):
         self.frozen_token_embeddings = None
         self.stage = None
         self._compile_kwargs = None
+        self._image_side_flags = None  # the image side's variables' trainable flags while stage 2 freezes it
         self._enter_stage(stage)
 
     # ------------------------------------------------------------- stages
@@ -202,10 +203,21 @@ class STAIR(ContrastiveModel):
         """`E_tok`, the text token-embedding table `(V, D_t)` every decoder is tied to."""
         return self.text.token_embedding.embeddings
 
+    def _image_side_variables(self):
+        return self.vision.weights + self.image_head.weights
+
     def _enter_stage(self, stage):
+        """Stage 2 freezes the image tower and head; leaving it gives every variable back the trainable
+        flag it had (a tower locked by `lock_tower` or frozen for LoRA stays so)."""
         frozen = stage == 2
-        self.vision.trainable = not frozen
-        self.image_head.trainable = not frozen
+        if frozen and self._image_side_flags is None:
+            self._image_side_flags = tuple(v.trainable for v in self._image_side_variables())
+            self.vision.trainable = self.image_head.trainable = False
+        elif not frozen and self._image_side_flags is not None:
+            self.vision.trainable = self.image_head.trainable = True
+            for variable, flag in zip(self._image_side_variables(), self._image_side_flags, strict=True):
+                variable.trainable = flag
+            self._image_side_flags = None
         snapshot = frozen and self.stage2_image_embed == "snapshot"
         if snapshot and self.frozen_token_embeddings is None:
             table = self.token_embeddings
