@@ -118,3 +118,18 @@ def test_counters_are_the_finetuned_models():
     mixed = interpolate(zero_shot, finetuned, 0.5)
     assert int(keras.ops.convert_to_numpy(mixed.global_step.value)) == 7
     assert keras.backend.standardize_dtype(mixed.global_step.dtype) == "int32"
+
+
+def test_a_stair_model_after_its_stages_mixes_with_its_start():
+    # The staged fit ends at stage 3, a config entry the zero-shot preset (stage 1) does not share: where
+    # training stands, not the geometry. The mix is the fine-tuned model's stage; a change of geometry is
+    # still refused.
+    zero_shot, finetuned = vlzoo.from_preset("stair_shapes"), vlzoo.from_preset("stair_shapes")
+    finetuned.set_stage(3)
+    mixed = interpolate(zero_shot, finetuned, 1.0)
+    assert mixed.stage == 3 and mixed.stage_fractions is None
+    for got, want in zip(_numpy_weights(mixed), _numpy_weights(finetuned), strict=True):
+        np.testing.assert_array_equal(got, want)
+    other = vlzoo.from_preset("stair_shapes", image_flops_weight=0.5)
+    with pytest.raises(ValueError, match=r"differ in geometry \(config entries \['image_flops_weight'\]\)"):
+        interpolate(zero_shot, other, 0.5)

@@ -421,6 +421,10 @@ class ContrastiveModel(keras.Model):
     text_embedding_keys = ("embeds",)
     normalized_keys = ("embeds",)
 
+    # Config entries that record where training stands (STAIR's stage), not the model's geometry: two
+    # models that differ only there share every variable (`vlzoo.training.interpolate` mixes them).
+    training_state_config_keys = ()
+
     # Whether `score(i, t)` ranks texts for an image and images for a text
     # alike. False for FILIP, whose two directions differ (`direction=`).
     symmetric_score = True

@@ -124,6 +124,7 @@ class STAIR(ContrastiveModel):
 
     family = "stair"
     image_tower_keys = text_tower_keys = ("tokens",)
+    training_state_config_keys = ("stage", "stage_fractions", "stage_learning_rate_factors")
     extra_layout_rules = (
         ("(image|text)_head/transform/kernel", (None, "model")),
         ("(image|text)_head/transform/bias", ("model",)),

@@ -47,12 +47,13 @@ def _check_alpha(alpha):
 
 
 def _check_geometry(zero_shot, finetuned):
-    """Both models of one class and config (the dtype policy aside), with the same variables."""
+    """Both models of one class and config (the dtype policy and the training state, such as STAIR's
+    stage, aside), with the same variables."""
     if type(zero_shot) is not type(finetuned):
         raise ValueError(f"`zero_shot` is a {type(zero_shot).__name__} and `finetuned` a "
                          f"{type(finetuned).__name__}: interpolation needs two models of one family.")
-    configs = [{k: v for k, v in m.get_config().items() if k not in ("dtype", "name", "trainable")}
-               for m in (zero_shot, finetuned)]
+    ignored = ("dtype", "name", "trainable", *type(finetuned).training_state_config_keys)
+    configs = [{k: v for k, v in m.get_config().items() if k not in ignored} for m in (zero_shot, finetuned)]
     if configs[0] != configs[1]:
         differing = sorted(k for k in configs[0].keys() | configs[1].keys()
                            if configs[0].get(k) != configs[1].get(k))
