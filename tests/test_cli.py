@@ -305,6 +305,14 @@ def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     assert status == 2 and "--stair-stages: `stage_fractions` must hold 3 numbers" in err
     status, _, err = run(capsys, *common[:2], "clip_tiny", *common[3:], "--stair-stages", "manual", "--out", out_dir)
     assert status == 2 and "--stair-stages: clip_tiny is a CLIP model, not STAIR" in err
+    status, _, err = run(capsys, *common, "--stair-stages", "manual", "--stair-lr-factors", "1,1,1", "--out", out_dir)
+    assert status == 2 and "--stair-lr-factors: the per-stage factors need the schedule" in err
+    trained_preset = [*common[:2], str(out_dir), *common[3:]]  # at stage 3 after its schedule
+    status, _, err = run(capsys, *trained_preset, "--stair-stages", "0.5,0.25,0.25", "--out", tmp_path / "again")
+    assert status == 2 and "--stair-stages: " in err and "is past its stage schedule's start (stage 3)" in err
+    status, _, err = run(capsys, *trained_preset, "--out", tmp_path / "again")  # trains its current stage
+    assert status == 0, err
+    assert vlzoo.from_preset(str(tmp_path / "again")).stage == 3
 
 
 def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):

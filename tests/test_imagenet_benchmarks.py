@@ -366,7 +366,10 @@ def test_vlzoo_eval_runs_every_folder_benchmark(tmp_path, capsys, name):
         (tmp_path / "two.txt").write_text("a\nb\n")
         assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
                      "--classes", str(tmp_path / "two.txt")]) == 2
-        assert "2 class names for the 3 class folders" in capsys.readouterr().err
+        assert "argument --classes: " in (err := capsys.readouterr().err) and "2 class names for the 3 class" in err
+        assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
+                     "--classes", str(tmp_path / "absent.txt")]) == 2
+        assert "argument --classes: file not found" in capsys.readouterr().err
     else:
         assert main(["eval", "--preset", "siglip_shapes", "--benchmark", name, "--data", str(root),
                      "--classes", str(templates)]) == 2

@@ -92,12 +92,12 @@ def register(sub):
     p.add_argument("--data", default=None, metavar="DIR", help="the benchmark's folder (see above; all but shapes)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
-                   "images' root (required)")
+                   "images' root (required); coco_order, flickr30k_order: the images' root (default: DATA)")
     p.add_argument("--classes", default=None, metavar="FILE",
                    help="image_folder: the class names, one per line in the folders' sorted order "
                    "(default: the folder names, underscores read as spaces)")
     p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
-                   help="classification: prompt templates (default: CLIP's 80 ImageNet ones)")
+                   help="classification and voc2012: prompt templates (default: CLIP's 80 ImageNet ones)")
     p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
                    help="selection, retrieval, ARO, shapes: tied scores count their expected value under a random "
                    "order (default; chance for a constant model), as failed (the benchmarks' own scripts) or as "
@@ -142,7 +142,11 @@ def _read(args):
     if name in ("coco", "flickr30k"):
         return [benchmarks.karpathy(args.data, args.images, name=name)]
     if name == "image_folder":
-        return [benchmarks.image_folder(args.data, classes=args.classes)]
+        benchmark = benchmarks.image_folder(args.data)  # the folder's own errors name --data
+        if args.classes is not None:
+            with _naming("--classes"):
+                benchmark = benchmarks.image_folder(args.data, classes=args.classes)
+        return [benchmark]
     if name.startswith("cifar"):
         chosen = benchmarks.cifar(args.data)
         if chosen.name != name:
@@ -167,6 +171,8 @@ def run(args, out):
         raise UsageError("--images", f"{args.benchmark} needs the folder of its images")
     if args.classes is not None and args.benchmark != "image_folder":
         raise UsageError("--classes", f"{args.benchmark} names its own classes; --classes is for image_folder")
+    if args.classes is not None:
+        _check_file(args.classes, "--classes")
     with _naming("--data"):
         chosen = [None] if task == "shapes" else _read(args)
     # heavy: imports a backend
@@ -186,7 +192,7 @@ def run(args, out):
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
     if args.slots is not None:
-        if task == "segmentation" or not isinstance(model, SPARO):
+        if not isinstance(model, SPARO):
             raise UsageError("--slots", f"{args.preset} has no slots to choose (SPARO presets have)")
         if max(args.slots) >= model.num_slots:
             raise UsageError("--slots", f"{args.preset} has {model.num_slots} slots (0 to {model.num_slots - 1}); "

@@ -109,6 +109,7 @@ def run(args, out):
     if args.lora_rank is None:
         for argument, given in (("--save-adapters", args.save_adapters is not None),
                                 ("--lora-towers", args.lora_towers != ["image", "text"]),
+                                ("--lora-targets", args.lora_targets != ["query", "value"]),
                                 ("--lora-alpha", args.lora_alpha is not None)):
             if given:
                 raise UsageError(argument, "needs --lora-rank")
@@ -190,7 +191,15 @@ def _set_stair_stages(model, args, total_steps):
             if value is not None:
                 raise UsageError(argument, f"{args.preset} is a {type(model).__name__} model, not STAIR")
         return False
+    if model.training_started:
+        for argument, value in (("--stair-stages", args.stair_stages), ("--stair-lr-factors", args.stair_lr_factors)):
+            if value is not None and value != "manual":
+                raise UsageError(argument, f"{args.preset} is past its stage schedule's start (stage {model.stage}): "
+                                           "it trains its current stage; pass --stair-stages manual or nothing")
+        return False
     if args.stair_stages == "manual":
+        if args.stair_lr_factors is not None:
+            raise UsageError("--stair-lr-factors", "the per-stage factors need the schedule, not --stair-stages manual")
         model.stage_fractions = None
     elif args.stair_stages is not None:
         with _naming("--stair-stages"):

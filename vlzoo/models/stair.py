@@ -327,11 +327,15 @@ class STAIR(ContrastiveModel):
         return self.history
 
     @property
+    def training_started(self):
+        """Whether the model has left the start of stage 1 (a later stage, or `global_step` > 0)."""
+        return self.stage != 1 or int(ops.convert_to_numpy(self.global_step)) > 0
+
+    @property
     def schedule_pending(self):
         """Whether the next `fit` (once compiled) runs the three stages: a schedule is set and training has
-        not started (stage 1, `global_step` 0)."""
-        return (self.stage_fractions is not None and self.stage == 1
-                and int(ops.convert_to_numpy(self.global_step)) == 0)
+        not started."""
+        return self.stage_fractions is not None and not self.training_started
 
     def _schedule_applies(self):
         return self.compiled and self.schedule_pending

@@ -72,8 +72,9 @@ def lock_tower(model, tower, unlocked_groups=0):
         tower: `"image"` or `"text"`.
         unlocked_groups: how many of the last groups (`tower_groups`) keep
             training, from 0 (the whole tower locked) to one less than the
-            tower's number of groups (`num_layers + 2`, one more for an image
-            tower with a pre-norm or class token group).
+            tower's number of groups (`num_layers + 2`: the embeddings, one
+            group per block but the last, the last block with the final norm,
+            the projection).
 
     Returns:
         The number of parameters locked.
