@@ -1,6 +1,18 @@
-"""A new model of another's config, for the recipes that build one from two (WiSE-FT) or merge one (LoRA)."""
+"""What the recipes share: the model check, the towers' names, and a new model of another's config (for
+the recipes that build one from two, WiSE-FT, or merge one, LoRA)."""
 
 import keras
+
+from vlzoo.models.base import ContrastiveModel
+
+TOWERS = {"image": "vision", "text": "text"}  # a recipe's tower name -> the model's attribute
+
+
+def check_model(model, name="model"):
+    """`model` when it is a vlzoo model; a `TypeError` naming the argument otherwise."""
+    if not isinstance(model, ContrastiveModel):
+        raise TypeError(f"`{name}` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
+    return model
 
 
 def blank_copy(model):

@@ -35,7 +35,7 @@ import warnings
 import keras
 from keras import ops
 
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.training._models import check_model
 from vlzoo.training.locking import lock_tower
 
 
@@ -228,10 +228,7 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
     >>> configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100, remat=True)
     >>> model.fit(dataset)
     """
-    if not isinstance(model, ContrastiveModel):
-        raise TypeError(
-            f"`model` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}."
-        )
+    check_model(model)
     if remat is not None:
         if not isinstance(remat, bool):
             raise TypeError(f"`remat` must be True, False or None; received {remat!r}.")

@@ -28,15 +28,9 @@ import numbers
 import keras
 import numpy as np
 
-from vlzoo.models.base import ContrastiveModel
-from vlzoo.training._models import blank_copy
+from vlzoo.training._models import blank_copy, check_model
 
 __all__ = ["interpolate", "interpolation_sweep"]
-
-
-def _check_model(model, name):
-    if not isinstance(model, ContrastiveModel):
-        raise TypeError(f"`{name}` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
 
 
 def _check_alpha(alpha):
@@ -93,8 +87,8 @@ def interpolate(zero_shot, finetuned, alpha):
         ValueError: `alpha` outside [0, 1]; the models differ in family,
             geometry or variables.
     """
-    _check_model(zero_shot, "zero_shot")
-    _check_model(finetuned, "finetuned")
+    check_model(zero_shot, "zero_shot")
+    check_model(finetuned, "finetuned")
     alpha = _check_alpha(alpha)
     _check_geometry(zero_shot, finetuned)
     mixed = blank_copy(finetuned)

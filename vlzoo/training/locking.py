@@ -37,11 +37,10 @@ import keras
 import numpy as np
 
 from vlzoo.layers.vision import VisionTransformer
-from vlzoo.models.base import ContrastiveModel
+from vlzoo.training._models import TOWERS, check_model
 
 __all__ = ["cache_tower", "lock_tower", "tower_groups"]
 
-TOWERS = {"image": "vision", "text": "text"}
 
 
 def tower_groups(tower):
@@ -79,8 +78,7 @@ def lock_tower(model, tower, unlocked_groups=0):
     Returns:
         The number of parameters locked.
     """
-    if not isinstance(model, ContrastiveModel):
-        raise TypeError(f"`model` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
+    check_model(model)
     if tower not in TOWERS:
         raise ValueError(f"`tower` must be one of {list(TOWERS)}; received {tower!r}.")
     groups = tower_groups(getattr(model, TOWERS[tower]))
@@ -127,8 +125,7 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
     >>> cached = cache_tower(model, {"images": x, "token_ids": ids, "padding_mask": mask})
     >>> model.fit(cached, batch_size=64, epochs=20)
     """
-    if not isinstance(model, ContrastiveModel):
-        raise TypeError(f"`model` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
+    check_model(model)
     if tower not in TOWERS:
         raise ValueError(f"`tower` must be one of {list(TOWERS)}; received {tower!r}.")
     layer = getattr(model, TOWERS[tower])

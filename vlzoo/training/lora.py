@@ -28,21 +28,14 @@ import os
 import keras
 import numpy as np
 
-from vlzoo.models.base import ContrastiveModel
-from vlzoo.training._models import blank_copy
+from vlzoo.training._models import TOWERS, blank_copy, check_model
 
 __all__ = ["LORA_TARGETS", "enable_lora", "load_lora_weights", "lora_layers", "merge_lora", "save_lora_weights"]
 
 # Target name -> where the Dense layer sits in a `TransformerBlock`.
 LORA_TARGETS = {"query": ("attention", "query"), "key": ("attention", "key"), "value": ("attention", "value"),
                 "output": ("attention", "output_dense"), "fc1": ("mlp", "fc1"), "fc2": ("mlp", "fc2")}
-TOWERS = {"image": "vision", "text": "text"}
 _CONFIG_KEY = "__lora_config__"
-
-
-def _check_model(model):
-    if not isinstance(model, ContrastiveModel):
-        raise TypeError(f"`model` must be a vlzoo model (a ContrastiveModel); received {type(model).__name__}.")
 
 
 def _check_names(values, allowed, name):
@@ -87,7 +80,7 @@ def enable_lora(model, rank=8, targets=("query", "value"), towers=("image", "tex
     Returns:
         The number of trainable parameters (the adapters'), for the record.
     """
-    _check_model(model)
+    check_model(model)
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
         raise ValueError(f"`rank` must be a positive int; received {rank!r}.")
     targets = _check_names(targets, LORA_TARGETS, "targets")
@@ -116,7 +109,7 @@ def _config(model):
 def save_lora_weights(model, path):
     """Writes `model`'s LoRA adapters alone to `path` (`.npz`: each `A` and `B` by variable path,
     and the rank, alpha and adapted layers)."""
-    _check_model(model)
+    check_model(model)
     if not lora_layers(model):
         raise ValueError("`model` has no LoRA adapters to save (see enable_lora).")
     arrays = {v.path: keras.ops.convert_to_numpy(v.value) for v in _lora_variables(model)}
@@ -129,7 +122,7 @@ def save_lora_weights(model, path):
 def load_lora_weights(model, path):
     """Applies the adapters `save_lora_weights` wrote to `model` (the base model they were trained on,
     or one with LoRA already enabled alike): enables LoRA as saved, then assigns `A` and `B`."""
-    _check_model(model)
+    check_model(model)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LoRA weights file not found: {path}.")
     with np.load(path) as file:
@@ -159,7 +152,7 @@ def merge_lora(model):
     """A new model of `model`'s config without adapters, each adapted kernel replaced by
     `W + (alpha / r) A B` (computed in float32, stored in the kernel's dtype); the tokenizer and
     preprocessor are `model`'s. Its outputs equal the adapted model's."""
-    _check_model(model)
+    check_model(model)
     merged_kernels = {}
     for layer in lora_layers(model):
         kernel, = [v for v in layer.weights if v.path == f"{layer.path}/kernel"]
