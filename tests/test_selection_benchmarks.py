@@ -266,6 +266,16 @@ def test_vlzoo_eval_in_bfloat16(tmp_path, capsys):
     assert exit_info.value.code == 2 and "--dtype" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", [["--templates", "simple"], ["--background", "prompts"], ["--candidates", "present"],
+                                    ["--seed", "3"]])
+def test_vlzoo_eval_refuses_an_option_the_benchmark_does_not_use(tmp_path, capsys, option):
+    from vlzoo.cli import main
+
+    data = _winoground(tmp_path)
+    assert main(["eval", "--preset", "clip_shapes", "--benchmark", "winoground", "--data", str(data), *option]) == 2
+    assert f"argument {option[0]}: winoground does not use it" in capsys.readouterr().err
+
+
 def test_vlzoo_eval_names_a_malformed_file(tmp_path, capsys):
     from vlzoo.cli import main
 

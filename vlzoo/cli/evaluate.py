@@ -173,6 +173,13 @@ def run(args, out):
         raise UsageError("--classes", f"{args.benchmark} names its own classes; --classes is for image_folder")
     if args.classes is not None:
         _check_file(args.classes, "--classes")
+    for argument, given, readers in (
+            ("--templates", args.templates != "imagenet", task in ("classification", "segmentation")),
+            ("--background", args.background != "ignore", task == "segmentation"),
+            ("--candidates", args.candidates != "all", task == "segmentation"),
+            ("--seed", args.seed is not None, task == "shapes" or args.benchmark.endswith("_order"))):
+        if given and not readers:
+            raise UsageError(argument, f"{args.benchmark} does not use it")
     with _naming("--data"):
         chosen = [None] if task == "shapes" else _read(args)
     # heavy: imports a backend
