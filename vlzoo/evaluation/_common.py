@@ -8,6 +8,8 @@ import numpy as np
 from keras import ops
 
 TIES = ("pessimistic", "optimistic")
+# Also "expected": a tie counts its expected value under a random order (selection, retrieval).
+ALL_TIES = ("expected", *TIES)
 
 
 def check_positive_int(value, name):
@@ -24,9 +26,9 @@ def check_ks(ks, name):
     return tuple(sorted({check_positive_int(k, name) for k in values}))
 
 
-def check_ties(ties):
-    if ties not in TIES:
-        raise ValueError(f"`ties` must be one of {TIES}; received {ties!r}.")
+def check_ties(ties, choices=TIES):
+    if ties not in choices:
+        raise ValueError(f"`ties` must be one of {choices}; received {ties!r}.")
     return ties
 
 

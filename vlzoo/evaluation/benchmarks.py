@@ -71,7 +71,8 @@ MMVP_IMAGES = "MLLM_VLM Images"
 
 __all__ = [
     "ClassificationBenchmark", "RetrievalBenchmark", "SelectionBenchmark", "SelectionItem", "cifar",
-    "evaluate_classification", "image_folder", "evaluate_retrieval", "evaluate_selection", "karpathy", "mmvp", "sugarcrepe",
+    "evaluate_classification", "evaluate_retrieval", "evaluate_selection", "image_folder", "karpathy", "mmvp",
+    "sugarcrepe",
     "winoground",
 ]
 

@@ -45,18 +45,10 @@ import numpy as np
 from keras import ops
 
 from vlzoo.evaluation._common import (
-    batches, check_ks, concatenate, finite_numpy, num_rows, take, tokenize,
+    ALL_TIES, batches, check_ks, check_ties, concatenate, finite_numpy, num_rows, take, tokenize,
 )
 
-__all__ = ["RETRIEVAL_TIES", "recall_at_k", "retrieval_recall"]
-
-RETRIEVAL_TIES = ("pessimistic", "optimistic", "expected")
-
-
-def _check_ties(ties):
-    if ties not in RETRIEVAL_TIES:
-        raise ValueError(f"`ties` must be one of {RETRIEVAL_TIES}; received {ties!r}.")
-    return ties
+__all__ = ["recall_at_k", "retrieval_recall"]
 
 
 def _hit_rates(ahead, tied, positives, ks, ties):
@@ -175,7 +167,7 @@ def recall_at_k(scores, image_ids=None, ks=(1, 5, 10), ties="pessimistic", t2i_s
     >>> recall_at_k(scores, image_ids=[0, 0, 1], ks=(1, 2))
     {'i2t_r@1': 0.5, 'i2t_r@2': 1.0, 't2i_r@1': 0.666..., 't2i_r@2': 1.0}
     """
-    ks, ties = check_ks(ks, "ks"), _check_ties(ties)
+    ks, ties = check_ks(ks, "ks"), check_ties(ties, ALL_TIES)
     i2t = finite_numpy(scores, "scores")
     if i2t.ndim != 2:
         raise ValueError(f"`scores` must have shape (N_images, N_texts); received shape {i2t.shape}.")
@@ -226,7 +218,7 @@ def retrieval_recall(model, images, texts, image_ids=None, ks=(1, 5, 10), batch_
     Example:
     >>> retrieval_recall(model, images, ["a dog", "a puppy", "a cat"], image_ids=[0, 0, 1], ks=(1, 5))
     """
-    ks, ties = check_ks(ks, "ks"), _check_ties(ties)
+    ks, ties = check_ks(ks, "ks"), check_ties(ties, ALL_TIES)
     num_images = num_rows(images)
     tokens = tokenize(model, texts)
     num_texts = tuple(tokens["token_ids"].shape)[0]

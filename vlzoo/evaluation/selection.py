@@ -37,10 +37,10 @@ import itertools
 
 import numpy as np
 
-from vlzoo.evaluation._common import batches, finite_numpy
+from vlzoo.evaluation._common import ALL_TIES, batches, check_ties, finite_numpy
 
 KINDS = ("caption", "winoground", "mmvp")
-SELECTION_TIES = ("expected", "pessimistic", "optimistic")
+SELECTION_TIES = ALL_TIES
 
 __all__ = ["KINDS", "SELECTION_TIES", "selection_metrics", "selection_scores"]
 
@@ -107,8 +107,7 @@ def selection_metrics(kind, i2t, t2i, ties="expected", symmetric=None):
     Returns:
         `{metric: fraction of items}` (`acc`; `text`, `image`, `group`; `pair`).
     """
-    if ties not in SELECTION_TIES:
-        raise ValueError(f"`ties` must be one of {SELECTION_TIES}; received {ties!r}.")
+    check_ties(ties, SELECTION_TIES)
     i2t, t2i = finite_numpy(i2t, "i2t"), finite_numpy(t2i, "t2i")
     if i2t.ndim != 3 or t2i.shape != i2t.shape:
         raise ValueError(

@@ -23,6 +23,6 @@ from vlzoo.training.interpolation import interpolate, interpolation_sweep
 from vlzoo.training.locking import cache_tower, lock_tower, tower_groups
 from vlzoo.training.lora import enable_lora, load_lora_weights, merge_lora, save_lora_weights
 
-__all__ = ["WarmupCosine", "cache_tower", "configure", "enable_lora", "interpolate", "interpolation_sweep", "load_lora_weights",
-           "lock_tower", "merge_lora", "retain_host_memory", "save_lora_weights", "tower_groups",
-           "training_optimizer"]
+__all__ = ["WarmupCosine", "cache_tower", "configure", "enable_lora", "interpolate", "interpolation_sweep",
+           "load_lora_weights", "lock_tower", "merge_lora", "retain_host_memory", "save_lora_weights",
+           "tower_groups", "training_optimizer"]

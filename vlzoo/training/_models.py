@@ -15,6 +15,14 @@ def check_model(model, name="model"):
     return model
 
 
+def tower_layer(model, tower):
+    """`model`'s image (`vision`) or text tower for the name `"image"` or `"text"`, after `check_model`."""
+    check_model(model)
+    if tower not in TOWERS:
+        raise ValueError(f"`tower` must be one of {list(TOWERS)}; received {tower!r}.")
+    return getattr(model, TOWERS[tower])
+
+
 def blank_copy(model):
     """A new, built model of `model`'s config (its compile state aside), with freshly initialised
     weights and `model`'s tokenizer and preprocessor."""

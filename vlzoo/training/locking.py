@@ -37,10 +37,9 @@ import keras
 import numpy as np
 
 from vlzoo.layers.vision import VisionTransformer
-from vlzoo.training._models import TOWERS, check_model
+from vlzoo.training._models import tower_layer
 
 __all__ = ["cache_tower", "lock_tower", "tower_groups"]
-
 
 
 def tower_groups(tower):
@@ -78,10 +77,7 @@ def lock_tower(model, tower, unlocked_groups=0):
     Returns:
         The number of parameters locked.
     """
-    check_model(model)
-    if tower not in TOWERS:
-        raise ValueError(f"`tower` must be one of {list(TOWERS)}; received {tower!r}.")
-    groups = tower_groups(getattr(model, TOWERS[tower]))
+    groups = tower_groups(tower_layer(model, tower))
     if isinstance(unlocked_groups, bool) or not isinstance(unlocked_groups, numbers.Integral) \
             or not 0 <= unlocked_groups < len(groups):
         raise ValueError(f"`unlocked_groups` must be an int in [0, {len(groups) - 1}] (the {tower} tower has "
@@ -125,10 +121,7 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
     >>> cached = cache_tower(model, {"images": x, "token_ids": ids, "padding_mask": mask})
     >>> model.fit(cached, batch_size=64, epochs=20)
     """
-    check_model(model)
-    if tower not in TOWERS:
-        raise ValueError(f"`tower` must be one of {list(TOWERS)}; received {tower!r}.")
-    layer = getattr(model, TOWERS[tower])
+    layer = tower_layer(model, tower)
     if layer.trainable_weights:
         raise ValueError(f"The {tower} tower is not wholly locked ({len(layer.trainable_weights)} trainable "
                          f"variables): its outputs change as it trains. Lock it first: lock_tower(model, {tower!r}).")
@@ -143,10 +136,9 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
     for start in range(0, rows, batch_size):
         stop = min(start + batch_size, rows)
         if tower == "image":
-            outputs = layer(data["images"][start:stop], training=False)
+            outputs = model._image_tower(data["images"][start:stop], training=False)
         else:
-            outputs = layer(data["token_ids"][start:stop], model._padding_mask(
-                {key: data[key][start:stop] for key in needed}), training=False)
+            outputs = model._text_tower({key: data[key][start:stop] for key in needed}, training=False)
         for key in keys:
             parts[key].append(keras.ops.convert_to_numpy(outputs[key]))
         if bar is not None:
