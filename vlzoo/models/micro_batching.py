@@ -20,6 +20,8 @@ and back-propagates the gradient arriving at its outputs, which is step 3. The
 loss and the logit scale/bias see all N embeddings, so the gradients are the
 full batch's (up to floating-point summation order). Peak activation memory is
 one micro-batch's tower activations, plus the N embeddings and the loss's own.
+On JAX the micro-batches run in one `scan`, so the compiled step holds one copy
+of each tower whatever N / m.
 
 Set through `vlzoo.training.configure(model, micro_batch_size=m)` (or
 `model.micro_batch_size = m` before compiling); a training setting, not saved in
@@ -68,6 +70,14 @@ def micro_batched(compute, inputs, micro_batch_size):
 
         return keras.remat(step)(*(chunk[k] for k in floating))
 
+    steps = batch // micro_batch_size
+    if keras.backend.backend() == "jax":
+        # One `scan` over the micro-batches: the towers are traced and compiled once, whatever N / m (a
+        # Python loop would put N / m copies of each tower into the compiled step). TensorFlow's
+        # `ops.scan` needs outputs shaped like its carry and PyTorch runs eagerly: they loop below.
+        stacked = [ops.reshape(value, (steps, micro_batch_size, *value.shape[1:])) for value in values]
+        _, outputs = ops.scan(lambda carry, chunk: (carry, remat_call(chunk)), ops.zeros(()), stacked)
+        return {name: ops.reshape(out, (batch, *out.shape[2:])) for name, out in zip(names, outputs, strict=True)}
     parts = [remat_call([value[start:start + micro_batch_size] for value in values])
              for start in range(0, batch, micro_batch_size)]
     return {name: ops.concatenate([part[k] for part in parts], axis=0) for k, name in enumerate(names)}
