@@ -72,6 +72,7 @@ Entries:
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -649,7 +650,8 @@ def accelerators(backends):
 def run_in_subprocess(cases, backend, timeout):
     """Runs `cases` (a list) one after another in one fresh process of `backend`: their results, in order.
 
-    `timeout` is per case. A case that fails, and those after it, get `{"error": [last line]}`.
+    `timeout` is per case. A case that fails, and those after it, get `{"error": [line]}`: the
+    exception's line in the process's output, else its last line.
     """
     env = _backend_env(backend)
     flags = {case.get("xla_flags") for case in cases} - {None}
@@ -661,7 +663,10 @@ def run_in_subprocess(cases, backend, timeout):
         env=env, capture_output=True, text=True, timeout=timeout * len(cases),
     )
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    error = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    # The exception's own line (Keras adds its call context after it), else the last line.
+    raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    error = {"error": (raised or lines)[-1:]}
     return results + [error] * (len(cases) - len(results))
 
 
