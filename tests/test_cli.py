@@ -300,7 +300,13 @@ def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     manual = vlzoo.from_preset(str(tmp_path / "manual"))
     assert manual.stage == 1 and int(keras.ops.convert_to_numpy(manual.global_step)) == 4
     status, _, err = run(capsys, *common, "--warmup-steps", "1", "--out", out_dir)  # stages of 1, 1 and 2 steps
-    assert status == 2 and "--warmup-steps: 1 is not below STAIR's shortest stage (1 of the stages (1, 1, 2)" in err
+    assert status == 2 and "--warmup-steps: 1 is not below STAIR's shortest stage (1 optimizer updates" in err
+    # Under accumulation the schedule counts updates: stages of 2, 2 and 4 steps are 1, 1 and 2 updates.
+    status, _, err = run(capsys, *common[:5], "--steps-per-epoch", "8", *common[7:], "--gradient-accumulation-steps",
+                         "2", "--warmup-steps", "1", "--out", out_dir)
+    assert status == 2 and "--warmup-steps: 1 is not below STAIR's shortest stage (1 optimizer updates" in err
+    status, _, err = run(capsys, *common, "--gradient-accumulation-steps", "2", "--out", out_dir)
+    assert status == 2 and "--gradient-accumulation-steps: STAIR's stages of (1, 1, 2) steps must each be a " in err
     status, _, err = run(capsys, *common, "--stair-stages", "0.5,0.5", "--out", out_dir)
     assert status == 2 and "--stair-stages: `stage_fractions` must hold 3 numbers" in err
     status, _, err = run(capsys, *common[:2], "clip_tiny", *common[3:], "--stair-stages", "manual", "--out", out_dir)
@@ -424,6 +430,17 @@ def test_train_one_pass_needs_a_full_batch(preset_dir, caption_file, tmp_path, c
                          "--out", tmp_path / "x")
     assert status == 2
     assert "argument --batch-size" in err and "7 usable pairs" in err
+
+
+def test_train_counts_the_warm_up_in_optimizer_updates(preset_dir, caption_file, tmp_path, capsys):
+    """The schedule's steps are optimizer updates: 2 epochs of 2 batches, 2 batches per update, are 2."""
+    path, _, _ = caption_file
+    common = ["train", "--preset", preset_dir, "--data", path, "--epochs", "2", "--steps-per-epoch", "2",
+              "--batch-size", "4", "--gradient-accumulation-steps", "2", "--out", tmp_path / "x"]
+    status, _, err = run(capsys, *common, "--warmup-steps", "2")
+    assert status == 2 and "--warmup-steps: 2 is not below the run's 2 optimizer updates (4 steps / 2)" in err
+    status, _, err = run(capsys, *common[:-4], "--gradient-accumulation-steps", "8", *common[-2:])
+    assert status == 2 and "--gradient-accumulation-steps: 8 batches per update is more than the run's 4" in err
 
 
 # ----------------------------------------------------------------------------- convert

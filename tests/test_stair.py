@@ -476,6 +476,12 @@ def test_stage_optimizer_restarts_a_schedule_over_each_stage():
     assert template._learning_rate.total_steps == 1000  # the template is left as it was
     with pytest.raises(ValueError, match="warm-up"):
         stage_optimizer(template, 1.0, 4)
+    # Under accumulation the schedule counts updates: 30 steps of 2 batches per update are 15.
+    accumulating = keras.optimizers.AdamW(WarmupCosine(1e-3, 1000, 4, gradient_accumulation_steps=2),
+                                          gradient_accumulation_steps=2)
+    assert stage_optimizer(accumulating, 1.0, 30)._learning_rate.total_steps == 15
+    with pytest.raises(ValueError, match=r"warm-up \(4 updates\) must be shorter .* 8 steps, 4 updates"):
+        stage_optimizer(accumulating, 1.0, 8)
     piecewise = keras.optimizers.SGD(keras.optimizers.schedules.PiecewiseConstantDecay([10], [1e-2, 1e-3]))
     assert stage_optimizer(piecewise, 1.0, 20).get_config() == piecewise.get_config()
     with pytest.raises(ValueError, match="stage_learning_rate_factors"):
@@ -503,6 +509,10 @@ def test_bad_stage_schedules_are_refused_by_name():
     with pytest.raises(ValueError, match="steps_per_epoch"):
         model.fit(batches(), epochs=1, verbose=0, shuffle=False)
     assert int(to_numpy(model.global_step)) == 0 and model.stage == 1  # nothing trained
+    accumulating = tiny_stair(stage_fractions=(0.25, 0.25, 0.5))
+    accumulating.compile(optimizer=keras.optimizers.AdamW(gradient_accumulation_steps=2))
+    with pytest.raises(ValueError, match=r"multiples of .* `gradient_accumulation_steps` \(2\)"):  # stages 1, 1, 2
+        accumulating.fit(batches(), epochs=1, steps_per_epoch=4, verbose=0, shuffle=False)
     # With `steps_per_epoch`, a generator runs the schedule: 4 steps, stages of 1, 1 and 2.
     record = _Record()
     model.fit(batches(), epochs=1, steps_per_epoch=4, verbose=0, shuffle=False, callbacks=[record])

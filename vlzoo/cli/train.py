@@ -46,7 +46,8 @@ def register(sub):
                    help="learning-rate schedule after the warm-up: cosine decay to 0 over the run, or "
                    "constant (default: %(default)s)")
     p.add_argument("--warmup-steps", type=_non_negative_int, default=0,
-                   help="linear warm-up steps from 0 to --learning-rate (default: %(default)s)")
+                   help="linear warm-up from 0 to --learning-rate over this many optimizer updates (batches, or "
+                   "groups of --gradient-accumulation-steps batches; default: %(default)s)")
     p.add_argument("--micro-batch-size", type=_positive_int, default=None, metavar="M",
                    help="gradient caching: run the towers M pairs at a time (a micro-batch's activation memory) "
                    "while the loss contrasts the whole --batch-size exactly; --batch-size must be a multiple of M")
@@ -124,8 +125,15 @@ def run(args, out):
             raise UsageError("--batch-size", f"{args.data} has {count} usable pairs, fewer than one batch of "
                                              f"{args.batch_size}")
     total_steps = steps * args.epochs
-    if args.warmup_steps >= total_steps and args.warmup_steps > 0:
-        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the {total_steps} training steps")
+    # The learning-rate schedule counts optimizer updates: one per --gradient-accumulation-steps batches.
+    accumulation = args.gradient_accumulation_steps or 1
+    updates = total_steps // accumulation
+    if updates < 1:
+        raise UsageError("--gradient-accumulation-steps", f"{accumulation} batches per update is more than the "
+                                                          f"run's {total_steps} steps")
+    if args.warmup_steps >= updates and args.warmup_steps > 0:
+        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the run's {updates} optimizer updates "
+                                           f"({total_steps} steps / {accumulation})")
 
     keras.utils.set_random_seed(args.seed)
     model = _load_preset(args.preset, out, family=args.family)
@@ -141,7 +149,7 @@ def run(args, out):
             enable_lora(model, rank=args.lora_rank, targets=args.lora_targets, towers=args.lora_towers,
                         alpha=args.lora_alpha)
     # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
-    configure(model, learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=args.warmup_steps,
+    configure(model, learning_rate=args.learning_rate, total_steps=updates, warmup_steps=args.warmup_steps,
               alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
               gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None,
               micro_batch_size=args.micro_batch_size,
@@ -150,7 +158,7 @@ def run(args, out):
     print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
           f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
           f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
-          f"gradient accumulation {args.gradient_accumulation_steps or 1}, "
+          f"gradient accumulation {accumulation} ({updates} optimizer updates), "
           f"micro-batch {args.micro_batch_size or args.batch_size}, remat {args.remat}, "
           f"{model.count_params() - sum(math.prod(v.shape) for v in model.trainable_weights):,} parameters locked, "
           f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
@@ -212,8 +220,14 @@ def _set_stair_stages(model, args, total_steps):
         return False
     with _naming("--stair-stages"):
         lengths = stair_stages.stage_lengths(total_steps, model.stage_fractions)
-    if args.warmup_steps >= min(lengths) and args.warmup_steps > 0:
-        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below STAIR's shortest stage ({min(lengths)} "
-                                           f"of the stages {lengths} steps), each of which warms up anew")
+    accumulation = args.gradient_accumulation_steps or 1
+    if any(length % accumulation for length in lengths):
+        raise UsageError("--gradient-accumulation-steps", f"STAIR's stages of {lengths} steps must each be a multiple "
+                                                          f"of {accumulation}, so that each ends on an optimizer update")
+    shortest = min(lengths) // accumulation
+    if args.warmup_steps >= shortest and args.warmup_steps > 0:
+        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below STAIR's shortest stage ({shortest} "
+                                           f"optimizer updates; the stages have {lengths} steps), each of which "
+                                           "warms up anew")
     return True
 

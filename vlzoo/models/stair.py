@@ -312,9 +312,13 @@ class STAIR(ContrastiveModel):
                 "to train one stage."
             )
         lengths = stair_stages.stage_lengths((epochs - initial_epoch) * per_epoch, self.stage_fractions)
-        every = int(self.steps_per_execution or 1)
-        if any(length % every for length in lengths):
-            raise ValueError(f"STAIR's stages of {lengths} steps must be multiples of `steps_per_execution` ({every}).")
+        execution, accumulation = int(self.steps_per_execution or 1), int(self.optimizer.gradient_accumulation_steps or 1)
+        if any(length % math.lcm(execution, accumulation) for length in lengths):
+            raise ValueError(
+                f"STAIR's stages of {lengths} steps must be multiples of `steps_per_execution` ({execution}) and of "
+                f"the optimizer's `gradient_accumulation_steps` ({accumulation}): each stage ends on an optimizer "
+                "update, since the next one starts a fresh optimizer."
+            )
         template, parts, epoch = self.optimizer, [], initial_epoch
         for stage, length, factor in zip(STAGES, lengths, self.stage_learning_rate_factors):
             self._switch_stage(stage, stair_stages.stage_optimizer(template, factor, length))

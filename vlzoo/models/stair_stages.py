@@ -109,12 +109,13 @@ def stage_optimizer(template, factor, length):
     Its state and `iterations` start anew; a float learning rate is
     multiplied by `factor`; a schedule's peak (`peak_learning_rate` or
     `initial_learning_rate`) is multiplied by `factor`, and a schedule with a
-    `total_steps` runs over the stage's `length` steps.
+    `total_steps` runs over the stage's `length` steps (its optimizer updates:
+    `length / N` under the schedule's `gradient_accumulation_steps` N).
 
     Args:
         template: the compiled optimizer.
         factor: the stage's learning-rate multiplier.
-        length: the stage's steps.
+        length: the stage's steps (batches).
     """
     config = template.get_config()
     rate = config["learning_rate"]
@@ -130,12 +131,14 @@ def stage_optimizer(template, factor, length):
         if peak is not None:
             inner[peak] = inner[peak] * factor
         if "total_steps" in inner:
-            if inner.get("warmup_steps", 0) >= length:
+            # The schedule counts optimizer updates (`WarmupCosine`): N batches each under N-step accumulation.
+            updates = int(length) // int(inner.get("gradient_accumulation_steps", 1))
+            if inner.get("warmup_steps", 0) >= updates:
                 raise ValueError(
-                    f"The learning-rate schedule's warm-up ({inner['warmup_steps']} steps) must be shorter than "
-                    f"each STAIR stage, which restarts it; the shortest stage has {length} steps."
+                    f"The learning-rate schedule's warm-up ({inner['warmup_steps']} updates) must be shorter than "
+                    f"each STAIR stage, which restarts it; the shortest stage has {length} steps, {updates} updates."
                 )
-            inner["total_steps"] = int(length)
+            inner["total_steps"] = updates
         config["learning_rate"] = schedule
     else:
         config["learning_rate"] = float(rate) * factor
