@@ -1,14 +1,19 @@
 """WiSE-FT weight-space ensembles: `vlzoo.training.interpolate`, its sweep and `vlzoo interpolate`."""
 
 import functools
+import json
 
 import keras
 import numpy as np
 import pytest
+from PIL import Image
 
 import vlzoo
 from vlzoo.cli import main
+from vlzoo.evaluation import SIMPLE_TEMPLATES, benchmarks
 from vlzoo.training import interpolate, interpolation_sweep
+
+from backend_utils import run_once
 
 
 def _numpy_weights(model):
@@ -109,6 +114,33 @@ def test_vlzoo_interpolate_writes_a_preset(tmp_path, capsys):
         main(["interpolate", "--zero-shot", "clip_shapes", "--finetuned", "clip_shapes", "--alpha", "2",
               "--out", str(out)])
     assert "expected a number in [0, 1]" in capsys.readouterr().err
+
+
+@run_once  # the CLI's wiring; the mixes themselves are checked on every backend above
+def test_vlzoo_eval_sweeps_the_mixes(tmp_path, capsys):
+    zero_shot, finetuned = _pair()
+    finetuned.save_to_preset(tmp_path / "finetuned")
+    root = tmp_path / "colours"
+    for name, colour in (("red", (220, 30, 30)), ("green", (30, 200, 40)), ("blue", (30, 40, 220))):
+        (root / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (40, 36), tuple(c + 15 * i for c in colour)).save(root / name / f"{i}.png")
+    common = ["eval", "--preset", "clip_shapes", "--benchmark", "image_folder", "--data", str(root),
+              "--templates", "simple"]
+    assert main([*common, "--finetuned", str(tmp_path / "finetuned"), "--alphas", "0,0.5,1",
+                 "--json", str(tmp_path / "sweep.json")]) == 0
+    assert "clip_shapes + " in capsys.readouterr().out
+    records = json.loads((tmp_path / "sweep.json").read_text())
+    assert [record["alpha"] for record in records] == [0.0, 0.5, 1.0]
+    benchmark = benchmarks.image_folder(str(root))
+    for record, model in zip(records, (zero_shot, interpolate(zero_shot, finetuned, 0.5), finetuned), strict=True):
+        want = benchmarks.evaluate_classification(model, benchmark, SIMPLE_TEMPLATES)
+        assert record["metrics"] == pytest.approx(want["metrics"], abs=1e-12)
+    assert main([*common, "--alphas", "0.5"]) == 2
+    assert "--alphas: the WiSE-FT shares need --finetuned" in capsys.readouterr().err
+    assert main([*common, "--finetuned", "clip_tiny"]) == 2  # another geometry
+    err = capsys.readouterr().err
+    assert "argument --finetuned" in err and "differ in geometry" in err
 
 
 def test_counters_are_the_finetuned_models():

@@ -53,6 +53,12 @@ def _slot_indices(text):
     return indices
 
 
+def _alphas(text):
+    """An argparse `type`: comma-separated numbers in [0, 1] (WiSE-FT's mixing coefficients)."""
+    parse = _probability(closed=True)
+    return [parse(part) for part in text.split(",")]
+
+
 def register(sub):
     p = _add_command(
         sub, "eval", "score a preset on a zero-shot, retrieval or compositionality benchmark from files on disk",
@@ -81,11 +87,15 @@ def register(sub):
         "              shapes scenes (vlzoo.evaluation.shapes_compositional; --seed, default 0)\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
-        "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).",
+        "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).\n"
+        "WiSE-FT sweep: with --finetuned, --preset is the zero-shot model and each of --alphas\n"
+        "scores the weight-space ensemble (1 - alpha) * zero-shot + alpha * fine-tuned\n"
+        "(vlzoo.training.interpolate), one row per alpha; the records hold the alpha.",
         ["vlzoo eval --preset clip_vit_b16_openai --benchmark sugarcrepe --data sugar-crepe/data "
          "--images coco/val2017",
          "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json",
-         "vlzoo eval --preset sparo_shapes --benchmark shapes"],
+         "vlzoo eval --preset sparo_shapes --benchmark shapes",
+         "vlzoo eval --preset clip_shapes --finetuned runs/clip_ft --alphas 0,0.5,1 --benchmark shapes"],
     )
     _add_preset(p)
     p.add_argument("--benchmark", required=True, choices=tuple(BENCHMARKS), help="which benchmark --data holds")
@@ -116,6 +126,12 @@ def register(sub):
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the towers' dtype policy (default: float32); scores are float32 either way")
+    p.add_argument("--finetuned", default=None, metavar="NAME_OR_DIR",
+                   help="WiSE-FT sweep: --preset after fine-tuning (same family and geometry); scores the mixes "
+                   "of --alphas")
+    p.add_argument("--alphas", default=None, type=_alphas, metavar="A,B,...",
+                   help="with --finetuned: the fine-tuned weights' shares to score, each in [0, 1] "
+                   "(default: 0,0.25,0.5,0.75,1)")
     _add_report_options(p, "also write the records (clip_benchmark's schema) to this JSON file")
     p.set_defaults(func=run)
 
@@ -157,6 +173,10 @@ def _read(args):
 
 def run(args, out):
     _check_preset(args.preset)
+    if args.finetuned is not None:
+        _check_preset(args.finetuned, "--finetuned")
+    elif args.alphas is not None:
+        raise UsageError("--alphas", "the WiSE-FT shares need --finetuned")
     images, task = BENCHMARKS[args.benchmark]
     if task == "shapes":
         if args.data is not None:
@@ -183,10 +203,11 @@ def run(args, out):
     with _naming("--data"):
         chosen = [None] if task == "shapes" else _read(args)
     # heavy: imports a backend
-    from vlzoo.evaluation import aro, benchmarks, results, segmentation, shapes_compositional
+    from vlzoo.evaluation import results, segmentation
     from vlzoo.evaluation.templates import read_templates
     from vlzoo.models.sparo import SPARO
 
+    templates = None
     if task in ("classification", "segmentation"):
         with _naming("--templates"):
             templates = read_templates(args.templates)
@@ -206,32 +227,59 @@ def run(args, out):
                              f"received {args.slots}")
         options["slots"] = args.slots
     records = []
-    for benchmark in chosen:
-        if task == "shapes":
-            outcome = shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties, **options)
-            records += [results.benchmark_record(result, args.preset, pretrained=source,
-                                                 dtype=model.dtype_policy.name) for result in outcome]
-            continue
-        if task == "classification":
-            print(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
-                  f"{len(benchmark.class_names)} classes, {len(templates)} template(s)", file=out)
-            result = benchmarks.evaluate_classification(model, benchmark, templates, **options)
-        elif task == "retrieval":
-            print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions", file=out)
-            result = benchmarks.evaluate_retrieval(model, benchmark, ties=args.ties, **options)
-        elif task == "segmentation":
-            print(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.class_names)} classes, "
-                  f"{len(templates)} template(s)", file=out)
-            result = segmentation.evaluate_segmentation(
-                model, benchmark, templates, background=args.background, candidates=args.candidates, **options)
-        elif task == "aro":
-            print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
-            result = aro.evaluate_aro(model, benchmark, ties=args.ties, **options)
-        else:
-            print(f"{benchmark.name}: {len(benchmark.items)} items", file=out)
-            result = benchmarks.evaluate_selection(model, benchmark, ties=args.ties, **options)
-        records.append(results.benchmark_record(result, args.preset, pretrained=source, dtype=model.dtype_policy.name))
+    for index, (name, alpha, scored) in enumerate(_models(args, model, out)):
+        for benchmark in chosen:  # each benchmark's size is printed once
+            for result in _score(scored, benchmark, task, templates, args, options, None if index else out):
+                record = results.benchmark_record(result, name, pretrained=source, dtype=scored.dtype_policy.name)
+                records.append(record if alpha is None else dict(record, alpha=alpha))
     print(results.markdown_table(records), file=out, end="")
     if args.json:
         _write_json(args.json, records, out)
     return 0
+
+
+def _models(args, model, out):
+    """`(name, alpha, model)` to score: the preset (alpha None), or with --finetuned its WiSE-FT mixes, one at a
+    time."""
+    if args.finetuned is None:
+        yield args.preset, None, model
+        return
+    # heavy: imports a backend
+    from vlzoo.training import interpolate
+
+    finetuned = _load_preset(args.finetuned, out, dtype=args.dtype, argument="--finetuned")
+    for alpha in args.alphas or (0.0, 0.25, 0.5, 0.75, 1.0):
+        with _naming("--finetuned"):
+            mixed = interpolate(model, finetuned, alpha)
+        yield f"{args.preset} + {args.finetuned} (alpha {alpha:g})", alpha, mixed
+
+
+def _score(model, benchmark, task, templates, args, options, out):
+    """The results of `model` on `benchmark` (a list: shapes gives one per group); the benchmark's size is
+    printed to `out` unless it is None."""
+    # heavy: imports a backend
+    from vlzoo.evaluation import aro, benchmarks, segmentation, shapes_compositional
+
+    def say(text):
+        if out is not None:
+            print(text, file=out)
+
+    if task == "shapes":
+        return shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties, **options)
+    if task == "classification":
+        say(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
+            f"{len(benchmark.class_names)} classes, {len(templates)} template(s)")
+        return [benchmarks.evaluate_classification(model, benchmark, templates, **options)]
+    if task == "retrieval":
+        say(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.captions)} captions")
+        return [benchmarks.evaluate_retrieval(model, benchmark, ties=args.ties, **options)]
+    if task == "segmentation":
+        say(f"{benchmark.name}: {len(benchmark.images)} images, {len(benchmark.class_names)} classes, "
+            f"{len(templates)} template(s)")
+        return [segmentation.evaluate_segmentation(
+            model, benchmark, templates, background=args.background, candidates=args.candidates, **options)]
+    if task == "aro":
+        say(f"{benchmark.name}: {len(benchmark.items)} items")
+        return [aro.evaluate_aro(model, benchmark, ties=args.ties, **options)]
+    say(f"{benchmark.name}: {len(benchmark.items)} items")
+    return [benchmarks.evaluate_selection(model, benchmark, ties=args.ties, **options)]
