@@ -133,6 +133,17 @@ def test_a_cached_tower_with_micro_batches_and_the_errors():
     with pytest.raises(ValueError, match=r"`data` must be a dict of arrays with \['token_ids', 'padding_mask'\]"):
         training.cache_tower(model, {"images": batch["images"]}, "text")
     cached = training.cache_tower(model, batch, "text")
+    # Batches from an iterable (a dataset read once) give the dict's cache: the same calls on the same rows.
+    halves = [{key: value[start:start + 2] for key, value in batch.items()} for start in (0, 2)]
+    streamed = training.cache_tower(model, iter(halves), "text")
+    by_rows = training.cache_tower(model, batch, "text", batch_size=2)
+    assert sorted(streamed) == sorted(by_rows) == ["images", "padding_mask", "text_tower", "token_ids"]
+    np.testing.assert_array_equal(streamed["text_tower"]["pooled"], by_rows["text_tower"]["pooled"])
+    np.testing.assert_array_equal(streamed["token_ids"], batch["token_ids"])
+    with pytest.raises(ValueError, match=r"Each batch of `data` must be a dict of arrays"):
+        training.cache_tower(model, iter([batch["images"]]), "text")
+    with pytest.raises(ValueError, match="holds no examples"):
+        training.cache_tower(model, iter([]), "text")
     cached["text_tower"] = {"tokens": cached["text_tower"]["pooled"]}
     with pytest.raises(ValueError, match=r"`inputs\['text_tower'\]` must be a dict of the tower's outputs \['pooled'\]"):
         model(cached)

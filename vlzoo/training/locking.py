@@ -107,9 +107,11 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
 
     Args:
         model: a vlzoo model whose `tower` is wholly locked (`lock_tower(model, tower)`).
-        data: a dict of arrays `{"images": (N, H, W, 3), "token_ids": (N, T), "padding_mask": (N, T)}`.
+        data: a dict of arrays `{"images": (N, H, W, 3), "token_ids": (N, T), "padding_mask": (N, T)}`,
+            or an iterable of such dicts (batches, e.g. `vlzoo.data.image_text_dataset(...)` without
+            training augmentation), read once: only the tower's outputs and the other inputs are kept.
         tower: `"image"` or `"text"`.
-        batch_size: rows per tower call.
+        batch_size: rows per tower call (a dict's; an iterable's batches are its own).
         verbose: a progress bar.
 
     Returns:
@@ -126,25 +128,43 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
         raise ValueError(f"The {tower} tower is not wholly locked ({len(layer.trainable_weights)} trainable "
                          f"variables): its outputs change as it trains. Lock it first: lock_tower(model, {tower!r}).")
     needed = ("images",) if tower == "image" else ("token_ids", "padding_mask")
-    if not isinstance(data, dict) or not set(needed) <= set(data):
-        received = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"`data` must be a dict of arrays with {list(needed)}; received {received}.")
-    rows = len(data[needed[0]])
     keys = model.image_tower_keys if tower == "image" else model.text_tower_keys
+    rows = len(data[needed[0]]) if isinstance(data, dict) and needed[0] in data else None
     bar = keras.utils.Progbar(rows, unit_name="example") if verbose else None
-    parts = {key: [] for key in keys}
-    for start in range(0, rows, batch_size):
-        stop = min(start + batch_size, rows)
+    parts, done = {}, 0
+    for batch in _batches(data, needed, batch_size):
         if tower == "image":
-            outputs = model._image_tower(data["images"][start:stop], training=False)
+            outputs = model._image_tower(batch["images"], training=False)
         else:
-            outputs = model._text_tower({key: data[key][start:stop] for key in needed}, training=False)
-        for key in keys:
-            parts[key].append(keras.ops.convert_to_numpy(outputs[key]))
+            outputs = model._text_tower({key: batch[key] for key in needed}, training=False)
+        kept = {key: value for key, value in batch.items() if not (tower == "image" and key == "images")}
+        for key, value in [*kept.items(), *((f"{tower}_tower/{key}", outputs[key]) for key in keys)]:
+            parts.setdefault(key, []).append(keras.ops.convert_to_numpy(value))
+        done += len(batch[needed[0]])
         if bar is not None:
-            bar.update(stop)
-    cached = {key: np.concatenate(values) for key, values in parts.items()}
-    if tower == "image":
-        return {**{key: value for key, value in data.items() if key != "images"}, "image_tower": cached}
-    return {**data, "text_tower": cached}
+            bar.update(done)
+    if not done:
+        raise ValueError("`data` holds no examples to cache.")
+    merged = {key: np.concatenate(values) for key, values in parts.items()}
+    cached = {key: merged.pop(f"{tower}_tower/{key}") for key in keys}
+    return {**merged, f"{tower}_tower": cached}
+
+
+def _batches(data, needed, batch_size):
+    """`data`'s batches as dicts of arrays: a dict's rows `batch_size` at a time, or an iterable's own."""
+    if isinstance(data, dict):
+        if not set(needed) <= set(data):
+            raise ValueError(f"`data` must be a dict of arrays with {list(needed)}; received {sorted(data)}.")
+        rows = len(data[needed[0]])
+        for start in range(0, rows, batch_size):
+            yield {key: value[start:start + batch_size] for key, value in data.items()}
+        return
+    if not hasattr(data, "__iter__"):
+        raise ValueError(f"`data` must be a dict of arrays with {list(needed)}, or an iterable of such batches; "
+                         f"received {type(data).__name__}.")
+    for batch in data.as_numpy_iterator() if hasattr(data, "as_numpy_iterator") else data:
+        if not isinstance(batch, dict) or not set(needed) <= set(batch):
+            received = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+            raise ValueError(f"Each batch of `data` must be a dict of arrays with {list(needed)}; received {received}.")
+        yield batch
 
