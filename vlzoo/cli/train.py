@@ -60,6 +60,10 @@ def register(sub):
         p.add_argument(f"--lock-{tower}-unlocked-groups", type=_non_negative_int, default=0, metavar="N",
                        help=f"with --lock-{tower}: leave its last N groups (blocks; the projection is the last) "
                        "trainable, as open_clip's option of that name (default: 0)")
+    p.add_argument("--cache-locked", action="store_true",
+                   help="with --lock-image and/or --lock-text (wholly locked): compute the locked towers' outputs "
+                   "once, from the resized, centre-cropped images (no random crops), and train on them in memory "
+                   "(LiT at a fraction of the cost; vlzoo.training.cache_tower)")
     p.add_argument("--lora-rank", type=_positive_int, default=None, metavar="R",
                    help="train LoRA adapters of rank R instead of the weights (vlzoo.training.enable_lora); --out "
                    "gets the merged model")
@@ -124,25 +128,26 @@ def run(args, out):
         if steps < 1:
             raise UsageError("--batch-size", f"{args.data} has {count} usable pairs, fewer than one batch of "
                                              f"{args.batch_size}")
-    total_steps = steps * args.epochs
-    # The learning-rate schedule counts optimizer updates: one per --gradient-accumulation-steps batches.
-    accumulation = args.gradient_accumulation_steps or 1
-    updates = total_steps // accumulation
-    if updates < 1:
-        raise UsageError("--gradient-accumulation-steps", f"{accumulation} batches per update is more than the "
-                                                          f"run's {total_steps} steps")
-    if args.warmup_steps >= updates and args.warmup_steps > 0:
-        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the run's {updates} optimizer updates "
-                                           f"({total_steps} steps / {accumulation})")
+    cached_towers = _cached_towers(args)
+    total_steps, updates = _run_length(args, steps)
 
     keras.utils.set_random_seed(args.seed)
     model = _load_preset(args.preset, out, family=args.family)
     train = vlzoo.data.image_text_dataset(
-        args.data, model.tokenizer, model.preprocessor, args.batch_size, training=True, seed=args.seed,
+        args.data, model.tokenizer, model.preprocessor, args.batch_size, training=not cached_towers, seed=args.seed,
         image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
-        on_error=args.on_error,
+        on_error=args.on_error, **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
     )
     stats = train.stats
+    if cached_towers:
+        train = _cache(model, train, cached_towers, args, out)
+        steps = len(train["token_ids"]) // args.batch_size
+        if steps < 1:
+            raise UsageError("--batch-size", f"{args.data} gave {len(train['token_ids'])} readable pairs, fewer "
+                                             f"than one batch of {args.batch_size}")
+        train = {key: keras.tree.map_structure(lambda a: a[:steps * args.batch_size], value)
+                 for key, value in train.items()}  # whole batches, as the augmented pipeline's
+        total_steps, updates = _run_length(args, steps)
     staged = _set_stair_stages(model, args, total_steps)
     if args.lora_rank is not None:
         with _naming("--lora-targets"):
@@ -158,14 +163,16 @@ def run(args, out):
     print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
           f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
           f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
-          f"gradient accumulation {accumulation} ({updates} optimizer updates), "
+          f"gradient accumulation {args.gradient_accumulation_steps or 1} ({updates} optimizer updates), "
           f"micro-batch {args.micro_batch_size or args.batch_size}, remat {args.remat}, "
           f"{model.count_params() - sum(math.prod(v.shape) for v in model.trainable_weights):,} parameters locked, "
           f"seed {args.seed}, backend {keras.backend.backend()}", file=out)
     # STAIR's stage schedule splits the run's steps, so it is told them even where the pipeline's length
     # is unknown (images skipped on error).
+    # The dataset shuffles itself; the cached arrays are shuffled by `fit`, in whole batches.
+    order = dict(batch_size=args.batch_size, shuffle=True) if cached_towers else dict(shuffle=False)
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps if staged else args.steps_per_epoch,
-                        shuffle=False, verbose=args.verbose)  # the dataset shuffles itself
+                        verbose=args.verbose, **order)
     if stats.num_skipped:
         print(f"note: {stats.summary()}", file=out)
     losses = history.history.get("loss", [])
@@ -177,6 +184,57 @@ def run(args, out):
     model.save_to_preset(os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0
+
+
+def _run_length(args, steps):
+    """`(total_steps, updates)` of `steps` batches per epoch, checked against the schedule's options. The
+    learning-rate schedule counts optimizer updates: one per --gradient-accumulation-steps batches."""
+    total_steps = steps * args.epochs
+    accumulation = args.gradient_accumulation_steps or 1
+    updates = total_steps // accumulation
+    if updates < 1:
+        raise UsageError("--gradient-accumulation-steps", f"{accumulation} batches per update is more than the "
+                                                          f"run's {total_steps} steps")
+    if args.warmup_steps >= updates and args.warmup_steps > 0:
+        raise UsageError("--warmup-steps", f"{args.warmup_steps} is not below the run's {updates} optimizer updates "
+                                           f"({total_steps} steps / {accumulation})")
+    return total_steps, updates
+
+
+def _cached_towers(args):
+    """The towers --cache-locked computes once (the wholly locked ones), after checking what it cannot serve."""
+    if not args.cache_locked:
+        return []
+    towers = [tower for tower in ("image", "text") if getattr(args, f"lock_{tower}")]
+    if not towers:
+        raise UsageError("--cache-locked", "needs --lock-image or --lock-text: only a locked tower's outputs stay "
+                                           "the same through training")
+    for tower in towers:
+        if getattr(args, f"lock_{tower}_unlocked_groups"):
+            raise UsageError("--cache-locked", f"the {tower} tower is not wholly locked "
+                                               f"(--lock-{tower}-unlocked-groups): its outputs change as it trains")
+        if args.lora_rank is not None and tower in args.lora_towers:
+            raise UsageError("--cache-locked", f"--lora-towers adapts the locked {tower} tower: its outputs change "
+                                               "as it trains")
+    if args.steps_per_epoch is not None:
+        raise UsageError("--steps-per-epoch", "with --cache-locked an epoch is one pass over the cached pairs")
+    return towers
+
+
+def _cache(model, data, towers, args, out):
+    """`data` (one unaugmented pass) with the locked `towers`' outputs computed once (`cache_tower`)."""
+    # heavy: imports a backend
+    import keras
+
+    from vlzoo.training import cache_tower, lock_tower
+
+    for tower in towers:
+        lock_tower(model, tower)  # before caching; `configure` locks it again
+        data = cache_tower(model, data, tower, verbose=args.verbose == 1)
+    size = sum(value.nbytes for value in keras.tree.flatten(data))
+    print(f"cached the locked {' and '.join(towers)} tower outputs of {len(data['token_ids'])} pairs "
+          f"({size / 2**20:.1f} MB in memory); images are resized and centre-cropped, not randomly cropped", file=out)
+    return data
 
 
 def _numbers(text, argument):

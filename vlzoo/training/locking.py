@@ -143,6 +143,8 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
         done += len(batch[needed[0]])
         if bar is not None:
             bar.update(done)
+    if bar is not None:
+        bar.update(done, finalize=True)
     if not done:
         raise ValueError("`data` holds no examples to cache.")
     merged = {key: np.concatenate(values) for key, values in parts.items()}
