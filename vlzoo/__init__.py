@@ -28,6 +28,7 @@ from vlzoo.version import __version__
 _NAMES = {
     **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "SPARC", "SPARO", "STAIR", "ContrastiveModel", "Llip",
                                          "SigLIP")},
+    "export": "vlzoo.serving",
     "from_preset": "vlzoo.loading",
     "list_presets": "vlzoo.catalogue",
     "preset_info": "vlzoo.presets",
@@ -35,8 +36,8 @@ _NAMES = {
 }
 _SUBMODULES = (
     "catalogue", "convert", "data", "distribution", "evaluation", "host", "hub", "kaggle", "layers", "loading", "losses",
-    "models", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "tokenizers",
-    "training", "transfer", "viz",
+    "models", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "serving",
+    "tokenizers", "training", "transfer", "viz",
 )
 __all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]
 

@@ -9,6 +9,7 @@
     vlzoo eval     --preset P --benchmark sugarcrepe|winoground|mmvp|coco|imagenet1k|vg_relation|voc2012|... --data PATH
     vlzoo train    --preset P --data SOURCE --out DIR [--epochs E] [--batch-size B] [--learning-rate LR] ...
     vlzoo interpolate --zero-shot P --finetuned P --alpha A --out DIR
+    vlzoo export   --preset P --format onnx|tf_saved_model|litert --out DIR [--tower image|text|both]
     vlzoo convert  --from open_clip|transformers|keras_hub --checkpoint PATH --out DIR [--model NAME | --config F]
     vlzoo convert  --from llip|sparo --checkpoint PATH --preset P --out DIR
     vlzoo demo     [--preset sparc_shapes] [--steps N] [--second-backend B] [--out DIR]
@@ -33,6 +34,7 @@ but by `download` and by the pretrained presets and hub handles `--preset` names
   training=True)`, then `save_to_preset(--out)`.
 * `interpolate`: WiSE-FT, the weights `(1 - alpha) * zero-shot + alpha * fine-tuned` of two
   presets of one geometry (`vlzoo.training.interpolate`), saved as a preset.
+* `export`: each tower as a serving artefact (`vlzoo.export`), checked with its format's runtime.
 * `convert`: a local open_clip / transformers / keras-hub / Llip / SPARO checkpoint -> a preset
   directory (`vlzoo.convert.convert_checkpoint`), reloaded and checked against the peer.
 * `demo`: the whole workflow on a bundled shapes model (`sparc_shapes`, trained
@@ -51,7 +53,7 @@ User mistakes (a missing file, an unknown preset, a bad value) end with a one-li
 (`convert`'s parity, `demo`'s reload) exits with 1.
 
 One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve`, `evaluate` (eval), `train`,
-`interpolate`, `convert`, `demo`), each with `register(subparsers)` and `run(args, out)`; shared helpers in
+`interpolate`, `export`, `convert`, `demo`), each with `register(subparsers)` and `run(args, out)`; shared helpers in
 `_common`, the readers of labelled images and pairs in `vlzoo.data.labels`. The command modules
 import no backend at module level: each `run` imports what it needs.
 
@@ -64,13 +66,13 @@ import argparse
 import sys
 
 from vlzoo.cli._logs import QUIET_NATIVE_LOGS  # first: sets the C++ log level before a framework loads
-from vlzoo.cli import catalogue, convert, demo, evaluate, interpolate, retrieve, train, zeroshot
+from vlzoo.cli import catalogue, convert, demo, evaluate, export, interpolate, retrieve, train, zeroshot
 from vlzoo.cli._common import UsageError
 from vlzoo.cli.demo import DEMO_TEMPLATE
 
 __all__ = ["COMMANDS", "DEMO_TEMPLATE", "QUIET_NATIVE_LOGS", "UsageError", "build_parser", "main"]
 
-COMMANDS = (catalogue, zeroshot, retrieve, evaluate, train, interpolate, convert, demo)
+COMMANDS = (catalogue, zeroshot, retrieve, evaluate, train, interpolate, export, convert, demo)
 
 # User mistakes reported as one line (exit status 2) rather than a traceback.
 _USER_ERRORS = (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

@@ -5,6 +5,8 @@ static shapes: a dimension that is unknown at trace time (`None`) is not
 checked.
 """
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -20,8 +22,9 @@ def to_float32(x):
 
 
 def static_shape(x):
-    """Static shape of a tensor as a tuple (entries may be `None`)."""
-    return tuple(None if d is None else int(d) for d in x.shape)
+    """Static shape of a tensor as a tuple of ints, `None` for a dimension not known while tracing (unknown,
+    or symbolic, as a batch under jax2tf's shape polymorphism in a SavedModel export)."""
+    return tuple(int(d) if isinstance(d, numbers.Integral) else None for d in x.shape)
 
 
 def format_shape(shape):
