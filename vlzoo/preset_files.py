@@ -3,7 +3,8 @@
 A preset is a directory in keras-hub's layout:
 
     config.json          Keras-serialised model (`registered_name` "vlzoo>CLIP", ...)
-    metadata.json        versions, family, parameter count, paper, licence, description
+    metadata.json        versions, family, parameter count, paper, licence, description; the
+                         weights' quantization mode ("int8") where they are quantized
     tokenizer.json       serialised tokenizer (its asset files named, not inlined)
     preprocessor.json    serialised image preprocessor
     model.weights.h5     weights, when the preset has them
@@ -69,6 +70,8 @@ def save_to_preset(model, directory, metadata=None):
         "parameter_count": int(model.count_params()),
         **(metadata or {}),
     }
+    if getattr(model, "weight_quantization", None):
+        info["quantization"] = model.weight_quantization  # from_preset quantizes before loading the weights
     config = keras.saving.serialize_keras_object(model)
     config.pop("compile_config", None)  # a preset carries no optimizer; compile after loading
     if isinstance(tokenizer, UnavailableTokenizer):

@@ -196,6 +196,8 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     if dtype is not None:
         inner["dtype"] = dtype
     model = _deserialize({**config, "config": inner}, directory / CONFIG_FILE)
+    if metadata.get("quantization"):  # the variables the quantized weights fill
+        model.quantize(metadata["quantization"])
 
     weights = directory / WEIGHTS_FILE
     if load_weights and weights.is_file():
