@@ -46,8 +46,8 @@ def test_an_int8_model_round_trips_through_a_preset(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_int8_stays_close_to_float32_on_the_shapes_models(family):
     """Shapes images against the 24 class prompts. int8 rounds each kernel to 1/254 of its channel's range and
-    each input row to 1/254 of its own. Measured on an AVX-512 EPYC (PyTorch, 240 images; the test takes the
-    first 120 classes' worth, 5 per class): embeddings at
+    each input row to 1/254 of its own. Measured on an AVX-512 EPYC (PyTorch, 240 images; this test draws
+    5 per class, 120): embeddings at
     cosine >= 0.9972 (SPARC's text; 0.9997 or more for every image), scores moved at most 0.88 (3.5% of
     their range), 92% to 99.6% of the decisions kept, and none changed where float32's margin was 0.21 or
     more. The bounds leave 2x or more of that room, for other CPUs' kernels."""
