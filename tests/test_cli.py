@@ -338,6 +338,7 @@ def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_f
     assert status == 2 and "--lock-text-unlocked-groups: needs --lock-text" in err
 
 
+@run_once  # the command's wiring; cache_tower's steps are checked per family on every backend in test_locking
 def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     common = ["train", "--preset", preset_dir, "--data", path, "--batch-size", "2", "--epochs", "2",

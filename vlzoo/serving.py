@@ -37,7 +37,8 @@ import numpy as np
 
 from vlzoo.models.base import ContrastiveModel
 
-__all__ = ["FORMATS", "ImageEncoder", "TextEncoder", "export", "parity", "run_artefact", "unsupported"]
+__all__ = ["FORMATS", "ImageEncoder", "TextEncoder", "export", "parity", "quantize_onnx", "run_artefact",
+           "unsupported"]
 
 # format -> the artefact's suffix (a SavedModel is a directory)
 FORMATS = {"tf_saved_model": "", "onnx": ".onnx", "litert": ".tflite"}
@@ -235,6 +236,28 @@ def _rewrite_tf_only_ops(graph, onnx):
                             onnx.helper.make_node(second, [middle], list(node.output), name=node.name)]
         for offset, new in enumerate(replacement):
             graph.node.insert(at + offset, new)
+
+
+def quantize_onnx(path):
+    """An int8 copy of an exported ONNX artefact, by ONNX Runtime's own dynamic quantizer.
+
+    Matrix-product weights become int8 (per tensor, symmetric), their inputs
+    are quantized per call; the file is written beside `path` as
+    `NAME.int8.onnx`, with the same input and output names.
+
+    Args:
+        path: an `.onnx` artefact `export` wrote.
+
+    Returns:
+        The int8 artefact's path.
+    """
+    if not path.endswith(FORMATS["onnx"]):
+        raise ValueError(f"`path` must be an ONNX artefact (.onnx); received {path!r}.")
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # optional, as ONNX Runtime itself
+
+    target = path[: -len(FORMATS["onnx"])] + ".int8" + FORMATS["onnx"]
+    quantize_dynamic(path, target, weight_type=QuantType.QInt8)
+    return target
 
 
 def run_artefact(path, inputs):

@@ -25,6 +25,8 @@ def register(sub):
     p.add_argument("--tower", default="both", choices=("image", "text", "both"), help="which towers (default: both)")
     p.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
                    help="a fixed batch for the artefacts' inputs (default: any batch; PyTorch's ONNX export needs one)")
+    p.add_argument("--int8", action="store_true",
+                   help="onnx: also write NAME.int8.onnx, ONNX Runtime's dynamic int8 quantization of each artefact")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write")
     p.set_defaults(func=run)
 
@@ -36,6 +38,8 @@ def run(args, out):
 
     from vlzoo import serving
 
+    if args.int8 and args.format != "onnx":
+        raise UsageError("--int8", f"ONNX Runtime's int8 quantizer reads ONNX artefacts, not {args.format}")
     backend = keras.backend.backend()
     why = serving.unsupported(args.format, backend, args.batch_size)
     if why:  # a fixed batch is the fix where one would do
@@ -43,7 +47,11 @@ def run(args, out):
     model = _load_preset(args.preset, out, dtype="float32")
     towers = ("image", "text") if args.tower == "both" else (args.tower,)
     artefacts = serving.export(model, args.out, format=args.format, towers=towers, batch_size=args.batch_size)
-    for tower, found in serving.parity(model, artefacts, batch_size=args.batch_size or 2).items():
-        cosines = ", ".join(f"{name} {value:.6f}" for name, value in found.items())
-        print(f"wrote {artefacts[tower]}: smallest cosine to the Keras model {cosines}", file=out)
+    written = [artefacts]
+    if args.int8:
+        written.append({tower: serving.quantize_onnx(path) for tower, path in artefacts.items()})
+    for paths in written:
+        for tower, found in serving.parity(model, paths, batch_size=args.batch_size or 2).items():
+            cosines = ", ".join(f"{name} {value:.6f}" for name, value in found.items())
+            print(f"wrote {paths[tower]}: smallest cosine to the Keras model {cosines}", file=out)
     return 0
