@@ -36,6 +36,7 @@ import keras
 import numpy as np
 
 from vlzoo.models.base import ContrastiveModel
+from vlzoo.training._models import blank_copy
 
 __all__ = ["FORMATS", "ImageEncoder", "TextEncoder", "export", "parity", "quantize_onnx", "run_artefact",
            "unsupported"]
@@ -188,12 +189,8 @@ def _unchunked(model):
     The blocks run in a loop (`ops.map`) that LiteRT's own ops cannot express (it would need the Flex
     delegate); one block computes the same values with the `(B, S, V)` logits in memory.
     """
-    config = keras.saving.serialize_keras_object(model)
-    config.pop("compile_config", None)
-    config["config"]["num_chunks"] = None
-    copy = keras.saving.deserialize_keras_object(config)
+    copy = blank_copy(model, num_chunks=None)
     copy.set_weights(model.get_weights())
-    copy.tokenizer, copy.preprocessor = model.tokenizer, model.preprocessor
     return copy
 
 

@@ -23,11 +23,12 @@ def tower_layer(model, tower):
     return getattr(model, TOWERS[tower])
 
 
-def blank_copy(model):
-    """A new, built model of `model`'s config (its compile state aside), with freshly initialised
-    weights and `model`'s tokenizer and preprocessor."""
+def blank_copy(model, **config_overrides):
+    """A new, built model of `model`'s config (its compile state aside; `config_overrides` replace
+    entries), with freshly initialised weights and `model`'s tokenizer and preprocessor."""
     config = keras.saving.serialize_keras_object(model)
     config.pop("compile_config", None)  # the copy is compiled by its user, if trained
+    config["config"].update(config_overrides)
     copy = keras.saving.deserialize_keras_object(config)
     copy.tokenizer, copy.preprocessor = model.tokenizer, model.preprocessor
     return copy
