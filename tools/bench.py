@@ -63,6 +63,16 @@ Entries:
                64 on an accelerator; without it only up to N = 1024 there): step
                time and peak memory, which with caching stays near one
                micro-batch's activations plus the N embeddings.
+  serving      ViT-B/16 image embeddings per second, batch 16, on the open_clip entry's
+               weights, for every serving path: each backend's compiled
+               `predict_on_batch` of the image tower (`vlzoo.serving.ImageEncoder`) in
+               float32, bfloat16 weights and Keras' int8 (`model.quantize("int8")`),
+               and ONNX Runtime on the tower exported to ONNX (`vlzoo.export`, from the
+               first backend that exports it) in float32 and in ONNX Runtime's own
+               dynamic int8 (`vlzoo.serving.quantize_onnx`); each alternated with
+               open_clip's `encode_image` in float32 and under bfloat16 autocast
+               (inference mode): embeddings/s, ratios, and the smallest cosine per
+               embedding against open_clip's float32 embeddings of the same batch.
   stair_pool   STAIR's vocabulary-sized head pooled to (B, V), forward +
                backward, B=64 images of S=197 positions (ViT-B/16), V=30,522,
                D=768: all (B, S, V) logits at once vs 16 rematerialised
@@ -89,13 +99,17 @@ from bench_report import (  # noqa: E402,F401  (the report tables; re-exported f
     open_clip_table, page, peer_target, precision_table, render_into, rooflines,
 )
 
-ENTRIES = ("open_clip", "precision", "filip_loss", "train_step", "stair_pool", "loss_memory", "grad_caching")
+ENTRIES = ("open_clip", "precision", "serving", "filip_loss", "train_step", "stair_pool", "loss_memory",
+           "grad_caching")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
 MEMORY_LOSSES = ("clip", "filip", "llip")
 PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_clip's (bfloat16: autocast)
 # vlzoo's dtype policies per task: inference in bfloat16 weights, training with float32 master weights.
 PRECISION_TASKS = {"encode_image": ("float32", "bfloat16"), "train_step": ("float32", "mixed_bfloat16")}
+# The serving entry's paths: Keras' predict in each weight format, ONNX Runtime on the exported tower.
+SERVING_PATHS = ("float32", "bfloat16", "int8", "onnx_float32", "onnx_int8")
+EXPORTERS = ("tensorflow", "torch")  # the backends whose ONNX export takes a fixed batch (JAX needs jax2onnx)
 # XLA:CPU options of jaxlib 0.10 tried on JAX's bfloat16 matmul: oneDNN's matmul (the route to AMX),
 # its custom-call form, and XNNPACK (whole program, or its dot fusions only).
 JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_custom_call=true",
@@ -387,6 +401,8 @@ def _open_clip_steps(case):
         if task == "train_step":
             model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5, weight_decay=0.1))
             steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (inputs,)
+        elif task == "serve_image":
+            steps["vlzoo"] = _serving_step(model, case["path"], inputs["images"])
         else:
             texts = {k: inputs[k] for k in ("token_ids", "padding_mask")}
             if task.startswith("predict"):
@@ -438,6 +454,34 @@ def _open_clip_steps(case):
     return [steps[side] for side in ("vlzoo", *peers) if side in steps]
 
 
+def _serving_step(model, path, images):
+    """vlzoo's image embeddings along serving `path` (one of `SERVING_PATHS`): `(step, args)`.
+
+    Keras' paths call the compiled `predict_on_batch` of the image tower as its own model
+    (`ImageEncoder`; `model` already in its dtype, quantized here for "int8"); the ONNX paths
+    export that tower from the active backend with a fixed batch and run it on ONNX Runtime (its
+    own dynamic int8 copy for "onnx_int8").
+    """
+    import tempfile
+
+    from vlzoo import serving
+
+    if path.startswith("onnx"):
+        import onnxruntime
+
+        pixels = np.asarray(images)
+        artefact = serving.export(model, tempfile.mkdtemp(prefix="vlzoo_bench_"), format="onnx", towers="image",
+                                  batch_size=len(pixels))["image"]
+        if path == "onnx_int8":
+            artefact = serving.quantize_onnx(artefact)
+        session = onnxruntime.InferenceSession(artefact, providers=["CPUExecutionProvider"])
+        return (lambda x: session.run(["embeds"], {"images": x})[0]), (pixels,)
+    if path == "int8":
+        model.quantize("int8")
+    encoder = serving.ImageEncoder(model)
+    return (lambda x: encoder.predict_on_batch(x)["embeds"]), (images,)
+
+
 def _matmul_step(case):
     """`N x N @ N x N` in `case["dtype"]` with the active backend's own matmul: `(step, args)`."""
     import keras
@@ -454,6 +498,7 @@ def _precision_steps(case):
 CASE_BUILDERS = {
     "open_clip": _open_clip_steps,
     "precision": _precision_steps,
+    "serving": _open_clip_steps,
     "filip_loss": lambda case: [_filip_loss_step(case)],
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
@@ -479,7 +524,7 @@ def baselines(case):
         return ["clip"]
     if case["entry"] == "open_clip":
         return ["open_clip"]
-    if case["entry"] == "precision" and case["task"] != "matmul":
+    if case["entry"] in ("precision", "serving") and case["task"] != "matmul":
         return [f"open_clip_{precision}" for precision in case["peer_precisions"]]
     return []
 
@@ -533,7 +578,18 @@ def run_case(case):
         result["max_abs_diff"] = float(np.max(np.abs(ours - theirs)))
     if case["entry"] == "precision":
         result["gflops"] = round(case["flops"] / medians[0] / 1e9, 1)
+    if case["entry"] == "serving":  # each path's embeddings, and open_clip's bfloat16 ones, against its float32
+        reference = first[1][1][0]
+        result["cosine"] = round(smallest_cosine(first[0][1][0], reference), 6)
+        if len(first) > 2:
+            result["open_clip_bfloat16_cosine"] = round(smallest_cosine(first[2][1][0], reference), 6)
     return result
+
+
+def smallest_cosine(got, want):
+    """The smallest cosine between matching rows of `got` and `want` `(B, D)`."""
+    got, want = (np.asarray(a, np.float64) for a in (got, want))
+    return float(np.min((got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))))
 
 
 def transformer_flops(width, layers, tokens, mlp_width):
@@ -582,7 +638,7 @@ def cases(entries, quick, on_accelerator=False):
                 yield dict(entry=entry, task="matmul", N=size, dtype=dtype, flops=2 * size**3, repeats=repeats + 2)
             for flags in ([] if quick or on_accelerator else JAX_CPU_FLAGS):
                 yield dict(entry=entry, task="matmul", N=size, dtype="bfloat16", flops=2 * size**3,
-                           repeats=repeats + 2, xla_flags=flags, jax_only=True)
+                           repeats=repeats + 2, xla_flags=flags, backends=("jax",))
             peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
             config = peer if isinstance(peer, dict) else _open_clip_config(peer)
             for task, policies in PRECISION_TASKS.items():
@@ -590,6 +646,13 @@ def cases(entries, quick, on_accelerator=False):
                     yield dict(entry=entry, task=task, dtype=dtype, peer=peer, batch_size=batch_size,
                                peer_precisions=list(PRECISIONS), flops=open_clip_flops(config, task, batch_size),
                                repeats=repeats + (0 if task == "train_step" else 2))
+        elif entry == "serving":
+            peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
+            for path in SERVING_PATHS:
+                exported = path.startswith("onnx")  # ONNX Runtime's speed: the exporting backend is no matter
+                yield dict(entry=entry, task="serve_image", path=path, dtype="bfloat16" if path == "bfloat16" else
+                           "float32", peer=peer, batch_size=batch_size, peer_precisions=list(PRECISIONS),
+                           repeats=repeats + 2, **(dict(backends=EXPORTERS, once=True) if exported else {}))
         elif entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
             for chunk in (None, 4) if quick else (None, 16, 8):
@@ -670,6 +733,13 @@ def run_in_subprocess(cases, backend, timeout):
     return results + [error] * (len(cases) - len(results))
 
 
+def case_backends(case, backends):
+    """The backends of `backends` that run `case`: those its `backends` allow (all by default), and of
+    them only the first when it is marked `once` (open_clip alone, ONNX Runtime: no Keras backend's speed)."""
+    allowed = [backend for backend in backends if backend in case.get("backends", BACKENDS)]
+    return allowed[:1] if case.get("once") else allowed
+
+
 def shares_process(case, other):
     """Whether a `--quick` run may run `other` in the process that runs `case`.
 
@@ -743,10 +813,8 @@ def main(argv=None):
         machine = f"{on}; host: {machine}"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
-    # A case marked `once` (open_clip alone) does not depend on the Keras backend: it runs in the first.
     todo = [(case, backend) for case in cases(args.entries, args.quick, any(found.values()))
-            for backend in (args.backends[:1] if case.get("once") else args.backends)
-            if not case.get("jax_only") or backend == "jax"]
+            for backend in case_backends(case, args.backends)]
     pending = []  # (row, case) waiting for their process: one case, or a --quick run of several
     results = {"machine": machine, "accelerators": found, "date": started, "rows": rows}
     os.makedirs(args.out, exist_ok=True)
@@ -764,7 +832,7 @@ def main(argv=None):
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         note = None
-        if case["entry"] == "precision" and case["task"] != "matmul":
+        if case["entry"] in ("precision", "serving") and case["task"] != "matmul":
             run_pending()  # the plan reads the matmul rows, which run first
             case, note = bf16_plan(case, backend, rooflines(rows))
         row = dict(case or todo[i - 1][0], backend=backend, result={"note": note} if note else {})
