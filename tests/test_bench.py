@@ -49,8 +49,8 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert {row["backend"] for row in rows} == {"torch"}  # one backend keeps the smoke run short
     # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
     assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
-    assert {row["entry"] for row in rows} == {"open_clip", "precision", "filip_loss", "train_step", "stair_pool",
-                                              "loss_memory", "grad_caching"}
+    assert {row["entry"] for row in rows} == {"open_clip", "precision", "serving", "filip_loss", "train_step",
+                                              "stair_pool", "loss_memory", "grad_caching"}
     caching = {(row["batch_size"], row["micro_batch_size"]) for row in rows if row["entry"] == "grad_caching"}
     assert caching == {(4, None), (4, 2), (8, None), (8, 2)}
     peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
@@ -86,6 +86,20 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         assert ("vs_open_clip_bfloat16" in r) == bf16_usable, (task, dtype, r)
         # vlzoo's first output against open_clip float32's on the same weights and batch.
         assert r["max_abs_diff"] < (1e-4 if dtype == "float32" else 0.1), (task, dtype, r)
+    serving = {row["path"]: row["result"] for row in rows if row["entry"] == "serving"}
+    assert set(serving) == {"float32", "bfloat16", "int8", "onnx_float32", "onnx_int8"}
+    for path, r in serving.items():
+        if "skipped" in r:  # vlzoo's bfloat16 weights, on a CPU whose bfloat16 matmul is unusable
+            assert path == "bfloat16" and not bf16_usable, (path, r)
+            continue
+        assert r["median_s"] > 0 and r["vs_open_clip_float32"] > 0, (path, r)
+        # Same weights and batch as open_clip float32: the float32 paths agree to rounding (relative error of
+        # float32 sums, ~1e-6); bfloat16 weights and Keras' int8 (per-channel weight scales, per-call
+        # activation scales) carry relative errors near 2**-9 and 2**-8 per element: a cosine above 0.999
+        # (measured 0.99993). ONNX Runtime's int8 has one weight scale per tensor, and its u8s8 kernels on
+        # CPUs without VNNI may saturate 16-bit sums: the serving tests' bar, 0.99 (measured 0.99995).
+        bar = 0.99999 if path.endswith("float32") else 0.99 if path == "onnx_int8" else 0.999
+        assert r["cosine"] > bar, (path, r)
     table = (tmp_path / "bench.md").read_text()
     assert table.startswith("Machine: ") and "cores" in table.splitlines()[0]  # the ratios depend on the CPU
     assert "CPU flags: " in table.splitlines()[0]
@@ -96,6 +110,11 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert sum(bool(re.match(r"\| train_step \(host memory retained\) \| torch \| [0-9]", line))
                for line in table.splitlines()) == 1
     assert "| matmul (roofline) | backend | GFLOP/s |" in table
+    assert sum(line.startswith(("| float32 | torch | ", "| bfloat16 | torch | ", "| int8 | torch | ",
+                                "| ONNX Runtime float32 (exported from torch) | - | ",
+                                "| ONNX Runtime int8 (exported from torch) | - | "))
+               for line in table.splitlines()) == len(serving)
+    assert "Best path with a cosine of at least 0.99: " in table
     assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
                for line in table.splitlines()) == 4  # the precision table's rows
     assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory",

@@ -168,6 +168,27 @@ def test_configure_sets_jit_compile_and_remat_and_checks_its_model():
         training.configure(model, learning_rat=1e-3)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch keeps gradients on its tensors (`.grad`)")
+def test_torch_step_releases_its_gradients():
+    # Keras' torch trainer clears the last step's gradients only after the next forward pass; vlzoo's
+    # train step releases them when the update is done, and trains the same (the update just happened).
+    model = tiny_model("clip")
+    reference = tiny_model("clip")
+    reference.set_weights(model.get_weights())
+    batch = tiny_batch(4, seed=3)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    reference.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    model.train_on_batch(batch)
+    assert all(v.value.grad is None for v in model.trainable_variables)
+    # The reference runs Keras' own step (the method the override wraps): the same weights after it.
+    reference.train_step = lambda data: keras.Model.train_step(reference, data)
+    reference.make_train_function(force=True)
+    reference.train_on_batch(batch)
+    assert any(v.value.grad is not None for v in reference.trainable_variables)
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
+
+
 # ----------------------------------------------------- gradient accumulation
 
 
