@@ -23,11 +23,23 @@ OPEN_CLIP_COUNTS = {
     "siglip_vit_b16": 203_155_970,  # open_clip "ViT-B-16-SigLIP"
 }
 
+# transformers' counts for the SigLIP 2 checkpoints of the same geometries (`SiglipModel` of each hub
+# config, position-id buffers not counted; the same totals the hub repositories' model cards record).
+SIGLIP2_COUNTS = {
+    "siglip2_vit_b16": 375_187_970, "siglip2_vit_b16_256": 375_234_050, "siglip2_vit_b16_384": 375_479_810,
+    "siglip2_vit_b16_512": 375_823_874, "siglip2_vit_b32_256": 376_856_066, "siglip2_vit_l16_256": 881_526_786,
+    "siglip2_vit_l16_384": 881_854_466, "siglip2_vit_l16_512": 882_313_218, "siglip2_so400m14_224": 1_135_463_602,
+    "siglip2_so400m14_384": 1_136_008_498, "siglip2_so400m16_256": 1_135_670_962,
+    "siglip2_so400m16_384": 1_136_039_602, "siglip2_so400m16_512": 1_136_555_698,
+    "siglip2_vit_g16_256": 1_871_393_906, "siglip2_vit_g16_384": 1_871_885_426,
+}
+
 
 def test_list_presets():
     names = vlzoo.list_presets()
     assert set(OPEN_CLIP_COUNTS) | {"clip_tiny", "siglip_tiny"} <= set(names)
-    assert vlzoo.list_presets(family="siglip") == ["siglip2_vit_b16", "siglip_shapes", "siglip_tiny", "siglip_vit_b16"]
+    assert vlzoo.list_presets(family="siglip") == sorted([*SIGLIP2_COUNTS, "siglip_shapes", "siglip_tiny",
+                                                           "siglip_vit_b16"])
     with pytest.raises(ValueError, match="family"):
         vlzoo.list_presets(family="blip")
 
@@ -43,6 +55,23 @@ def test_preset_info_counts_big_presets_without_allocating():
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     # Allocating ViT-L/14 alone would take 1.7 GB.
     assert grown_mb < 800, f"preset_info allocated about {grown_mb:.0f} MB"
+
+
+def test_siglip2_presets_have_the_checkpoints_geometry_activation_and_preprocessing():
+    # Every SigLIP 2 geometry (B/16 at four sizes, B/32, L/16, So400m/14 and /16, the giant-opt g/16 whose
+    # text tower is So400m's projected to 1536): exact parameter counts, tanh-approximate GELU (the
+    # checkpoints' `gelu_pytorch_tanh`, big_vision's default) and a bilinear resize to the square without
+    # crop (their image processor's).
+    for name, count in SIGLIP2_COUNTS.items():
+        assert vlzoo.preset_info(name)["params"] == count, name
+        config = json.loads((presets.resolve_preset(name) / "config.json").read_text())["config"]
+        assert config["vision"]["activation"] == config["text"]["activation"] == "gelu_tanh", name
+        assert config["vision"]["image_size"] % config["vision"]["patch_size"] == 0, name
+        processing = json.loads((presets.resolve_preset(name) / "preprocessor.json").read_text())["config"]
+        assert (processing["interpolation"], processing["crop"]) == ("bilinear", "none"), name
+        assert processing["image_size"] == config["vision"]["image_size"], name
+    giant = json.loads((presets.resolve_preset("siglip2_vit_g16_256") / "config.json").read_text())["config"]
+    assert (giant["vision"]["hidden_dim"], giant["text"]["hidden_dim"], giant["embed_dim"]) == (1536, 1152, 1536)
 
 
 @pytest.mark.slow

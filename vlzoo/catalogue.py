@@ -7,8 +7,8 @@ import no backend. Registered names (`vlzoo.registry`, defined in
 `vlzoo.pretrained`. `vlzoo.presets` builds models from what this module finds.
 
 Example:
->>> list_presets(family="siglip")[:2]
-['siglip2_vit_b16', 'siglip_shapes']
+>>> list_presets(family="sparo")[:2]
+['sparo_clip_vit_b16', 'sparo_clip_vit_b32']
 >>> describe("clip_vit_b16")["params"]
 149620737
 """
