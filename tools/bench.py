@@ -109,7 +109,9 @@ PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_c
 PRECISION_TASKS = {"encode_image": ("float32", "bfloat16"), "train_step": ("float32", "mixed_bfloat16")}
 # The serving entry's paths: Keras' predict in each weight format, ONNX Runtime on the exported tower.
 SERVING_PATHS = ("float32", "bfloat16", "int8", "onnx_float32", "onnx_int8")
-EXPORTERS = ("tensorflow", "torch")  # the backends whose ONNX export takes a fixed batch (JAX needs jax2onnx)
+# The backends whose ONNX export takes a fixed batch (JAX needs jax2onnx), the preferred first: PyTorch's
+# exporter writes LayerNorm as one node, tf2onnx as reductions ONNX Runtime does not fuse (docs/benchmarks.md).
+EXPORTERS = ("torch", "tensorflow")
 # XLA:CPU options of jaxlib 0.10 tried on JAX's bfloat16 matmul: oneDNN's matmul (the route to AMX),
 # its custom-call form, and XNNPACK (whole program, or its dot fusions only).
 JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_custom_call=true",
@@ -735,8 +737,9 @@ def run_in_subprocess(cases, backend, timeout):
 
 def case_backends(case, backends):
     """The backends of `backends` that run `case`: those its `backends` allow (all by default), and of
-    them only the first when it is marked `once` (open_clip alone, ONNX Runtime: no Keras backend's speed)."""
-    allowed = [backend for backend in backends if backend in case.get("backends", BACKENDS)]
+    them only the first when it is marked `once` (open_clip alone, ONNX Runtime: no Keras backend's
+    speed; the first in the case's own order when it has one)."""
+    allowed = [backend for backend in case.get("backends", backends) if backend in backends]
     return allowed[:1] if case.get("once") else allowed
 
 
