@@ -17,12 +17,15 @@ pre(np.zeros((480, 640, 3), np.uint8)).shape   # (1, 224, 224, 3) float32
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 
 from vlzoo._arrays import to_numpy
 
-__all__ = ["ImagePreprocessor", "CLIP_MEAN", "CLIP_STD", "SIGLIP_MEAN", "SIGLIP_STD"]
+__all__ = ["ImagePreprocessor", "NaFlexPreprocessor", "naflex_size", "CLIP_MEAN", "CLIP_STD", "SIGLIP_MEAN",
+           "SIGLIP_STD"]
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -253,4 +256,114 @@ class ImagePreprocessor:
         if not items:
             return np.zeros((0, th, tw, 3), np.float32)
         return np.stack([self._one(im) for im in items]).astype(np.float32)
+
+
+def naflex_size(height, width, patch_size, max_num_patches, eps=1e-5):
+    """SigLIP 2's NaFlex resolution for an image: `(height, width)` in pixels, multiples of `patch_size`.
+
+    The largest scale (found by bisection to `eps`, between `eps / 10` and
+    100) at which the image, each side rounded up to a multiple of
+    `patch_size` (at least one patch), has at most `max_num_patches`
+    patches: the aspect ratio is kept up to that rounding (SigLIP 2's image
+    processor, `get_image_size_for_max_num_patches` in transformers).
+
+    Example:
+    >>> naflex_size(480, 640, 16, 256)
+    (224, 288)
+    """
+    def scaled(scale, size):
+        return int(max(patch_size, math.ceil(size * scale / patch_size) * patch_size))
+
+    low, high = eps / 10, 100.0
+    while high - low >= eps:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch_size) * (scaled(scale, width) / patch_size) <= max_num_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class NaFlexPreprocessor:
+    """SigLIP 2's NaFlex preprocessing: each image at its own aspect ratio, cut into patches, padded.
+
+    Per image: resize to `naflex_size(H, W, patch_size, max_num_patches)`
+    (bilinear, through `ImagePreprocessor` with `crop="none"`, so uint8 and
+    float images are handled as there), normalise with `mean` and `std`, cut
+    into `patch_size` patches in row-major order, each flattened in row,
+    column, channel order, and pad with zero patches to `max_num_patches`.
+
+    Args:
+        patch_size: the model's patch side in pixels.
+        max_num_patches: the patch budget N per image (SigLIP 2 uses 256,
+            576, 1024, ...).
+        mean, std: per-channel normalisation (SigLIP's 0.5 by default).
+
+    Call: `pre(images)` with one image `(H, W, 3)`, a batch, or a list of
+    images of different sizes (as `ImagePreprocessor`). Returns the dict
+    `VisionTransformer` takes: `patches` float32 `(B, N, p * p * 3)`,
+    `patch_mask` bool `(B, N)` and `spatial_shapes` int32 `(B, 2)` (each
+    image's patch rows and columns).
+
+    Example:
+
+    ```python
+    pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
+    batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
+    batch["spatial_shapes"]   # [[14, 18], [18, 14]]
+    model.encode_image(batch)["embeds"]   # (2, D)
+    ```
+    """
+
+    def __init__(self, patch_size=16, max_num_patches=256, mean=SIGLIP_MEAN, std=SIGLIP_STD):
+        for name, value in (("patch_size", patch_size), ("max_num_patches", max_num_patches)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int; received {value!r}.")
+        self.patch_size = int(patch_size)
+        self.max_num_patches = int(max_num_patches)
+        self._normalise = ImagePreprocessor(self.patch_size, mean, std)  # checks mean and std
+        self.mean, self.std = self._normalise.mean, self._normalise.std
+
+    def get_config(self):
+        return {"patch_size": self.patch_size, "max_num_patches": self.max_num_patches, "mean": list(self.mean),
+                "std": list(self.std)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        return (f"NaFlexPreprocessor(patch_size={self.patch_size}, max_num_patches={self.max_num_patches}, "
+                f"mean={self.mean}, std={self.std})")
+
+    def _patches(self, image):
+        """`(patches (h * w, p * p * 3), (h, w))` of one image."""
+        from PIL import Image
+
+        array = np.asarray(image.convert("RGB")) if isinstance(image, Image.Image) else image
+        if array.ndim != 3 or array.shape[-1] != 3:
+            raise ValueError("`images` must have 3 (RGB) channels last: (H, W, 3) per image; received an image of "
+                             f"shape {array.shape}.")
+        size = naflex_size(array.shape[0], array.shape[1], self.patch_size, self.max_num_patches)
+        resize = ImagePreprocessor(size, self.mean, self.std, interpolation="bilinear", crop="none")
+        pixels = resize._one(array)
+        p = self.patch_size
+        rows, cols = size[0] // p, size[1] // p
+        patches = pixels.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
+        return patches, (rows, cols)
+
+    def __call__(self, images):
+        """Preprocess `images` into a NaFlex batch (the dict described above)."""
+        items = self._normalise._images_list(images)
+        width = self.patch_size * self.patch_size * 3
+        batch = {"patches": np.zeros((len(items), self.max_num_patches, width), np.float32),
+                 "patch_mask": np.zeros((len(items), self.max_num_patches), bool),
+                 "spatial_shapes": np.zeros((len(items), 2), np.int32)}
+        for i, image in enumerate(items):
+            patches, grid = self._patches(image)
+            batch["patches"][i, : len(patches)] = patches
+            batch["patch_mask"][i, : len(patches)] = True
+            batch["spatial_shapes"][i] = grid
+        return batch
 

@@ -1,4 +1,4 @@
-"""Hugging Face transformers (`CLIPModel`, `SiglipModel`) -> vlzoo.
+"""Hugging Face transformers (`CLIPModel`, `SiglipModel`, `Siglip2Model`) -> vlzoo.
 
 Reads the model you pass (its `state_dict()` and `config`) or a bare state
 dict plus the `config.json` dict; never imports or downloads anything.
@@ -29,10 +29,18 @@ _SIGLIP_VISION = dict(
     hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_channels=3,
     image_size=224, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=True,
 )
+# SigLIP 2's NaFlex vision config: a patch budget in place of an image size (its position table is a
+# square grid of `num_patches` rows, resized to each image's grid).
+_SIGLIP2_VISION = {**{k: v for k, v in _SIGLIP_VISION.items() if k != "image_size"}, "num_patches": 256}
 
 
 def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, progress=None):
-    """Converts a transformers `CLIPModel` or `SiglipModel` to the matching vlzoo model.
+    """Converts a transformers `CLIPModel`, `SiglipModel` or `Siglip2Model` to the matching vlzoo model.
+
+    A `Siglip2Model` (SigLIP 2's NaFlex checkpoints) becomes a `vlzoo.SigLIP`
+    whose tower takes NaFlex batches (`vlzoo.preprocessing.NaFlexPreprocessor`)
+    as well as square images at `patch_size * sqrt(num_patches)` pixels: its
+    linear patch projection is the same map as a convolution's kernel.
 
     Args:
         model: the transformers model (any weights; e.g. `from_pretrained`
@@ -46,14 +54,15 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
         progress: optional `progress(done, total)` callback while assigning.
 
     Returns:
-        `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel`.
+        `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel` and `Siglip2Model`.
     """
     if not hasattr(model, "state_dict") or not hasattr(model, "config"):
         raise TypeError(f"from_transformers expects a transformers model; received {type(model).__name__}.")
     name = type(model).__name__
-    if name not in ("CLIPModel", "SiglipModel"):
+    if name not in ("CLIPModel", "SiglipModel", "Siglip2Model"):
         raise NotImplementedError(
-            f"from_transformers: {name} is not supported; pass a `CLIPModel` or `SiglipModel` (the dual encoder)."
+            f"from_transformers: {name} is not supported; pass a `CLIPModel`, `SiglipModel` or `Siglip2Model` "
+            "(the dual encoder)."
         )
     return from_transformers_state_dict(
         dict(model.state_dict()), model.config, dtype=dtype, tokenizer=tokenizer, preprocessor=preprocessor,
@@ -68,7 +77,7 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         state_dict: `{key: tensor or array}` (e.g. read from
             `model.safetensors` or `pytorch_model.bin`).
         config: the `config.json` dict (or a transformers config object);
-            `model_type` must be `"clip"` or `"siglip"`.
+            `model_type` must be `"clip"`, `"siglip"` or `"siglip2"`.
         dtype, tokenizer, preprocessor, progress: as in `from_transformers`.
 
     Raises:
@@ -84,12 +93,12 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
     model_type = config.get("model_type")
     if model_type == "clip":
         spec = _clip_spec(config, state_dict)
-    elif model_type == "siglip":
-        spec = _siglip_spec(config, state_dict)
+    elif model_type in ("siglip", "siglip2"):
+        spec = _siglip_spec(config, state_dict, naflex=model_type == "siglip2")
     else:
         raise NotImplementedError(
-            f"from_transformers: `model_type={model_type!r}` is not supported (supported: 'clip', 'siglip')."
-            + (" SigLIP 2's NaFlex patch embedding has no vlzoo counterpart." if model_type == "siglip2" else "")
+            f"from_transformers: `model_type={model_type!r}` is not supported (supported: 'clip', 'siglip', "
+            "'siglip2')."
         )
     C.warn_logit_scale(spec["logit_scale"], f"transformers {model_type} checkpoint")
     model = C.build_model(
@@ -200,15 +209,40 @@ def _clip_spec(config, state_dict):
 # ----------------------------------------------------------------------------- SigLIP
 
 
-def _siglip_spec(config, state_dict):
-    vcfg = _sub_config(config, "vision_config", _SIGLIP_VISION)
+def _naflex_image(cfg, where):
+    """A NaFlex vision config's square training geometry: `num_patches` a square grid of patches."""
+    grid = int(round(int(cfg["num_patches"]) ** 0.5))
+    if grid * grid != int(cfg["num_patches"]):
+        raise NotImplementedError(f"{where}: `num_patches` ({cfg['num_patches']}) must be a square number; the "
+                                  "position table is a square grid.")
+    if cfg["num_channels"] != 3:
+        raise NotImplementedError(f"{where}: {cfg['num_channels']} input channels are not supported (RGB only).")
+    return dict(image_size=grid * int(cfg["patch_size"]), patch_size=int(cfg["patch_size"]))
+
+
+def _linear_patch_rule(src, dst, patch_size, channels=3):
+    """SigLIP 2's `Linear(p * p * C, D)` on flattened patches (row, column, channel order) as the Keras
+    convolution kernel `(p, p, C, D)` that computes the same map."""
+    def forward(a):
+        weight = a[0]
+        if weight.ndim != 2 or weight.shape[1] != patch_size * patch_size * channels:
+            raise ValueError(f"Checkpoint key {src!r} has shape {tuple(weight.shape)}; expected "
+                             f"(D, {patch_size * patch_size * channels}).")
+        return [np.reshape(weight.T, (patch_size, patch_size, channels, weight.shape[0]))]
+
+    return C.Rule([src], [dst], forward, lambda a: [np.reshape(a[0], (-1, a[0].shape[-1])).T])
+
+
+def _siglip_spec(config, state_dict, naflex=False):
+    vcfg = _sub_config(config, "vision_config", _SIGLIP2_VISION if naflex else _SIGLIP_VISION)
     tcfg = _sub_config(config, "text_config", _SIGLIP_TEXT)
     if not vcfg["vision_use_head"]:
         raise NotImplementedError(
             "transformers SigLIP: `vision_use_head=False` (no MAP head, no pooled image embedding) is not supported."
         )
+    image = _naflex_image(vcfg, "SigLIP 2 vision_config") if naflex else _vision_image(vcfg, "SigLIP vision_config")
     vision = dict(
-        **_vision_image(vcfg, "SigLIP vision_config"), **_geometry(vcfg, "SigLIP vision_config"),
+        **image, **_geometry(vcfg, "SigLIP vision_config"),
         output_dim=None, num_prefix_tokens=0, pooling="map", use_pre_norm=False, patch_bias=True,
         projection_bias=False,
     )
@@ -220,7 +254,9 @@ def _siglip_spec(config, state_dict):
     )
     v, t, h = "vision_model", "text_model", "vision_model.head"
     rules = [
-        C.transpose(f"{v}.embeddings.patch_embedding.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0)),
+        (_linear_patch_rule(f"{v}.embeddings.patch_embedding.weight", "vision/patch_embedding/conv/kernel",
+                            vision["patch_size"]) if naflex else
+         C.transpose(f"{v}.embeddings.patch_embedding.weight", "vision/patch_embedding/conv/kernel", (2, 3, 1, 0))),
         C.copy(f"{v}.embeddings.patch_embedding.bias", "vision/patch_embedding/conv/bias"),
         C.copy(f"{v}.embeddings.position_embedding.weight", "vision/position_embedding/embeddings"),
         *_encoder_rules(f"{v}.encoder", "vision", vision["num_layers"]),

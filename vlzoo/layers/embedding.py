@@ -38,6 +38,31 @@ def bicubic_resize_matrix(in_size, out_size):
     return matrix.astype("float32")
 
 
+def antialiased_bilinear_weights(positions, sizes, grid):
+    """Interpolation weights of output positions over a `grid`-long input axis, `(B, N, grid)` float32.
+
+    Bilinear resizing of `grid` samples to `sizes` samples with half-pixel
+    centres and, when shrinking, a triangle filter widened by the scale, so
+    that every input sample contributes (torch's `F.interpolate(mode=
+    "bilinear", align_corners=False, antialias=True)`, JAX's
+    `jax.image.scale_and_translate(method="linear", antialias=True)`): output
+    `i` of `size` sits at `scale (i + 0.5)` on the input axis, with `scale =
+    grid / size`, and weighs input `j` by `max(0, 1 - |j + 0.5 - centre| /
+    max(scale, 1))`, normalised to sum to 1.
+
+    Args:
+        positions: int `(B, N)` output index of each token along the axis.
+        sizes: int `(B, 1)` output length of each row's axis.
+        grid: the input length (a Python int).
+    """
+    scale = grid / ops.cast(sizes, "float32")
+    support = ops.maximum(scale, 1.0)
+    centre = scale * (ops.cast(positions, "float32") + 0.5)
+    taps = ops.arange(grid, dtype="float32") + 0.5
+    weights = ops.relu(1.0 - ops.abs(taps[None, None, :] - centre[..., None]) / support[..., None])
+    return weights / ops.maximum(ops.sum(weights, axis=-1, keepdims=True), 1e-12)
+
+
 @keras.saving.register_keras_serializable(package="vlzoo")
 class PatchEmbedding(keras.layers.Layer):
     """Splits images into non-overlapping patches and projects each one.
@@ -71,6 +96,20 @@ class PatchEmbedding(keras.layers.Layer):
         x = self.conv(images)
         b, gh, gw = ops.shape(x)[0], ops.shape(x)[1], ops.shape(x)[2]
         return ops.reshape(x, (b, gh * gw, self.hidden_dim))
+
+    def embed_patches(self, patches):
+        """Projects patches already cut and flattened: `(B, N, p * p * C)` -> `(B, N, D)`.
+
+        Each patch vector is its `p x p x C` pixels in row, column, channel
+        order (NaFlex's layout, `vlzoo.preprocessing.NaFlexPreprocessor`);
+        the projection is the convolution's own kernel, so a patch gives the
+        embedding `call` gives it inside an image.
+        """
+        kernel = ops.reshape(ops.cast(self.conv.kernel, self.compute_dtype), (-1, self.hidden_dim))
+        x = ops.matmul(ops.cast(patches, self.compute_dtype), kernel)
+        if self.use_bias:
+            x = x + ops.cast(self.conv.bias, self.compute_dtype)
+        return x
 
     def get_config(self):
         config = super().get_config()
@@ -137,6 +176,32 @@ class PositionEmbedding(keras.layers.Layer):
         patches = ops.cast(float32_einsum("ih,hwd,jw->ijd", rows, patches, cols), table.dtype)
         patches = ops.reshape(patches, (grid_size[0] * grid_size[1], self.hidden_dim))
         return ops.concatenate([prefix, patches], axis=0)
+
+    def for_patch_grids(self, spatial_shapes, num_patches):
+        """Patch rows resized to each image's own grid (NaFlex), `(B, num_patches, D)`.
+
+        Image `b`'s grid `spatial_shapes[b] = (h, w)` fills its first `h * w`
+        tokens in row-major order, each the table bilinearly resized to `h x
+        w` with antialiasing (`antialiased_bilinear_weights`, as SigLIP 2);
+        padding tokens get the first token's row.
+
+        Args:
+            spatial_shapes: int `(B, 2)` patch rows and columns per image.
+            num_patches: tokens per image, padding included (static).
+        """
+        shapes = ops.cast(spatial_shapes, "int32")
+        rows, cols = shapes[:, :1], shapes[:, 1:]
+        index = ops.arange(num_patches, dtype="int32")[None]
+        valid = index < rows * cols
+        safe_cols = ops.maximum(cols, 1)
+        row = ops.where(valid, index // safe_cols, 0)
+        col = ops.where(valid, index % safe_cols, 0)
+        gh, gw = self.grid_size
+        weights = (antialiased_bilinear_weights(row, rows, gh)[..., :, None]
+                   * antialiased_bilinear_weights(col, cols, gw)[..., None, :])
+        table = ops.convert_to_tensor(self.embeddings)[self.num_prefix_tokens :]
+        weights = ops.reshape(weights, (-1, num_patches, gh * gw))
+        return ops.cast(float32_einsum("bng,gd->bnd", weights, table), table.dtype)
 
     def call(self, x, grid_size=None):
         if self.grid_size is not None:

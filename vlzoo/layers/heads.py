@@ -20,7 +20,8 @@ class MAPHead(keras.layers.Layer):
         activation: MLP activation.
         layer_norm_epsilon: epsilon of the MLP's LayerNorm.
 
-    Call: tokens `(B, N, D)` -> pooled `(B, D)`.
+    Call: tokens `(B, N, D)` -> pooled `(B, D)`; with `token_mask` (bool
+    `(B, N)`, True = a real token) the latent attends only to the real tokens.
     """
 
     def __init__(self, hidden_dim, num_heads, intermediate_dim, activation="gelu", layer_norm_epsilon=1e-6, **kwargs):
@@ -44,10 +45,10 @@ class MAPHead(keras.layers.Layer):
         self.mlp.build((input_shape[0], 1, self.hidden_dim))
         self.built = True
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         batch = ops.shape(tokens)[0]
         query = ops.broadcast_to(ops.cast(self.latent, tokens.dtype), (batch, 1, self.hidden_dim))
-        x = self.attention(query, context=tokens)
+        x = self.attention(query, context=tokens, attention_mask=None if token_mask is None else token_mask[:, None, :])
         x = x + self.mlp(self.norm(x))
         return x[:, 0]
 

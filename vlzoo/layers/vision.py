@@ -8,6 +8,13 @@ from vlzoo.layers.heads import MAPHead
 from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("cls", "mean", "map")
+# The entries of a NaFlex image batch (`vlzoo.preprocessing.NaFlexPreprocessor`'s output).
+PATCH_INPUTS = ("patches", "patch_mask", "spatial_shapes")
+
+
+def is_patch_batch(images):
+    """Whether `images` is a NaFlex batch of cut patches (a dict with `PATCH_INPUTS`), not pixels."""
+    return isinstance(images, dict) and set(PATCH_INPUTS) <= set(images)
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -47,7 +54,15 @@ class VisionTransformer(keras.layers.Layer):
 
     Call arguments:
         images: float `(B, H, W, 3)`, preprocessed; `H = W = image_size`, or
-            with `dynamic_image_size` any multiples of `patch_size`.
+            with `dynamic_image_size` any multiples of `patch_size`. Or a
+            NaFlex batch (SigLIP 2's variable resolution): a dict of
+            `patches` float `(B, N, p * p * 3)` (each image's own patch grid,
+            row-major, padded to N), `patch_mask` `(B, N)` (True or 1 for a
+            real patch) and `spatial_shapes` int `(B, 2)` (each grid's rows
+            and columns), as `vlzoo.preprocessing.NaFlexPreprocessor` makes
+            them. The position embedding is resized to each image's grid
+            (`PositionEmbedding.for_patch_grids`), and padding patches are
+            hidden from every attention and from the pooling.
         training: Keras' training flag (remat applies only when True).
 
     Returns:
@@ -148,25 +163,52 @@ class VisionTransformer(keras.layers.Layer):
     def pooled_dim(self):
         return self.output_dim if self.output_dim is not None else self.hidden_dim
 
+    def _prepend_prefix(self, x):
+        if not self.num_prefix_tokens:
+            return x
+        prefix = ops.cast(self.prefix_tokens, x.dtype)[None]
+        prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], self.num_prefix_tokens, self.hidden_dim))
+        return ops.concatenate([prefix, x], axis=1)
+
+    def _embed_patch_batch(self, batch):
+        """NaFlex: `(tokens with their positions, token mask (B, prefix + N) bool)`."""
+        patches = batch["patches"]
+        x = self.patch_embedding.embed_patches(patches)
+        x = x + ops.cast(self.position_embedding.for_patch_grids(batch["spatial_shapes"], patches.shape[1]), x.dtype)
+        mask = ops.cast(batch["patch_mask"], "bool")
+        if self.num_prefix_tokens:  # learned tokens with their own (never resized) position rows, always real
+            count, batch_size = self.num_prefix_tokens, ops.shape(x)[0]
+            prefix = ops.cast(self.prefix_tokens, x.dtype) + ops.cast(self.position_embedding.embeddings[:count], x.dtype)
+            x = ops.concatenate([ops.broadcast_to(prefix[None], (batch_size, count, self.hidden_dim)), x], axis=1)
+            mask = ops.concatenate([ops.ones((batch_size, count), "bool"), mask], axis=1)
+        return x, mask
+
     def call(self, images, training=None):
-        height, width = images.shape[1], images.shape[2]
-        grid_size = (height // self.patch_size, width // self.patch_size)
-        x = self.patch_embedding(images)
-        if self.num_prefix_tokens:
-            prefix = ops.cast(self.prefix_tokens, x.dtype)[None]
-            prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], self.num_prefix_tokens, self.hidden_dim))
-            x = ops.concatenate([prefix, x], axis=1)
-        x = self.position_embedding(x, grid_size=grid_size)
+        mask = None
+        if is_patch_batch(images):
+            x, mask = self._embed_patch_batch(images)
+        else:
+            height, width = images.shape[1], images.shape[2]
+            grid_size = (height // self.patch_size, width // self.patch_size)
+            x = self.position_embedding(self._prepend_prefix(self.patch_embedding(images)), grid_size=grid_size)
         if self.pre_norm is not None:
             x = self.pre_norm(x)
-        x = apply_blocks(self.blocks, x, remat=bool(self.remat and training), training=training)
+        blocks = {}
+        if mask is not None:  # padding patches are keys no token attends to
+            blocks["attention_mask"] = ops.broadcast_to(mask[:, None, :], (ops.shape(mask)[0],) + (mask.shape[1],) * 2)
+        x = apply_blocks(self.blocks, x, remat=bool(self.remat and training), training=training, **blocks)
         tokens = self.post_norm(x)
         if self.pooling == "cls":
             pooled = tokens[:, 0]
         elif self.pooling == "mean":
-            pooled = ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+            patches = tokens[:, self.num_prefix_tokens :]
+            if mask is None:
+                pooled = ops.mean(patches, axis=1)
+            else:
+                weights = ops.cast(mask[:, self.num_prefix_tokens :], patches.dtype)[..., None]
+                pooled = ops.sum(patches * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
         else:
-            pooled = self.map_head(tokens)
+            pooled = self.map_head(tokens, token_mask=mask)
         if self.projection is not None:
             pooled = self.projection(pooled)
         return {"pooled": pooled, "tokens": tokens}

@@ -9,6 +9,7 @@ from keras import ops
 
 from vlzoo import preset_files
 from vlzoo.layers import TextTransformer, VisionTransformer
+from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
 from vlzoo.models import layout
 from vlzoo.models import validation
@@ -160,7 +161,11 @@ class ContrastiveModel(keras.Model):
         `(B, P, D)`; Llip `"keys"` and `"values"`). `score` takes the dict.
 
         Args:
-            images: float `(B, H, W, 3)` preprocessed pixels.
+            images: float `(B, H, W, 3)` preprocessed pixels; for the families
+                that pool one vector per image (CLIP, SigLIP), also a NaFlex
+                batch of images at their own aspect ratios
+                (`vlzoo.preprocessing.NaFlexPreprocessor`'s dict, see
+                `VisionTransformer`).
             normalize: apply `normalize_embeds`.
 
         Returns:
@@ -241,14 +246,27 @@ class ContrastiveModel(keras.Model):
 
     # --------------------------------------------------------------- training
 
+    # Whether the image features are the tower's pooled vector alone, so that a NaFlex batch (whose padding
+    # patches the tower masks) gives the same embeddings as its images would alone. Families that read the
+    # tokens (FILIP, SPARC, SPARO, Llip, STAIR) would see the padding patches.
+    accepts_patch_batches = False
+
     def _check_image_shape(self, images):
+        if is_patch_batch(images):
+            if not self.accepts_patch_batches:
+                raise NotImplementedError(
+                    f"{type(self).__name__} reads the image tower's tokens, and NaFlex batches (`patches`, "
+                    "`patch_mask`, `spatial_shapes`) are supported only by the families that pool one vector "
+                    "per image (CLIP, SigLIP); pass pixels (B, H, W, 3).")
+            validation.check_patch_batch(images, self.vision.patch_size)
+            return
         vision = self.vision
         image_size = None if vision.dynamic_image_size else vision.image_size
         validation.check_images(images, patch_size=vision.patch_size, image_size=image_size)
 
     def _check_image_inputs(self, images):
         self._check_image_shape(images)
-        validation.check_images_values(images)
+        validation.check_images_values(images["patches"] if is_patch_batch(images) else images)
 
     def _check_text_inputs(self, inputs):
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length)
@@ -303,7 +321,7 @@ class ContrastiveModel(keras.Model):
     def _image_tower(self, images, training=None):
         """The image tower's outputs for pixels `(B, H, W, 3)`; a dict is a locked tower's cached outputs
         (`vlzoo.training.cache_tower`) and is returned as it is."""
-        if isinstance(images, dict):
+        if isinstance(images, dict) and not is_patch_batch(images):
             return images
         return self.vision(images, training=training)
 
@@ -336,7 +354,7 @@ class ContrastiveModel(keras.Model):
             self._check_image_shape(images)
         validation.check_text(inputs, self.text.vocabulary_size, self.text.sequence_length, name="inputs",
                               values=False)
-        validation.check_batch_sizes(images, inputs["token_ids"])
+        validation.check_batch_sizes(images["patches"] if is_patch_batch(images) else images, inputs["token_ids"])
 
     # Rows per tower call in training (gradient caching, `vlzoo.models.micro_batching`); None: the whole
     # batch at once. A training setting (`vlzoo.training.configure`), not part of the config.

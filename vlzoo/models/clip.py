@@ -31,6 +31,7 @@ class CLIP(ContrastiveModel):
     """
 
     family = "clip"
+    accepts_patch_batches = True  # the pooled vector is the embedding
     vision_defaults = dict(
         num_prefix_tokens=1, pooling="cls", use_pre_norm=True, patch_bias=False,
         projection_bias=False, layer_norm_epsilon=1e-5,

@@ -29,6 +29,7 @@ class SigLIP(ContrastiveModel):
     """
 
     family = "siglip"
+    accepts_patch_batches = True  # the pooled vector is the embedding (SigLIP 2 NaFlex)
     vision_defaults = dict(
         num_prefix_tokens=0, pooling="map", use_pre_norm=False, patch_bias=True,
         projection_bias=True, layer_norm_epsilon=1e-6, activation="gelu", pos_init_std=0.02,

@@ -98,6 +98,31 @@ def check_images(images, num_channels=3, patch_size=None, image_size=None, name=
                 )
 
 
+def check_patch_batch(batch, patch_size, num_channels=3, name="images"):
+    """A NaFlex batch (`vlzoo.preprocessing.NaFlexPreprocessor`'s dict): `patches` `(B, N, p * p * C)`,
+    `patch_mask` `(B, N)` and `spatial_shapes` `(B, 2)`, one batch size, each grid within `N` patches."""
+    patches, mask, shapes = (_static_shape(batch[key]) for key in ("patches", "patch_mask", "spatial_shapes"))
+    width = patch_size * patch_size * num_channels
+    if len(patches) != 3 or patches[-1] != width:
+        raise ValueError(f"`{name}['patches']` must have shape (B, N, {width}) (patches of {patch_size} x "
+                         f"{patch_size} x {num_channels} pixels, flattened); received shape {patches}.")
+    _check_not_empty(patches, f"`{name}['patches']`", "image")
+    if tuple(mask) != tuple(patches[:2]):
+        raise ValueError(f"`{name}['patch_mask']` must have shape (B, N) = {tuple(patches[:2])}, one flag per "
+                         f"patch; received shape {mask}.")
+    if len(shapes) != 2 or shapes[1] != 2 or shapes[0] != patches[0]:
+        raise ValueError(f"`{name}['spatial_shapes']` must have shape (B, 2) = ({patches[0]}, 2), each image's "
+                         f"patch rows and columns; received shape {shapes}.")
+    grids, flags = concrete_numpy(batch["spatial_shapes"]), concrete_numpy(batch["patch_mask"])
+    if grids is not None and flags is not None:
+        counts = np.prod(grids.astype(np.int64), axis=-1)
+        real = np.sum(flags.astype(bool), axis=-1)
+        if np.any(grids < 1) or np.any(counts > patches[1]) or np.any(counts != real):
+            raise ValueError(f"`{name}['spatial_shapes']` must give each image a grid of at least 1 x 1 whose "
+                             f"patch count equals its `patch_mask` count and fits N = {patches[1]}; received "
+                             f"grids {grids.tolist()} for mask counts {real.tolist()}.")
+
+
 def check_images_values(images, name="images"):
     values = concrete_numpy(images)
     if values is None:
