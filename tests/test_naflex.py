@@ -6,34 +6,16 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_model, to_numpy
+from test_convert_transformers import hf, torch  # noqa: F401  (the transformers fixtures)
 
 import vlzoo
 import vlzoo.convert as vc
-from vlzoo.convert.checkpoints import import_transformers
 from vlzoo.layers.embedding import antialiased_bilinear_weights
 from vlzoo.preprocessing import NaFlexPreprocessor, naflex_size
 
 pytestmark = pytest.mark.peer
 
 PATCH, BUDGET = 4, 16  # a 4 x 4 position grid; images of 16 patches at most
-
-
-@pytest.fixture(scope="module")
-def hf():
-    try:
-        transformers = import_transformers()
-        from transformers import Siglip2Model  # noqa: F401
-    except (ImportError, RuntimeError) as error:
-        pytest.skip(f"transformers is not importable here: {error}")
-    transformers.logging.set_verbosity_error()
-    return transformers
-
-
-@pytest.fixture(scope="module")
-def torch(hf):
-    import torch
-
-    return torch
 
 
 def _images(seed=0):
