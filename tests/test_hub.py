@@ -449,6 +449,20 @@ def test_the_pretrained_catalogue_names_real_weights_with_their_facts(capsys):
     assert siglip2["handle"] == facts["kaggle_handle"]
     # keras-hub counts its position-id buffers (196 patches + 64 text positions) among the parameters.
     assert siglip2["params"] + 196 + 64 == facts["metadata"]["params"] == 375_188_230
+    # Every keras-hub SigLIP 2 preset is in the catalogue under its geometry: the same handle, and keras-hub's
+    # count is ours plus its buffers, except two entries of keras-hub's list whose counts are copied from a
+    # neighbour (base_patch16_384 repeats base_patch32_256's; so400m_patch16_512 leaves its buffers out).
+    copied = {"siglip2_base_patch16_384", "siglip2_so400m_patch16_512"}
+    hub_siglip2 = {key: value for key, value in keras_hub.models.SigLIPBackbone.presets.items()
+                   if key.startswith("siglip2_")}
+    by_handle = {vlzoo.preset_info(name)["handle"]: name for name in names}
+    assert len(hub_siglip2) == 14
+    for key, value in hub_siglip2.items():
+        info = vlzoo.preset_info(by_handle[value["kaggle_handle"]])
+        vision = json.loads((vlzoo.presets.resolve_preset(info["architecture"]) / "config.json").read_text())["config"]["vision"]
+        buffers = (vision["image_size"] // vision["patch_size"]) ** 2 + 64
+        if key not in copied:
+            assert info["params"] + buffers == value["metadata"]["params"], key
     from vlzoo import cli
 
     assert cli.main(["list", "--pretrained"]) == 0
