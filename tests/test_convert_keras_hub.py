@@ -99,6 +99,24 @@ def test_siglip_parity(keras_hub, activation, ours):
     assert_parity(model, backbone, f"SigLIPBackbone {activation}")
 
 
+def test_a_size_that_is_no_multiple_of_the_patch_is_trimmed_to_the_pixels_read(keras_hub):
+    # keras-hub's SigLIP 2 So400m/14 at 384 px reads 27 patches of 14 (378 px) per side: the converted tower
+    # is built at 378 px and gives keras-hub's embeddings of the full images from the pixels they read.
+    models = keras_hub.models
+    keras.utils.set_random_seed(0)
+    vision = models.SigLIPVisionEncoder(patch_size=8, intermediate_activation="gelu_approximate",
+                                        image_shape=(SIZE + 5, SIZE + 5, 3), **TOWER)
+    _, text = build_towers(models.SigLIPVisionEncoder, models.SigLIPTextEncoder, "gelu_approximate",
+                           projection_dim=32)
+    backbone = models.SigLIPBackbone(vision, text)
+    model = vc.from_keras_hub(backbone)
+    assert model.vision.image_size == SIZE
+    images = np.random.default_rng(0).normal(size=(2, SIZE + 5, SIZE + 5, 3)).astype("float32")
+    want = keras.ops.convert_to_numpy(backbone.get_vision_embeddings(images))
+    got = keras.ops.convert_to_numpy(model.encode_image(images[:, :SIZE, :SIZE])["embeds"])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_unknown_variable_is_named(keras_hub):
     backbone = build_siglip(keras_hub)
     layer = backbone.vision_encoder.post_layer_norm

@@ -143,7 +143,9 @@ def _image_size(encoder, where):
     height, width, channels = (shape[0], shape[1], shape[2]) if fmt == "channels_last" else (shape[1], shape[2], shape[0])
     if height != width or channels != 3:
         raise NotImplementedError(f"{where}: image shape {shape} is not supported (square RGB only).")
-    return int(height)
+    # The patch convolution never reads the pixels past the last whole patch (SigLIP 2 So400m/14 at 384 px:
+    # 27 patches of 14, 378 px), so the tower is built at that size, as the transformers converter does.
+    return int(height) - int(height) % int(encoder.patch_size)
 
 
 def _scalar(variable):
