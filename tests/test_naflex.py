@@ -154,3 +154,19 @@ def test_a_patch_batch_trains_with_the_loss_inference_gives():
     assert first == pytest.approx(want, rel=1e-5)
     second = model.train_on_batch(batch)
     assert np.isfinite(second) and second != pytest.approx(first, rel=1e-6)
+
+
+def test_a_cls_tower_gives_a_square_image_the_same_embedding_as_its_patches():
+    # CLIP's tower prepends its class token (with its own position row) to the patch batch: at the table's
+    # own grid the resize is the identity, so the patches of a square image give the image's embedding.
+    model = tiny_model("clip")
+    size, p = model.vision.image_size, model.vision.patch_size
+    grid = size // p
+    pixels = np.random.default_rng(5).normal(size=(1, size, size, 3)).astype("float32")
+    patches = pixels.reshape(1, grid, p, grid, p, 3).transpose(0, 1, 3, 2, 4, 5).reshape(1, grid * grid, -1)
+    pad = np.zeros((1, 3, patches.shape[-1]), "float32")  # three padding patches
+    batch = {"patches": np.concatenate([patches, pad], axis=1),
+             "patch_mask": np.arange(grid * grid + 3)[None] < grid * grid,
+             "spatial_shapes": np.array([[grid, grid]], "int32")}
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch)["embeds"]),
+                               to_numpy(model.encode_image(pixels)["embeds"]), atol=1e-5)

@@ -173,15 +173,15 @@ class VisionTransformer(keras.layers.Layer):
     def _embed_patch_batch(self, batch):
         """NaFlex: `(tokens with their positions, token mask (B, prefix + N) bool)`."""
         patches = batch["patches"]
-        x = self.patch_embedding.embed_patches(patches)
-        x = x + ops.cast(self.position_embedding.for_patch_grids(batch["spatial_shapes"], patches.shape[1]), x.dtype)
+        positions = self.position_embedding.for_patch_grids(batch["spatial_shapes"], patches.shape[1])
         mask = ops.cast(batch["patch_mask"], "bool")
         if self.num_prefix_tokens:  # learned tokens with their own (never resized) position rows, always real
-            count, batch_size = self.num_prefix_tokens, ops.shape(x)[0]
-            prefix = ops.cast(self.prefix_tokens, x.dtype) + ops.cast(self.position_embedding.embeddings[:count], x.dtype)
-            x = ops.concatenate([ops.broadcast_to(prefix[None], (batch_size, count, self.hidden_dim)), x], axis=1)
+            count, batch_size = self.num_prefix_tokens, ops.shape(mask)[0]
+            rows = ops.cast(self.position_embedding.embeddings[:count], positions.dtype)[None]
+            positions = ops.concatenate([ops.broadcast_to(rows, (batch_size, count, self.hidden_dim)), positions], 1)
             mask = ops.concatenate([ops.ones((batch_size, count), "bool"), mask], axis=1)
-        return x, mask
+        x = self._prepend_prefix(self.patch_embedding.embed_patches(patches))
+        return x + ops.cast(positions, x.dtype), mask
 
     def call(self, images, training=None):
         mask = None
