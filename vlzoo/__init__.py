@@ -26,8 +26,8 @@ from vlzoo.version import __version__
 # `vlzoo.models` is first imported (by `vlzoo.from_preset`, `vlzoo.CLIP`, ...); before
 # `keras.saving.load_model` of a `.keras` file, `import vlzoo.models`.
 _NAMES = {
-    **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "SPARC", "SPARO", "STAIR", "ContrastiveModel", "Llip",
-                                         "SigLIP")},
+    **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "FLAIR", "SPARC", "SPARO", "STAIR", "ContrastiveModel",
+                                         "Llip", "SigLIP")},
     "export": "vlzoo.serving",
     "from_preset": "vlzoo.loading",
     "list_presets": "vlzoo.catalogue",

@@ -8,6 +8,8 @@
 - `from_llip_checkpoint(path_or_state_dict, preset)`: the Llip authors'
   checkpoints (facebookresearch/Llip; released ViT-B/16 K=32 and ViT-bigG/14
   K=64 -> presets `llip_vit_b16`, `llip_vit_g14`).
+- `from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16")`: the FLAIR
+  authors' checkpoints (ExplainableML/flair; the four released ViT-B/16 models).
 - `from_sparo_checkpoint(path_or_state_dict, preset)`: checkpoints of the SPARO
   authors' open_clip fork (ankitkv/sparo-clip) -> `sparo_clip_vit_b16/b32`.
 - `to_open_clip_state_dict(model)`: vlzoo -> open_clip state dict (exact round
@@ -38,6 +40,7 @@ model.save_to_preset("clip_b32")
 
 from vlzoo.convert import checkpoints
 from vlzoo.convert._common import parity, peer_outputs, random_inputs, vlzoo_variables
+from vlzoo.convert.flair import from_flair_checkpoint
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.open_clip import (
@@ -60,6 +63,7 @@ __all__ = [
     "from_transformers_state_dict",
     "from_keras_hub",
     "from_llip_checkpoint",
+    "from_flair_checkpoint",
     "from_sparo_checkpoint",
     "parity",
     "peer_outputs",

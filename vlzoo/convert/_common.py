@@ -146,6 +146,36 @@ def scalar(src, dst, src_shape=()):
     return Rule([src], [dst], forward, lambda a: [np.reshape(a[0], src_shape)])
 
 
+def key_shape(state_dict, key):
+    """The shape of `state_dict[key]` as a tuple of ints, None when the key is absent."""
+    return tuple(int(d) for d in np.shape(state_dict[key])) if key in state_dict else None
+
+
+def key_dim(state_dict, key, axis):
+    """Axis `axis` of `state_dict[key]`'s shape, None when the key is absent."""
+    shape = key_shape(state_dict, key)
+    return shape[axis] if shape else None
+
+
+def check_geometry(checks, state_dict, preset):
+    """Raises ValueError naming every `(what, key, found, expected)` where the checkpoint (`found`, None: not
+    shown) and the preset differ, all at once, with the key and its shape as evidence."""
+    problems = []
+    for what, key, found, expected in checks:
+        if found is not None and found != expected:
+            if isinstance(found, bool):
+                evidence = f"{key!r} {'present' if found else 'absent'}"
+            else:
+                shape = key_shape(state_dict, key)
+                evidence = f"{key!r} {shape}" if shape is not None else key
+            problems.append(f"{what}: checkpoint {found} ({evidence}), preset {expected}")
+    if problems:
+        raise ValueError(
+            f"The checkpoint does not match preset {preset!r}: " + "; ".join(problems)
+            + ". Pick the preset of the checkpoint's architecture, or override the preset's config."
+        )
+
+
 # ----------------------------------------------------------------------------- vlzoo side
 
 
@@ -182,7 +212,7 @@ def _blocks(out, prefix, blocks):
 
 
 def _family_heads(out, model):
-    """The heads some families add after the towers (Llip's cross-attention, SPARO's read-outs)."""
+    """The heads some families add after the towers (Llip's cross-attention, FLAIR's pooling, SPARO's read-outs)."""
     head = getattr(model, "cross_attention", None)  # Llip
     if head is not None:
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
@@ -190,6 +220,14 @@ def _family_heads(out, model):
         for name in ("q_norm", "k_norm", "v_norm"):
             if getattr(head, name) is not None:
                 _norm(out, f"cross_attention/{name}", getattr(head, name))
+        _dense(out, "text_projection", model.text_projection)
+    pooling = getattr(model, "text_pooling", None)  # FLAIR
+    if pooling is not None:
+        for name in ("q_norm", "k_norm", "v_norm"):
+            _norm(out, f"text_pooling/{name}", getattr(pooling, name))
+        for name in ("query", "key", "value", "output_dense"):
+            _dense(out, f"text_pooling/{name}", getattr(pooling, name))
+        _dense(out, "image_projection", model.image_projection)
         _dense(out, "text_projection", model.text_projection)
     for name in ("vision_readout", "text_readout"):  # SPARO
         readout = getattr(model, name, None)

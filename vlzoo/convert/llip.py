@@ -19,13 +19,9 @@ The attention temperature tau, the head counts and the activation are not in
 the checkpoint; the vlzoo preset supplies them.
 """
 
-import re
-
-import numpy as np
-
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
-from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
+from vlzoo.convert.open_clip import text_tower_rules, tower_geometry_checks, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
 
@@ -114,58 +110,14 @@ def _rules(model):
 # =============================================================================== geometry
 
 
-def _layers(state_dict, prefix):
-    pattern = re.compile(re.escape(prefix) + r"transformer\.resblocks\.(\d+)\.")
-    indices = {int(m.group(1)) for key in state_dict for m in [pattern.match(key)] if m}
-    return max(indices) + 1 if indices else None
-
-
 def _check_geometry(state_dict, model, preset):
-    """Raises ValueError naming every architecture number where the checkpoint and the preset differ.
-
-    Shapes the towers would also catch one at a time; this names what they
-    mean (K, widths, layer counts, ...) and the preset, all at once.
-    """
-    vision, text = model.vision, model.text
-    grid = (vision.image_size // vision.patch_size) ** 2
-
-    def shape(key):
-        return tuple(int(d) for d in np.shape(state_dict[key])) if key in state_dict else None
-
-    def dim(key, axis):
-        found = shape(key)
-        return found[axis] if found else None
-
-    tokens = shape("visual.class_embedding")
+    """Raises ValueError naming every architecture number where the checkpoint and the preset differ."""
+    tokens = C.key_shape(state_dict, "visual.class_embedding")
     checks = [
         ("mixture tokens K", "visual.class_embedding",
-         None if tokens is None else (1 if len(tokens) == 1 else tokens[0]), vision.num_prefix_tokens),
-        ("vision width", "visual.class_embedding", dim("visual.class_embedding", -1), vision.hidden_dim),
-        ("patch size", "visual.conv1.weight", dim("visual.conv1.weight", -1), vision.patch_size),
-        ("image positions K + P", "visual.positional_embedding", dim("visual.positional_embedding", 0),
-         vision.num_prefix_tokens + grid),
-        ("vision layers", "visual.transformer.resblocks.*", _layers(state_dict, "visual."), vision.num_layers),
-        ("vision MLP width", "visual.transformer.resblocks.0.mlp.c_fc.weight",
-         dim("visual.transformer.resblocks.0.mlp.c_fc.weight", 0), vision.intermediate_dim),
-        ("vocabulary", "token_embedding.weight", dim("token_embedding.weight", 0), text.vocabulary_size),
-        ("text width", "token_embedding.weight", dim("token_embedding.weight", -1), text.hidden_dim),
-        ("context length", "positional_embedding", dim("positional_embedding", 0), text.sequence_length),
-        ("text layers", "transformer.resblocks.*", _layers(state_dict, ""), text.num_layers),
-        ("text MLP width", "transformer.resblocks.0.mlp.c_fc.weight",
-         dim("transformer.resblocks.0.mlp.c_fc.weight", 0), text.intermediate_dim),
-        ("embed dim D", "text_projection", dim("text_projection", -1), model.embed_dim),
+         None if tokens is None else (1 if len(tokens) == 1 else tokens[0]), model.vision.num_prefix_tokens),
+        *tower_geometry_checks(state_dict, model),
+        ("embed dim D", "text_projection", C.key_dim(state_dict, "text_projection", -1), model.embed_dim),
         ("qkv_norm", "Q_norm.weight", "Q_norm.weight" in state_dict, model.cross_attention.use_qkv_norm),
     ]
-    problems = []
-    for what, key, found, expected in checks:
-        if found is not None and found != expected:
-            if isinstance(found, bool):
-                evidence = f"{key!r} {'present' if found else 'absent'}"
-            else:
-                evidence = f"{key!r} {shape(key)}" if shape(key) is not None else key
-            problems.append(f"{what}: checkpoint {found} ({evidence}), preset {expected}")
-    if problems:
-        raise ValueError(
-            f"The checkpoint does not match preset {preset!r}: " + "; ".join(problems)
-            + ". Pick the preset of the checkpoint's architecture, or override the preset's config."
-        )
+    C.check_geometry(checks, state_dict, preset)

@@ -1,6 +1,7 @@
 """Keras layers of vlzoo, written once in `keras.ops`."""
 
 from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding, TokenEmbedding, bicubic_resize_matrix
+from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.layers.heads import MAPHead
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.layers.sparo import SPAROReadout, end_token_index

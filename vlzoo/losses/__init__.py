@@ -1,4 +1,4 @@
-"""Image-text losses (CLIP, SigLIP, FILIP, SPARC, Llip, STAIR) and their logit helpers."""
+"""Image-text losses (CLIP, SigLIP, FILIP, FLAIR, SPARC, Llip, STAIR) and their logit helpers."""
 
 from vlzoo.losses.contrastive import clip_logits
 from vlzoo.losses.contrastive import clip_loss
@@ -8,6 +8,9 @@ from vlzoo.losses.contrastive import siglip_loss
 from vlzoo.losses.contrastive import siglip_loss_chunked
 from vlzoo.losses.filip import filip_loss
 from vlzoo.losses.filip import filip_select_tokens
+from vlzoo.losses.flair import flair_caption_indices
+from vlzoo.losses.flair import flair_loss
+from vlzoo.losses.flair import flair_pair_logits
 from vlzoo.losses.late_interaction import filip_ensemble_scores
 from vlzoo.losses.late_interaction import filip_similarity
 from vlzoo.losses.late_interaction import filip_token_alignment
@@ -33,6 +36,9 @@ __all__ = [
     "filip_select_tokens",
     "filip_similarity",
     "filip_token_alignment",
+    "flair_caption_indices",
+    "flair_loss",
+    "flair_pair_logits",
     "llip_attention_weights",
     "llip_contextualize",
     "llip_logits",

@@ -367,6 +367,10 @@ class ContrastiveModel(keras.Model):
         `keras.remat` (exact gradients of the whole batch's loss, a micro-batch's activations).
         """
         self._check_training_inputs(inputs)
+        return self._call_towers(inputs, training)
+
+    def _call_towers(self, inputs, training):
+        """`call`'s outputs for checked inputs (families that reshape their inputs first call it too)."""
         texts = {key: inputs[key] for key in ("token_ids", "padding_mask", "text_tower") if key in inputs}
         images = inputs["images"] if "images" in inputs else inputs["image_tower"]
         image_features = functools.partial(self._image_features, training=training)

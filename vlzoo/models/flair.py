@@ -1,0 +1,211 @@
+"""FLAIR (Xiao et al., CVPR 2025): image embeddings pooled by each caption from the patch tokens."""
+
+import math
+
+import keras
+from keras import ops
+
+from vlzoo.layers.flair import TextConditionedPooling
+from vlzoo.losses import siglip_logits
+from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_pair_logits
+from vlzoo.models.base import ContrastiveModel
+from vlzoo.models.clip import CLIP
+from vlzoo.models.token_level import token_projection
+
+SCORE_MODES = ("conditioned", "global")
+
+
+@keras.saving.register_keras_serializable(package="vlzoo")
+class FLAIR(ContrastiveModel):
+    """FLAIR: CLIP towers, and a caption-conditioned attention pooling of the image's patches.
+
+    Towers as the authors' (ExplainableML/flair, open_clip's ViT-B/16 layout):
+    a ViT with a CLS token and exact GELU whose final LayerNorm covers every
+    token, and CLIP's causal text transformer pooled at the end token. A
+    projection without bias maps the CLS output to the global image
+    embedding `v` and each patch output to a patch token (`image_projection`,
+    their `image_post`); another maps the text feature to the caption
+    embedding `t` (`text_projection`, their `text_post`).
+    `TextConditionedPooling` (their `visual_proj`) lets `t_j` attend over
+    image `i`'s patch tokens, giving `z_ij`.
+
+    Score (`score`, `similarity`): `exp(logit_scale) * cos(z_ij, t_j) +
+    logit_bias` for every pair, the authors' retrieval scoring (the bias
+    does not change rankings); `mode="global"` scores `cos(v_i, t_j)`
+    instead (their "direct global matching"). Loss: `vlzoo.losses.flair_loss`,
+    the text-conditioned sigmoid loss over each image's own K captions and
+    one random caption of each other image, averaged with the multi-positive
+    sigmoid loss of the global embeddings (`use_global_loss`).
+
+    Training inputs take several captions per image: `token_ids` and
+    `padding_mask` of shape `(B, K, T)` (the released models used K = 8);
+    `(B, T)` is K = 1, where the conditioned loss covers all B x B pairs
+    and draws nothing at random.
+
+    Args:
+        vision: `VisionTransformer` arguments (no `output_dim`).
+        text: `TextTransformer` arguments (no `output_dim`).
+        embed_dim: joint width D.
+        num_heads: heads of the pooling (8).
+        init_logit_scale: initial log-scale, `ln(1 / 0.07)` (the authors'
+            default; clamped to `[0, ln 100]` after every training step).
+        init_logit_bias: initial bias, -10.
+        use_global_loss: average the loss with the global multi-positive
+            sigmoid loss (True, as every released model).
+        chunk_size: texts per block of `score` (memory
+            `N_images * chunk_size * M * P`); None: all texts at once.
+        seed: seed of the captions the loss draws from the other images.
+
+    `encode_image` returns `{"embeds": (B, D), "tokens": (B, P, D)}` (the
+    global embedding and the projected patch tokens); `encode_text`
+    returns `{"embeds": (B, D)}`. `score` needs the unnormalised caption
+    embeddings (the pooling's query LayerNorm sees their scale through its
+    epsilon): pass `encode_text(texts)` without `normalize`.
+
+    Example:
+    >>> model = vlzoo.from_preset("flair_tiny")
+    >>> model.similarity(images, model.tokenizer(["a red circle", "a blue square"])).shape
+    (B, 2)
+    """
+
+    family = "flair"
+    image_embedding_keys = ("embeds", "tokens")
+    image_tower_keys = ("tokens",)
+    extra_layout_rules = (
+        ("image_projection/kernel", (None, "model")),
+        ("text_projection/kernel", (None, "model")),
+    )
+    vision_defaults = {**CLIP.vision_defaults, "output_dim": None, "activation": "gelu"}
+    text_defaults = {**CLIP.text_defaults, "output_dim": None, "activation": "gelu"}
+
+    def __init__(
+        self, vision, text, embed_dim=512, num_heads=8, init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0,
+        use_global_loss=True, chunk_size=None, seed=None, **kwargs,
+    ):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        for name, tower in (("vision", self.vision), ("text", self.text)):
+            if tower.output_dim is not None:
+                raise ValueError(
+                    f"FLAIR's {name} tower has no projection of its own (`{name[:5]}_projection` maps its "
+                    f"tokens); received `{name}` with `output_dim={tower.output_dim}`. Remove it.")
+            if name == "vision" and tower.num_prefix_tokens != 1:
+                raise ValueError("FLAIR's vision tower has one CLS token (the global embedding); received "
+                                 f"`num_prefix_tokens={tower.num_prefix_tokens}`.")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"`chunk_size` must be None or a python int >= 1; received {chunk_size!r}.")
+        self.init_logit_bias = init_logit_bias
+        self.use_global_loss = bool(use_global_loss)
+        self.chunk_size = chunk_size
+        self.seed = seed
+        self.image_projection = token_projection(
+            embed_dim, self.vision.hidden_dim, False, self.dtype_policy, "image_projection")
+        self.text_projection = token_projection(
+            embed_dim, self.text.hidden_dim, False, self.dtype_policy, "text_projection")
+        self.text_pooling = TextConditionedPooling(
+            embed_dim, num_heads=num_heads, layer_norm_epsilon=self.vision.layer_norm_epsilon,
+            dtype=self.dtype_policy, name="text_pooling")
+        self.text_pooling.build()
+        self.logit_bias = self.add_weight(
+            name="logit_bias", shape=(), dtype="float32", autocast=False,
+            initializer=keras.initializers.Constant(init_logit_bias),
+        )
+        self.seed_generator = keras.random.SeedGenerator(seed, name="caption_sampling")
+
+    # ------------------------------------------------------------- features
+
+    def _image_features(self, images, training=None):
+        tokens = self.image_projection(self._image_tower(images, training=training)["tokens"])
+        return {"embeds": tokens[:, 0], "tokens": tokens[:, 1:]}
+
+    def _text_features(self, inputs, training=None):
+        return {"embeds": self.text_projection(super()._text_features(inputs, training=training)["embeds"])}
+
+    # ------------------------------------------------------------- training
+
+    def _check_training_inputs(self, inputs):
+        ids = inputs.get("token_ids") if isinstance(inputs, dict) else None
+        if ids is not None and len(ids.shape) == 3:
+            mask = inputs.get("padding_mask")
+            if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+                raise ValueError(f"`padding_mask` must have the shape of `token_ids` {tuple(ids.shape)}; "
+                                 f"received {tuple(mask.shape)}.")
+            inputs = {**inputs, **{key: inputs[key][:, 0] for key in ("token_ids", "padding_mask") if key in inputs}}
+        super()._check_training_inputs(inputs)
+
+    def call(self, inputs, training=False):
+        """`call`'s outputs; with `(B, K, T)` captions, `text_embeds` is `(B, K, D)`."""
+        self._check_training_inputs(inputs)
+        ids = inputs["token_ids"]
+        captions = ids.shape[1] if len(ids.shape) == 3 else None
+        if captions is not None:
+            inputs = {**inputs, **{key: ops.reshape(inputs[key], (-1, ids.shape[-1]))
+                                   for key in ("token_ids", "padding_mask") if key in inputs}}
+        outputs = self._call_towers(inputs, training)
+        if captions is not None:
+            outputs["text_embeds"] = ops.reshape(outputs["text_embeds"], (-1, captions, self.embed_dim))
+        outputs["logit_bias"] = ops.convert_to_tensor(self.logit_bias)
+        return outputs
+
+    def contrastive_loss(self, outputs, training=False):
+        texts = outputs["text_embeds"]
+        captions = texts.shape[1] if len(texts.shape) == 3 else 1
+        texts = ops.reshape(texts, (-1, self.embed_dim))  # (B * K, D), image i's captions at rows i*K ..
+        batch = ops.shape(outputs["image_embeds"])[0]
+        if captions == 1:
+            offsets = ops.zeros((batch, batch - 1), "int32")
+        else:
+            offsets = keras.random.randint((batch, batch - 1), 0, captions, dtype="int32", seed=self.seed_generator)
+        sampled = ops.take(texts, flair_caption_indices(offsets, captions), axis=0)  # (B, B + K - 1, D)
+        scale, bias = outputs["logit_scale"], outputs["logit_bias"]
+        conditioned = flair_pair_logits(self.text_pooling(sampled, outputs["image_tokens"]), sampled, scale, bias)
+        overall = siglip_logits(outputs["image_embeds"], texts, scale, bias) if self.use_global_loss else None
+        return flair_loss(conditioned, captions, overall)
+
+    # --------------------------------------------------------------- scores
+
+    def score(self, image_embeds, text_embeds, mode="conditioned"):
+        """Scores `(N_images, N_texts)` float32 on the loss's scale.
+
+        Args:
+            image_embeds: `encode_image`'s dict (`mode="global"` reads only
+                `"embeds"`).
+            text_embeds: `encode_text`'s dict, unnormalised, or a class
+                representation `{"embeds": (C, D)}`.
+            mode: `"conditioned"`: `a * cos(z_ij, t_j) + b`, each image
+                pooled by each text (the authors' retrieval scoring);
+                `"global"`: `a * cos(v_i, t_j) + b` of the global embeddings.
+        """
+        if mode not in SCORE_MODES:
+            raise ValueError(f"`mode` must be one of {SCORE_MODES}; received {mode!r}.")
+        image = self.check_embeds(image_embeds, "image", keys=("embeds",) if mode == "global" else None)
+        texts = self.check_embeds(text_embeds, "text")["embeds"]
+        scale = self.logit_scale_value()
+        if mode == "global":
+            return siglip_logits(image["embeds"], texts, scale, self.logit_bias)
+        tokens = ops.convert_to_tensor(image["tokens"])
+        keys, values = self.text_pooling.image_keys_values(tokens)
+        count = texts.shape[0]
+        size = count if self.chunk_size is None or count is None else self.chunk_size
+        blocks = []
+        for start in range(0, count or 1, size or 1):
+            chunk = texts if count is None else texts[start:start + size]
+            pairs = ops.broadcast_to(chunk[None], (ops.shape(tokens)[0],) + tuple(ops.shape(chunk)))
+            conditioned = self.text_pooling.attend(self.text_pooling.text_queries(pairs), keys, values)
+            blocks.append(flair_pair_logits(conditioned, pairs, scale, self.logit_bias))
+        return blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=1)
+
+    def contextualize(self, images, texts, normalize=False):
+        """Image embeddings conditioned on each text, `(N_images, N_texts, D)` float32 (not chunked)."""
+        image, text = self.encode_image(images), self.encode_text(texts)
+        pairs = ops.broadcast_to(text["embeds"][None], (ops.shape(image["tokens"])[0],) + tuple(text["embeds"].shape))
+        z = ops.cast(self.text_pooling(pairs, image["tokens"]), "float32")
+        return self.normalize_vectors(z) if normalize else z
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.text_pooling.num_heads, init_logit_bias=self.init_logit_bias,
+            use_global_loss=self.use_global_loss, chunk_size=self.chunk_size, seed=self.seed,
+        )
+        return config
