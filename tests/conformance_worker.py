@@ -6,7 +6,7 @@ Run once per backend (the backend is read from `KERAS_BACKEND`):
     KERAS_BACKEND=torch python tests/conformance_worker.py --out torch.npz --load-preset /tmp/p_jax
 
 For each family model (`clip_tiny`, `siglip_tiny`, `filip_tiny`, `sparc_tiny`, `sparo_tiny`, `llip_tiny`, `stair_tiny`,
-built with
+`flair_tiny`, built with
 `load_weights=False`) every weight is overwritten with values drawn from a
 numpy RNG seeded by the weight's index, so every backend starts from
 bit-identical weights; the inputs (4 images from a seeded RNG, 4 fixed
@@ -62,7 +62,8 @@ import time
 
 import numpy as np
 
-FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny")
+FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny",
+            "flair_tiny")
 CAPTIONS = (
     "a photo of a cat",
     "a red circle on a white background",

@@ -22,11 +22,11 @@ from conftest import to_numpy
 
 import vlzoo
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 # Families whose loss is a softmax cross-entropy over the batch alone at the first step
 # (STAIR's FLOPs regularisers ramp up from a weight of 0 at step 0).
 SOFTMAX = ("clip", "filip", "sparo", "stair")
-SIGMOID = ("siglip", "llip")
+SIGMOID = ("siglip", "llip", "flair")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,18 @@ def _constant_score_loss(family, logit, batch_size):
     return softplus(-logit) + (batch_size - 1) * softplus(logit)
 
 
+def _expected_loss(model, family, batch, batch_size):
+    """`_constant_score_loss` of the batch's constant score; FLAIR averages two sigmoid losses (one caption per
+    image: each normalised by B), over its conditioned scores and over its global ones."""
+    texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
+    logit = float(to_numpy(model.similarity(batch["images"], texts))[0, 0])
+    if family != "flair":
+        return _constant_score_loss(family, logit, batch_size)
+    overall = float(to_numpy(model.score(model.encode_image(batch["images"]), model.encode_text(texts),
+                                         mode="global"))[0, 0])
+    return (_constant_score_loss(family, logit, batch_size) + _constant_score_loss(family, overall, batch_size)) / 2
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_constant_batch_gives_the_constant_score_loss(tiny, family):
     # Four copies of one constant image and one empty caption: every pair scores the same.
@@ -91,10 +103,11 @@ def test_constant_batch_gives_the_constant_score_loss(tiny, family):
     batch = _batch(model, np.full((4, size, size, 3), 0.5), [""] * 4)
     logits = to_numpy(model.similarity(batch["images"], {k: batch[k] for k in ("token_ids", "padding_mask")}))
     np.testing.assert_allclose(logits, np.full((4, 4), logits[0, 0]), rtol=1e-5, atol=1e-5)
+    expected = _expected_loss(model, family, batch, 4)
     # Constant scores: the softmax losses' gradients vanish, the sigmoid losses' bias moves.
     loss = _train_step(model, batch, learns=family not in SOFTMAX)
     if family in SOFTMAX + SIGMOID:
-        assert loss == pytest.approx(_constant_score_loss(family, float(logits[0, 0]), 4), rel=1e-5, abs=1e-5)
+        assert loss == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -131,10 +144,10 @@ def test_batch_of_one(tiny, family):
     model = tiny(family)
     size = model.vision.image_size
     batch = _batch(model, np.random.default_rng(0).normal(size=(1, size, size, 3)), ["a red circle"])
-    logit = float(to_numpy(model.similarity(batch["images"], {k: batch[k] for k in ("token_ids", "padding_mask")}))[0, 0])
+    expected = _expected_loss(model, family, batch, 1)
     loss = _train_step(model, batch, learns=family not in SOFTMAX)
     if family in SOFTMAX + SIGMOID:
-        assert loss == pytest.approx(_constant_score_loss(family, logit, 1), rel=1e-5, abs=1e-6)
+        assert loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

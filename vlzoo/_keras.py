@@ -36,14 +36,20 @@ def without_weights():
     Models built here can be counted, traced with `keras.KerasTensor` inputs
     and serialised, but not called on data. Keras' list of variables waiting
     for initialisation is restored on exit, so a later eager call does not
-    try to initialise them.
+    try to initialise them. The states of random generators
+    (`keras.random.SeedGenerator`, two integers each, never among a model's
+    weights) are initialised on exit: loading weights does not assign them.
     """
     pending = list(global_state.get_global_attribute(_PENDING, [], set_to_default=True))
     try:
         with keras.StatelessScope(initialize_variables=False):
             yield
     finally:
+        created = global_state.get_global_attribute(_PENDING, [])[len(pending):]
         global_state.set_global_attribute(_PENDING, pending)
+        for variable in created:
+            if variable.name == "seed_generator_state":
+                variable._deferred_initialize()
 
 
 def save_weights_only(model, path):

@@ -18,7 +18,7 @@ import json
 import pathlib
 
 CATALOGUE_FILE = pathlib.Path(__file__).resolve().parent.parent / "presets" / "pretrained.json"
-FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip", "llip")
+FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip", "llip", "flair")
 REQUIRED = ("handle", "format", "family", "architecture", "source", "licence", "reference", "description")
 
 

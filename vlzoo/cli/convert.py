@@ -26,23 +26,24 @@ def register(sub):
         "  * transformers: a CLIPModel / SiglipModel directory (config.json + model.safetensors or\n"
         "    pytorch_model.bin), or a weights file with --config config.json;\n"
         "  * keras_hub: a local keras-hub CLIPBackbone / SigLIPBackbone preset directory;\n"
-        "  * llip, sparo: a checkpoint of the authors' code (facebookresearch/Llip,\n"
-        "    ankitkv/sparo-clip), with the architecture from --preset (a vlzoo preset).\n"
+        "  * llip, sparo, flair: a checkpoint of the authors' code (facebookresearch/Llip,\n"
+        "    ankitkv/sparo-clip, ExplainableML/flair), with the architecture from --preset (a vlzoo preset).\n"
         "The weights are assigned with a progress bar and saved with save_to_preset. The preset is\n"
         "then reloaded and its embeddings checked to be identical, and, when the peer package\n"
         "imports, compared with the peer built from the same weights on random inputs (exit\n"
         "status 1 above 1e-4 on embeddings or 1e-3 on logits; the Llip and SPARO authors' code is\n"
-        "not a package, so their parity is what vlzoo's test fixtures check).",
+        "not a package, so their parity is what vlzoo's test fixtures check; FLAIR's likewise).",
         ["vlzoo convert --from open_clip --checkpoint ViT-B-32.pt --model ViT-B-32 --out presets/my_b32",
          "vlzoo convert --from open_clip --checkpoint ckpt.safetensors --config my_model.json --out my_preset",
          "vlzoo convert --from transformers --checkpoint ./clip-vit-base-patch32 --out my_hf_clip",
          "vlzoo convert --from transformers --checkpoint model.safetensors --config config.json --out my_hf_clip",
          "vlzoo convert --from keras_hub --checkpoint ./keras_hub_siglip --out my_siglip",
          "vlzoo convert --from llip --checkpoint llip_b16_k32.pt --preset llip_vit_b16 --out my_llip",
-         "vlzoo convert --from sparo --checkpoint epoch_25.pt --preset sparo_clip_vit_b32 --out my_sparo"],
+         "vlzoo convert --from sparo --checkpoint epoch_25.pt --preset sparo_clip_vit_b32 --out my_sparo",
+         "vlzoo convert --from flair --checkpoint flair-merged30m.pt --preset flair_vit_b16 --out my_flair"],
     )
     p.add_argument("--from", dest="from_", required=True,
-                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo"), help="the checkpoint's library")
+                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair"), help="the checkpoint's library")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="checkpoint file or directory (see above for each library; formerly --source)")
     p.add_argument("--source", nargs="?", action=_Renamed, help=argparse.SUPPRESS)
@@ -54,8 +55,8 @@ def register(sub):
                    help="open_clip: model config JSON (instead of --model); transformers: config.json "
                    "(default: next to the weights)")
     p.add_argument("--preset", default=None, metavar="NAME",
-                   help="llip, sparo: the vlzoo preset (name or directory) of the checkpoint's architecture, "
-                   "e.g. llip_vit_b16, llip_vit_g14, sparo_clip_vit_b32")
+                   help="llip, sparo, flair: the vlzoo preset (name or directory) of the checkpoint's "
+                   "architecture, e.g. llip_vit_b16, llip_vit_g14, sparo_clip_vit_b32, flair_vit_b16")
     p.add_argument("--dtype", default=None, metavar="POLICY",
                    help="dtype policy of the converted model, e.g. float32, bfloat16 (default: float32)")
     p.add_argument("--batch-size", type=_positive_int, default=2,
@@ -81,7 +82,7 @@ def run(args, out):
             raise UsageError("--preset", f"--from {args.from_} needs --preset NAME, the vlzoo preset of the "
                                          f"checkpoint's architecture (e.g. {AUTHOR_SOURCES[args.from_]})")
     elif args.preset:
-        raise UsageError("--preset", "applies to --from llip and --from sparo only")
+        raise UsageError("--preset", "applies to --from llip, sparo and flair only")
     if args.from_ == "open_clip" and not (args.model or args.config):
         raise UsageError("--model", "--from open_clip needs --model NAME (open_clip's model config) "
                                     "or --config model.json")

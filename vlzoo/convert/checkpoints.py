@@ -25,6 +25,7 @@ import numpy as np
 from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
 from vlzoo.convert.keras_hub import from_keras_hub
+from vlzoo.convert.flair import from_flair_checkpoint
 from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.sparo import from_sparo_checkpoint
@@ -33,9 +34,10 @@ from vlzoo.convert.state_dict import strip_prefix
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.presets import from_preset
 
-SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo")
+SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair")
 # The authors' checkpoints of these families carry no architecture: a vlzoo preset names it.
-AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16"}
+AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16", "flair": "flair_vit_b16"}
+_AUTHOR_CONVERTERS = {"llip": from_llip_checkpoint, "sparo": from_sparo_checkpoint, "flair": from_flair_checkpoint}
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
 __all__ = [
@@ -210,8 +212,8 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     Args:
         source: `"open_clip"`, `"transformers"`, `"keras_hub"`, or the
             authors' code of a family: `"llip"` (facebookresearch/Llip),
-            `"sparo"` (ankitkv/sparo-clip).
-        checkpoint: open_clip, llip, sparo: a `.pt`/`.pth`/`.bin`/`.safetensors`
+            `"sparo"` (ankitkv/sparo-clip), `"flair"` (ExplainableML/flair).
+        checkpoint: open_clip, llip, sparo, flair: a `.pt`/`.pth`/`.bin`/`.safetensors`
             state dict or training checkpoint; transformers: a directory
             (`config.json` + `model.safetensors` or `pytorch_model.bin`) or a
             weights file; keras_hub: a preset directory.
@@ -220,7 +222,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
             the architecture (open_clip must be installed, not imported).
         config: open_clip model config JSON path (instead of `model_name`), or the
             transformers `config.json` path (default: next to the weights).
-        preset: llip and sparo: the vlzoo preset of the checkpoint's
+        preset: llip, sparo and flair: the vlzoo preset of the checkpoint's
             architecture (e.g. `"llip_vit_b16"`, `"llip_vit_g14"`,
             `"sparo_clip_vit_b32"`); it gives what the weights do not show
             (head counts, Llip's tau) and the tokenizer and preprocessor.
@@ -269,8 +271,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     elif source in AUTHOR_SOURCES:
         state_dict = load_state_dict(checkpoint, log)
         log(f"Assigning {len(state_dict)} tensors to {preset}:")
-        convert = from_llip_checkpoint if source == "llip" else from_sparo_checkpoint
-        model = convert(state_dict, preset, dtype=dtype, progress=bar)
+        model = _AUTHOR_CONVERTERS[source](state_dict, preset, dtype=dtype, progress=bar)
         peer_factory = peer_name = None
     else:
         if not pathlib.Path(checkpoint).is_dir():
