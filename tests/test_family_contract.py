@@ -12,7 +12,7 @@ import vlzoo
 from vlzoo.losses.llip import llip_contextualize
 
 PRESETS = ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes", "llip_shapes",
-           "stair_shapes"]
+           "stair_shapes", "flair_shapes"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -415,6 +415,33 @@ def test_a_url_checkpoint_is_pinned_by_sha256_converted_once_and_cached(tmp_path
     llip_fixture.assert_logits_match(vlzoo.from_preset(str(first)), inputs, outputs)
 
 
+@run_once
+def test_a_flair_checkpoint_at_a_url_converts_to_the_authors_outputs(tmp_path, monkeypatch):
+    """The FLAIR authors' release layout (`torch.save` of `{"epoch", "state_dict"}` with DDP's `module.`), its
+    golden fixture's weights, served over loopback HTTP and read through the catalogue's `flair` format."""
+    import hashlib
+
+    import test_flair
+    import torch
+
+    config, state_dict, inputs, outputs = test_flair.load()
+    served = tmp_path / "served"
+    served.mkdir()
+    torch.save({"epoch": 32, "name": "flair", "state_dict": {f"module.{k}": torch.from_numpy(v)
+                                                            for k, v in state_dict.items()}},
+               served / "flair-tiny.pt")
+    architecture = tmp_path / "architecture"
+    vlzoo.from_preset("flair_tiny", load_weights=False, **test_flair.overrides(config)).save_to_preset(str(architecture))
+    monkeypatch.setenv("VLZOO_CACHE", str(tmp_path / "cache"))
+    with FileServer(served) as server:
+        entry = {"handle": server.url("flair-tiny.pt"), "format": "flair", "architecture": str(architecture),
+                 "sha256": hashlib.sha256((served / "flair-tiny.pt").read_bytes()).hexdigest()}
+        model = vlzoo.from_preset(str(loading._url_preset(entry)))
+    images, texts = test_flair.vlzoo_inputs(inputs)
+    np.testing.assert_allclose(to_numpy(model.similarity(images, texts)), outputs["conditioned_logits"],
+                               atol=test_flair.ATOL, rtol=0)
+
+
 # ----------------------------------------------------------------------------- the pretrained catalogue
 
 OPEN_CLIP_TAGS = {  # catalogue name -> (open_clip model, pretrained tag) whose `hf_hub` it must name
@@ -427,6 +454,9 @@ OPEN_CLIP_TAGS = {  # catalogue name -> (open_clip model, pretrained tag) whose 
 }
 REQUIRED = {*OPEN_CLIP_TAGS, "clip_vit_b32_openai", "clip_vit_b16_openai", "clip_vit_l14_openai",
             "siglip_vit_b16_webli", "siglip2_vit_b16_webli", "llip_vit_b16_k32", "llip_vit_g14_k64"}
+# The FLAIR authors' four released files (their README's table, repository xiaorui638/flair on the Hub).
+FLAIR_FILES = {"flair_vit_b16_cc3m_recap": "flair-cc3m-recap.pt", "flair_vit_b16_cc12m_recap": "flair-cc12m-recap.pt",
+               "flair_vit_b16_yfcc15m_recap": "flair-yfcc15m-recap.pt", "flair_vit_b16_merged30m": "flair-merged30m.pt"}
 
 
 @run_once
@@ -434,6 +464,9 @@ def test_the_pretrained_catalogue_names_real_weights_with_their_facts(capsys):
     names = vlzoo.list_presets(pretrained=True)
     assert REQUIRED <= set(names)
     assert vlzoo.list_presets(family="llip", pretrained=True) == ["llip_vit_b16_k32", "llip_vit_g14_k64"]
+    assert vlzoo.list_presets(family="flair", pretrained=True) == sorted(FLAIR_FILES)
+    for name, file in FLAIR_FILES.items():
+        assert vlzoo.preset_info(name)["handle"] == f"https://huggingface.co/xiaorui638/flair/resolve/main/{file}"
     for name in names:
         info = vlzoo.preset_info(name)
         assert info["architecture"] in vlzoo.list_presets(family=info["family"]), name

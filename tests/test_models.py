@@ -271,7 +271,7 @@ def _assert_embeddings_equal(got, want, key):
 
 
 @pytest.mark.parametrize("preset", ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes",
-                                    "llip_shapes", "stair_shapes"])
+                                    "llip_shapes", "stair_shapes", "flair_shapes"])
 def test_predict_returns_what_encode_returns(preset):
     # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give.
     model = vlzoo.from_preset(preset)

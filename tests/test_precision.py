@@ -39,7 +39,7 @@ from vlzoo.layers.contraction import float32_einsum
 from vlzoo.evaluation import build_prompts
 from vlzoo.evaluation import zero_shot_classifier
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 POLICIES = ("mixed_bfloat16", "bfloat16")
 MIN_COSINE = 0.999  # pooled embeddings
 # Un-pooled outputs: per image patch, text token or Llip mixture token (Llip's `queries` are its

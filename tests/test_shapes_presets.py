@@ -21,7 +21,7 @@ from vlzoo.data import shapes
 from vlzoo.evaluation import shapes_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 NAMES = [f"{family}_shapes" for family in FAMILIES]
 
 

@@ -1,4 +1,4 @@
-"""`family=`: FILIP, SPARC, SPARO, Llip and STAIR started from a CLIP checkpoint (`vlzoo.transfer`).
+"""`family=`: FILIP, SPARC, SPARO, Llip, STAIR and FLAIR started from a CLIP checkpoint (`vlzoo.transfer`).
 
 The source is a tiny CLIP whose every weight is random but distinct (its logit scale moved off
 the default, so a copied scale cannot pass by coincidence). "Exactly" means bit for bit: the
@@ -22,6 +22,7 @@ NEW = {
     "sparo": {"vision_readout", "text_readout"},
     "llip": {"logit_scale", "logit_bias", "vision/prefix_tokens", "cross_attention"},
     "stair": {"image_head", "text_head"},
+    "flair": {"logit_scale", "logit_bias", "text_pooling"},
 }
 SCALE = 3.25
 
@@ -122,6 +123,24 @@ def test_llip_keeps_clips_text_embedding_and_positions(clip):
     np.testing.assert_array_equal(_tower_tokens(single, batch)[0], _tower_tokens(clip, batch)[0])
 
 
+def test_flair_starts_from_clips_embeddings(clip):
+    """FLAIR's global image and caption embeddings are CLIP's, and its patch tokens are CLIP's image projection of
+    CLIP's patch outputs; the pooling and the sigmoid loss's scale and bias are FLAIR's own."""
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, "flair")
+    assert _layers(report.new) == NEW["flair"] and report.left_out == ["logit_scale"]
+    image, text = model.encode_image(batch["images"]), model.encode_text(batch)
+    # FLAIR projects every token at once and CLIP the CLS row alone: XLA may order the 32-term sums differently.
+    np.testing.assert_allclose(to_numpy(image["embeds"]), to_numpy(clip.encode_image(batch["images"])["embeds"]),
+                               atol=1e-6, rtol=0)
+    np.testing.assert_allclose(to_numpy(text["embeds"]), to_numpy(clip.encode_text(batch)["embeds"]), atol=1e-6,
+                               rtol=0)
+    patches = _tower_tokens(clip, batch)[0][:, 1:] @ to_numpy(clip.vision.projection.kernel)
+    np.testing.assert_allclose(to_numpy(image["tokens"]), patches, atol=1e-5, rtol=0)
+    assert float(to_numpy(model.logit_scale)) == pytest.approx(model.init_logit_scale)
+    assert float(to_numpy(model.logit_bias)) == -10.0
+
+
 def test_from_preset_family_on_a_saved_clip_and_the_errors(clip, tmp_path):
     """`from_preset(directory, family=...)` equals `from_clip`; the result saves and loads back
     exactly; a non-CLIP source, an unknown family and a resized tower are refused by name."""
@@ -148,7 +167,7 @@ def test_from_preset_family_on_a_saved_clip_and_the_errors(clip, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["filip", "sparc", "sparo", "llip", "stair"])
+@pytest.mark.parametrize("family", ["filip", "sparc", "sparo", "llip", "stair", "flair"])
 def test_fit_fine_tunes_on_the_familys_own_loss(clip, family):
     model, _ = _transfer(clip, family)
     before, after = fit_and_measure(model, tiny_batch(**BATCH), epochs=6, training=True)

@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 METRICS_FILE = "training.json"
 # (column title, key of `shapes_benchmark.evaluate`) of the README table.
 TABLE_COLUMNS = (

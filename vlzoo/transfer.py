@@ -1,6 +1,6 @@
 """Any fine-grained family started from a CLIP checkpoint: `from_preset(..., family=...)`.
 
-`from_clip(clip, family)` builds FILIP, SPARC, SPARO, Llip or STAIR on the
+`from_clip(clip, family)` builds FILIP, SPARC, SPARO, Llip, STAIR or FLAIR on the
 towers of a CLIP model: the target keeps CLIP's tower geometry and numerics
 (width, depth, heads, activation, LayerNorm epsilon, CLS token, causal text
 attention), every weight whose role is the same is copied, and the family's
@@ -20,14 +20,16 @@ transfers, per family (`docs/transfer.md` gives the reasons):
             K mixture positions
     stair   logit scale                              both vocabulary heads (the decoder   both projections
                                                      is tied to CLIP's token embedding)
+    flair   image projection (-> CLS and patch       the text-conditioned pooling, the    the logit scale
+            tokens); text projection                 logit bias, its own logit scale
 
 "The towers" are the patch embedding, class token, position embeddings,
 `ln_pre`, the transformer blocks and the final LayerNorm of the image tower,
 and the token and position embeddings, blocks and `ln_final` of the text
 tower: they give CLIP's own token features exactly (SPARO's give CLIP's
 features without the last block; Llip's image tower does when K = 1).
-Llip's logit scale keeps its own initialisation: its sigmoid loss gives the
-scale another role than CLIP's softmax.
+Llip's and FLAIR's logit scales keep their own initialisation: their sigmoid
+losses give the scale another role than CLIP's softmax.
 
 Example:
 >>> clip = vlzoo.from_preset("clip_tiny")
@@ -40,11 +42,11 @@ import dataclasses
 import keras
 import numpy as np
 
-from vlzoo.models import CLIP, FILIP, SPARC, SPARO, STAIR, Llip
+from vlzoo.models import CLIP, FILIP, FLAIR, SPARC, SPARO, STAIR, Llip
 from vlzoo.presets import merge_config
 from vlzoo.tokenizers import CLIP_BPE_VOCABULARY_SIZE
 
-FAMILIES = {"filip": FILIP, "sparc": SPARC, "sparo": SPARO, "llip": Llip, "stair": STAIR}
+FAMILIES = {"filip": FILIP, "sparc": SPARC, "sparo": SPARO, "llip": Llip, "stair": STAIR, "flair": FLAIR}
 # Llip's number of mixture tokens when none is given: the authors' released ViT-B/16 (K = 32).
 LLIP_MIXTURE_TOKENS = 32
 # CLIP BPE's <|startoftext|> and <|endoftext|>: not words, so never terms of a STAIR vector.
@@ -58,6 +60,8 @@ _PROJECTIONS = {
     "sparc": (("image_projection/kernel", "vision/projection/kernel"),
               ("text_projection/kernel", "text/projection/kernel")),
     "llip": (("text_projection/kernel", "text/projection/kernel"),),
+    "flair": (("image_projection/kernel", "vision/projection/kernel"),
+              ("text_projection/kernel", "text/projection/kernel")),
 }
 _POSITIONS = "vision/position_embedding/embeddings"
 _PREFIX = "vision/prefix_tokens"
@@ -98,14 +102,14 @@ def transfer_config(clip, family):
     """The constructor arguments of `family` on `clip`'s towers (before any override).
 
     The towers keep every argument of the CLIP model's towers but their own
-    projection; FILIP, SPARC and Llip keep CLIP's `embed_dim`; Llip gets
+    projection; FILIP, SPARC, Llip and FLAIR keep CLIP's `embed_dim`; Llip gets
     `LLIP_MIXTURE_TOKENS` mixture tokens in place of the CLS token; STAIR
     leaves CLIP BPE's start and end tokens out of its vectors.
     """
     vision = {**clip.vision_config, "output_dim": None}
     text = {**clip.text_config, "output_dim": None}
     config = dict(vision=vision, text=text)
-    if family in ("filip", "sparc", "llip"):
+    if family in ("filip", "sparc", "llip", "flair"):
         config["embed_dim"] = clip.embed_dim
     if family == "llip":
         vision["num_prefix_tokens"] = LLIP_MIXTURE_TOKENS
@@ -165,7 +169,7 @@ def from_clip(clip, family, verbose=True, **config_overrides):
     Args:
         clip: a `vlzoo.CLIP` (any CLIP preset, converted checkpoint or hub
             handle, loaded with its weights).
-        family: "filip", "sparc", "sparo", "llip" or "stair".
+        family: "filip", "sparc", "sparo", "llip", "stair" or "flair".
         verbose: print what was transferred and what is new.
         **config_overrides: the family's constructor arguments replacing
             `transfer_config`'s (e.g. `num_slots=32`, `lambda_fine=2.0`,
