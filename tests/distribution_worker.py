@@ -31,7 +31,7 @@ from vlzoo import distribution  # noqa: E402
 FAMILY_PRESETS = {
     "clip": ("clip_tiny", {}), "siglip": ("siglip_tiny", {}), "filip": ("filip_tiny", {"keep_ratio": 1.0}),
     "sparc": ("sparc_tiny", {}), "sparo": ("sparo_tiny", {}), "llip": ("llip_tiny", {}),
-    "stair": ("stair_tiny", {}),
+    "stair": ("stair_tiny", {}), "flair": ("flair_tiny", {}),
 }
 # G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test.
 G14_REDUCED = dict(

@@ -15,7 +15,7 @@ import vlzoo
 from vlzoo import distribution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair")
+FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
 

@@ -13,7 +13,7 @@ from vlzoo.models.micro_batching import micro_batched
 
 from conftest import tiny_batch, to_numpy
 
-FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
+FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 # Every family on every backend: what depends on the backend is `keras.remat` around a micro-batch of
 # towers; what depends on the family is which features it computes per example (keys, values, mixture
 # tokens, queries, slots, sparse vocabulary vectors) and its loss's coupling of the batch. STAIR's loss

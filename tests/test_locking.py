@@ -75,7 +75,7 @@ def test_configure_locks_and_checks_its_arguments():
 
 # ------------------------------------------------------------------ a locked tower's cached outputs
 
-CACHE_FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
+CACHE_FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 # The cached path is the same code on every backend (a dict passed where the tower's output was); what
 # differs by family is which outputs it reads. So every family and tower runs on PyTorch; on JAX and
 # TensorFlow, whose compilations cost 10-20 s each, CLIP's image tower (the pooled output) and SPARC's

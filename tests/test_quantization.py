@@ -13,7 +13,7 @@ from vlzoo.data import shapes
 
 from backend_utils import run_once
 
-FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair"]
+FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 
 
 def _numpy(tree):

@@ -293,7 +293,7 @@ def test_vlzoo_eval_shapes_prints_one_row_per_type(tmp_path, capsys):
     printed = capsys.readouterr().out
     records = json.loads(out.read_text())
     assert [r["dataset"] for r in records] == [f"shapes/{kind}" for kind in NEGATIVE_TYPES]
-    want = shapes_compositional.evaluate(vlzoo.from_preset("sparo_shapes"), seed=3, batch_size=16)
+    want = shapes_compositional.evaluate(vlzoo.from_preset("sparo_shapes"), seed=3)
     assert [r["metrics"] for r in records] == [w["metrics"] for w in want]
     assert "| shapes/order | sparo_shapes |" in printed
     assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "shapes", "--data", str(tmp_path)]) == 2
