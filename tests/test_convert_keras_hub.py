@@ -6,6 +6,7 @@ The peer runs on the same Keras backend as vlzoo.
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 import vlzoo
 import vlzoo.convert as vc
@@ -159,3 +160,43 @@ def test_tool_converts_a_local_keras_hub_preset(keras_hub, tmp_path, capsys):
     print(printed)
     assert status == 0 and "parity vs keras-hub" in printed and "-> OK" in printed
     assert_parity(vlzoo.from_preset(str(out)), backbone, "tools/convert.py SigLIP preset")
+
+
+@run_once
+def test_siglip2_presets_tokenize_with_their_gemma_vocabulary(keras_hub, tmp_path):
+    """A keras-hub SigLIP 2 preset names a `GemmaTokenizer` (`<eos>` 1 ends, `<pad>` 0 pads) and, as keras-hub's
+    published presets, saves no `preprocessor.json`: vlzoo's tokenizer from its files gives the ids of keras-hub's
+    `SigLIPPreprocessor` on the same vocabulary (its defaults: lowercased, punctuation removed, no start
+    token, sequence length 64, here 12)."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from vlzoo.convert.repository import keras_hub_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} next to two dogs and a cat"
+                                for c in ("red", "blue", "green") for s in ("circle", "square", "bird")) * 20)
+    sentencepiece.SentencePieceTrainer.train(  # Gemma's special pieces and ids
+        input=str(corpus), model_prefix=str(tmp_path / "gemma"), vocab_size=64, pad_id=0, eos_id=1, bos_id=2,
+        unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        hard_vocab_limit=False, minloglevel=2)
+    preset = tmp_path / "siglip2"
+    keras_hub.models.GemmaTokenizer(proto=str(tmp_path / "gemma.model")).save_to_preset(str(preset))
+    texts = ["A photo of a RED circle!", "two dogs, and a cat next to a blue bird", "", "green " * 20]
+    ours = keras_hub_tokenizer(preset, 12)
+    theirs = keras_hub.models.SigLIPPreprocessor(
+        keras_hub.models.GemmaTokenizer(proto=str(tmp_path / "gemma.model")), sequence_length=12,
+        image_converter=keras_hub.layers.SigLIPImageConverter(image_size=(8, 8)))
+    out = theirs({"prompts": texts, "images": np.zeros((len(texts), 8, 8, 3), "float32")})
+    want = {key: keras.ops.convert_to_numpy(out[key]) for key in ("token_ids", "padding_mask")}
+    got = ours(texts)
+    np.testing.assert_array_equal(np.asarray(got["token_ids"]), want["token_ids"])
+    np.testing.assert_array_equal(np.asarray(got["padding_mask"]), want["padding_mask"])
+    assert (ours.end_token_id, ours.pad_token_id) == (1, 0)
+    assert np.asarray(got["token_ids"])[2, :2].tolist() == [1, 0]  # the empty caption: `<eos>`, then padding
+    # The registered SigLIP 2 architecture presets name the same settings: their tokenizer, given the vocabulary.
+    import json
+
+    from vlzoo.tokenizers import SentencePieceTokenizer
+
+    config = json.loads((vlzoo.presets.resolve_preset("siglip2_vit_b16") / "tokenizer.json").read_text())["config"]
+    registered = SentencePieceTokenizer(str(tmp_path / "gemma.model"), **{**config, "sequence_length": 12})
+    np.testing.assert_array_equal(np.asarray(registered(texts)["token_ids"]), want["token_ids"])

@@ -183,23 +183,30 @@ def _keras_hub_config(directory, name):
     return (_json(directory / name) or {}).get("config") or {}
 
 
+# The SentencePiece tokenizers of keras-hub's SigLIP presets, by the class their `tokenizer.json` names: the
+# end piece and the padding piece (SigLIP's pads with its end piece; SigLIP 2's is Gemma's vocabulary).
+KERAS_HUB_SIGLIP_TOKENIZERS = {"SigLIPTokenizer": ("</s>", "</s>"), "GemmaTokenizer": ("<eos>", "<pad>")}
+
+
 def keras_hub_tokenizer(directory, sequence_length):
-    """A keras-hub SigLIP preset's tokenizer, from its own files; None for other presets.
+    """A keras-hub SigLIP or SigLIP 2 preset's tokenizer, from its own files; None for other presets.
 
     `assets/tokenizer/vocabulary.spm` with the settings of its `SigLIPPreprocessor`
     (`preprocessor.json`: end token, `canonicalize_text`; keras-hub's defaults when
-    the file is absent), padded with `</s>` as keras-hub's `SigLIPTokenizer` pads.
+    the file is absent, as in keras-hub's published presets), with the end and
+    padding pieces of the class `tokenizer.json` names (`KERAS_HUB_SIGLIP_TOKENIZERS`).
     """
-    if (_json(directory / "tokenizer.json") or {}).get("class_name") != "SigLIPTokenizer":
+    class_name = (_json(directory / "tokenizer.json") or {}).get("class_name")
+    if class_name not in KERAS_HUB_SIGLIP_TOKENIZERS:
         return None
+    end, pad = KERAS_HUB_SIGLIP_TOKENIZERS[class_name]
     settings = _keras_hub_config(directory, "preprocessor.json")
     proto = directory / "assets" / "tokenizer" / "vocabulary.spm"
     options = dict(sequence_length=sequence_length, start_token=None, proto_file=proto.name,
                    clean="keras_hub" if settings.get("canonicalize_text", True) else "none")
-    tokenizer = SentencePieceTokenizer(str(proto), end_token="</s>", **options)
-    if settings.get("add_end_token", True):
-        return tokenizer
-    return SentencePieceTokenizer(str(proto), end_token=None, pad_value=tokenizer.end_token_id, **options)
+    tokenizer = SentencePieceTokenizer(str(proto), end_token=end, **options)
+    end = end if settings.get("add_end_token", True) else None
+    return SentencePieceTokenizer(str(proto), end_token=end, pad_value=tokenizer.token_to_id(pad), **options)
 
 
 def keras_hub_preprocessor(directory):

@@ -121,15 +121,17 @@ def bundled_tokenizer(spec, sequence_length):
     """Tokenizer described by a preset table's `tokenizer` entry.
 
     Args:
-        spec: dict with `"class_name"` (a key of `TOKENIZER_CLASSES`) and
+        spec: dict with `"class_name"` (a key of `TOKENIZER_CLASSES`),
             `"assets"` (a bundled asset set name, or `None` when the
-            vocabulary cannot be shipped).
+            vocabulary cannot be shipped) and optionally `"options"`, the
+            class's other constructor arguments (e.g. SigLIP 2's end and
+            padding pieces).
         sequence_length: the text tower's context length.
 
     Returns:
         The tokenizer, with its vocabulary loaded when bundled.
     """
-    tokenizer = TOKENIZER_CLASSES[spec["class_name"]](sequence_length=sequence_length)
+    tokenizer = TOKENIZER_CLASSES[spec["class_name"]](sequence_length=sequence_length, **spec.get("options", {}))
     if spec.get("assets"):
         tokenizer.load_assets(os.fspath(bundled_assets_dir(spec["assets"])))
     return tokenizer

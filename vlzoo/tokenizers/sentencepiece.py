@@ -143,17 +143,22 @@ class SentencePieceTokenizer(_PackingTokenizer):
     def vocabulary_size(self):
         return int(self._backend().vocabulary_size())
 
+    def token_to_id(self, token):
+        """The id of the piece `token` (a `ValueError` naming it when the vocabulary lacks it)."""
+        self._check_ready()
+        tok = self._backend()
+        token_id = int(tok.token_to_id(token))
+        if _as_str(tok.id_to_token(token_id)) != token:
+            raise ValueError(f"{token!r} is not in the SentencePiece vocabulary.")
+        return token_id
+
     @property
     def start_token_id(self):
-        if self.start_token is None:
-            return None
-        return int(self._backend().token_to_id(self.start_token))
+        return None if self.start_token is None else self.token_to_id(self.start_token)
 
     @property
     def end_token_id(self):
-        if self.end_token is None:
-            return None
-        return int(self._backend().token_to_id(self.end_token))
+        return None if self.end_token is None else self.token_to_id(self.end_token)
 
     @property
     def pad_token_id(self):
