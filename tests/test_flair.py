@@ -234,3 +234,26 @@ def test_clear_errors(fixture):
         from_flair_checkpoint(state_dict, "flair_tiny")
     with pytest.raises(ValueError, match="FLAIR's vision tower has no projection of its own"):
         vlzoo.from_preset("flair_tiny", vision=dict(output_dim=16))
+
+
+@run_once
+def test_vlzoo_convert_command_writes_a_preset_with_the_authors_scores(fixture, tmp_path, capsys):
+    """`vlzoo convert --from flair` on the authors' release layout (`torch.save` of a training checkpoint with
+    DDP's `module.` keys): the saved preset scores as their `get_logits`."""
+    import torch
+
+    from vlzoo import cli
+
+    config, state_dict, inputs, outputs = fixture
+    architecture = tmp_path / "architecture"
+    vlzoo.from_preset("flair_tiny", load_weights=False, **overrides(config)).save_to_preset(str(architecture))
+    checkpoint = tmp_path / "flair-tiny.pt"
+    torch.save({"epoch": 32, "state_dict": {f"module.{k}": torch.from_numpy(v) for k, v in state_dict.items()}},
+               checkpoint)
+    argv = ["convert", "--from", "flair", "--checkpoint", checkpoint, "--preset", architecture,
+            "--out", tmp_path / "converted", "--quiet"]
+    assert cli.main([str(a) for a in argv]) == 0
+    assert "preset reload: identical similarities" in capsys.readouterr().out
+    images, texts = vlzoo_inputs(inputs)
+    np.testing.assert_allclose(to_numpy(vlzoo.from_preset(str(tmp_path / "converted")).similarity(images, texts)),
+                               outputs["conditioned_logits"], atol=ATOL, rtol=0)

@@ -26,7 +26,7 @@ def register(sub):
     )
     _add_preset(p)
     p.add_argument("--family", default=None, metavar="FAMILY",
-                   help="train this family (filip, sparc, sparo, llip or stair) built on the towers of "
+                   help="train this family (filip, sparc, sparo, llip, stair or flair) built on the towers of "
                    "--preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
     p.add_argument("--data", required=True, metavar="SOURCE",
                    help="caption file (.csv, .tsv, .jsonl), a directory holding one, or tar shards "
