@@ -27,7 +27,8 @@ def register(sub):
         "    pytorch_model.bin), or a weights file with --config config.json;\n"
         "  * keras_hub: a local keras-hub CLIPBackbone / SigLIPBackbone preset directory;\n"
         "  * llip, sparo, flair: a checkpoint of the authors' code (facebookresearch/Llip,\n"
-        "    ankitkv/sparo-clip, ExplainableML/flair), with the architecture from --preset (a vlzoo preset).\n"
+        "    ankitkv/sparo-clip, ExplainableML/flair), with the architecture from --preset (a vlzoo preset);\n"
+        "  * big_vision: a SigLIP / SigLIP 2 .npz of google-research/big_vision, with --preset.\n"
         "The weights are assigned with a progress bar and saved with save_to_preset. The preset is\n"
         "then reloaded and its embeddings checked to be identical, and, when the peer package\n"
         "imports, compared with the peer built from the same weights on random inputs (exit\n"
@@ -40,10 +41,11 @@ def register(sub):
          "vlzoo convert --from keras_hub --checkpoint ./keras_hub_siglip --out my_siglip",
          "vlzoo convert --from llip --checkpoint llip_b16_k32.pt --preset llip_vit_b16 --out my_llip",
          "vlzoo convert --from sparo --checkpoint epoch_25.pt --preset sparo_clip_vit_b32 --out my_sparo",
-         "vlzoo convert --from flair --checkpoint flair-merged30m.pt --preset flair_vit_b16 --out my_flair"],
+         "vlzoo convert --from flair --checkpoint flair-merged30m.pt --preset flair_vit_b16 --out my_flair",
+         "vlzoo convert --from big_vision --checkpoint siglip2_b16_224.npz --preset siglip2_vit_b16 --out my_siglip2"],
     )
     p.add_argument("--from", dest="from_", required=True,
-                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair"), help="the checkpoint's library")
+                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair", "big_vision"), help="the checkpoint's library")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="checkpoint file or directory (see above for each library; formerly --source)")
     p.add_argument("--source", nargs="?", action=_Renamed, help=argparse.SUPPRESS)
@@ -55,8 +57,8 @@ def register(sub):
                    help="open_clip: model config JSON (instead of --model); transformers: config.json "
                    "(default: next to the weights)")
     p.add_argument("--preset", default=None, metavar="NAME",
-                   help="llip, sparo, flair: the vlzoo preset (name or directory) of the checkpoint's "
-                   "architecture, e.g. llip_vit_b16, llip_vit_g14, sparo_clip_vit_b32, flair_vit_b16")
+                   help="llip, sparo, flair, big_vision: the vlzoo preset (name or directory) of the checkpoint's "
+                   "architecture, e.g. llip_vit_b16, llip_vit_g14, sparo_clip_vit_b32, flair_vit_b16, siglip2_vit_b16")
     p.add_argument("--dtype", default=None, metavar="POLICY",
                    help="dtype policy of the converted model, e.g. float32, bfloat16 (default: float32)")
     p.add_argument("--batch-size", type=_positive_int, default=2,
@@ -82,7 +84,7 @@ def run(args, out):
             raise UsageError("--preset", f"--from {args.from_} needs --preset NAME, the vlzoo preset of the "
                                          f"checkpoint's architecture (e.g. {AUTHOR_SOURCES[args.from_]})")
     elif args.preset:
-        raise UsageError("--preset", "applies to --from llip, sparo and flair only")
+        raise UsageError("--preset", "applies to --from llip, sparo, flair and big_vision only")
     if args.from_ == "open_clip" and not (args.model or args.config):
         raise UsageError("--model", "--from open_clip needs --model NAME (open_clip's model config) "
                                     "or --config model.json")

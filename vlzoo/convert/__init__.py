@@ -5,6 +5,8 @@
 - `from_transformers(model)` / `from_transformers_state_dict(state_dict, config)`:
   Hugging Face `CLIPModel` and `SiglipModel`.
 - `from_keras_hub(backbone)`: keras-hub `CLIPBackbone` and `SigLIPBackbone`.
+- `from_big_vision_checkpoint(path_or_arrays, preset)`: big_vision's SigLIP and
+  SigLIP 2 `.npz` checkpoints (fixed-resolution and NaFlex) -> `siglip2_*` presets.
 - `from_llip_checkpoint(path_or_state_dict, preset)`: the Llip authors'
   checkpoints (facebookresearch/Llip; released ViT-B/16 K=32 and ViT-bigG/14
   K=64 -> presets `llip_vit_b16`, `llip_vit_g14`).
@@ -40,6 +42,7 @@ model.save_to_preset("clip_b32")
 
 from vlzoo.convert import checkpoints
 from vlzoo.convert._common import parity, peer_outputs, random_inputs, vlzoo_variables
+from vlzoo.convert.big_vision import from_big_vision_checkpoint
 from vlzoo.convert.flair import from_flair_checkpoint
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.llip import from_llip_checkpoint
@@ -64,6 +67,7 @@ __all__ = [
     "from_keras_hub",
     "from_llip_checkpoint",
     "from_flair_checkpoint",
+    "from_big_vision_checkpoint",
     "from_sparo_checkpoint",
     "parity",
     "peer_outputs",

@@ -24,6 +24,7 @@ import numpy as np
 
 from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
+from vlzoo.convert.big_vision import from_big_vision_checkpoint, read_big_vision_params
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.flair import from_flair_checkpoint
 from vlzoo.convert.llip import from_llip_checkpoint
@@ -34,10 +35,12 @@ from vlzoo.convert.state_dict import strip_prefix
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.presets import from_preset
 
-SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair")
+SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair", "big_vision")
 # The authors' checkpoints of these families carry no architecture: a vlzoo preset names it.
-AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16", "flair": "flair_vit_b16"}
-_AUTHOR_CONVERTERS = {"llip": from_llip_checkpoint, "sparo": from_sparo_checkpoint, "flair": from_flair_checkpoint}
+AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16", "flair": "flair_vit_b16",
+                  "big_vision": "siglip2_vit_b16"}
+_AUTHOR_CONVERTERS = {"llip": from_llip_checkpoint, "sparo": from_sparo_checkpoint, "flair": from_flair_checkpoint,
+                      "big_vision": from_big_vision_checkpoint}
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
 __all__ = [
@@ -212,7 +215,8 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     Args:
         source: `"open_clip"`, `"transformers"`, `"keras_hub"`, or the
             authors' code of a family: `"llip"` (facebookresearch/Llip),
-            `"sparo"` (ankitkv/sparo-clip), `"flair"` (ExplainableML/flair).
+            `"sparo"` (ankitkv/sparo-clip), `"flair"` (ExplainableML/flair),
+            `"big_vision"` (SigLIP and SigLIP 2 `.npz` files).
         checkpoint: open_clip, llip, sparo, flair: a `.pt`/`.pth`/`.bin`/`.safetensors`
             state dict or training checkpoint; transformers: a directory
             (`config.json` + `model.safetensors` or `pytorch_model.bin`) or a
@@ -222,7 +226,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
             the architecture (open_clip must be installed, not imported).
         config: open_clip model config JSON path (instead of `model_name`), or the
             transformers `config.json` path (default: next to the weights).
-        preset: llip, sparo and flair: the vlzoo preset of the checkpoint's
+        preset: llip, sparo, flair and big_vision: the vlzoo preset of the checkpoint's
             architecture (e.g. `"llip_vit_b16"`, `"llip_vit_g14"`,
             `"sparo_clip_vit_b32"`); it gives what the weights do not show
             (head counts, Llip's tau) and the tokenizer and preprocessor.
@@ -269,7 +273,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
 
         peer_name = "transformers"
     elif source in AUTHOR_SOURCES:
-        state_dict = load_state_dict(checkpoint, log)
+        state_dict = read_big_vision_params(checkpoint) if source == "big_vision" else load_state_dict(checkpoint, log)
         log(f"Assigning {len(state_dict)} tensors to {preset}:")
         model = _AUTHOR_CONVERTERS[source](state_dict, preset, dtype=dtype, progress=bar)
         peer_factory = peer_name = None
