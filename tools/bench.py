@@ -451,6 +451,9 @@ def main(argv=None):
     parser.add_argument("--cases", help=argparse.SUPPRESS)
     parser.add_argument("--accelerator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # This process only plans and reports (each case runs in a process of its own backend), but it imports Keras,
+    # whose default backend, TensorFlow, a GPU machine may lack: default to the first backend asked for.
+    os.environ.setdefault("KERAS_BACKEND", args.backends[0])
     if args.accelerator:
         import vlzoo  # noqa: F401  (as in a case's process)
 

@@ -13,6 +13,7 @@ round trip is exact.
 """
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -174,6 +175,39 @@ def check_geometry(checks, state_dict, preset):
             f"The checkpoint does not match preset {preset!r}: " + "; ".join(problems)
             + ". Pick the preset of the checkpoint's architecture, or override the preset's config."
         )
+
+
+def _layers(state_dict, prefix):
+    pattern = re.compile(re.escape(prefix) + r"transformer\.resblocks\.(\d+)\.")
+    indices = {int(m.group(1)) for key in state_dict for m in [pattern.match(key)] if m}
+    return max(indices) + 1 if indices else None
+
+
+def tower_geometry_checks(state_dict, model):
+    """`(what, key, found, expected)` for the towers of an open_clip-layout checkpoint (`visual.*` and the
+    top-level text keys, as the Llip and FLAIR authors' code keeps them) against a vlzoo model, for
+    `check_geometry`: widths, patch, positions, layer counts, MLP widths, vocabulary and context length."""
+    vision, text = model.vision, model.text
+    grid = (vision.image_size // vision.patch_size) ** 2
+
+    def dim(key, axis):
+        return key_dim(state_dict, key, axis)
+
+    return [
+        ("vision width", "visual.class_embedding", dim("visual.class_embedding", -1), vision.hidden_dim),
+        ("patch size", "visual.conv1.weight", dim("visual.conv1.weight", -1), vision.patch_size),
+        ("image positions", "visual.positional_embedding", dim("visual.positional_embedding", 0),
+         vision.num_prefix_tokens + grid),
+        ("vision layers", "visual.transformer.resblocks.*", _layers(state_dict, "visual."), vision.num_layers),
+        ("vision MLP width", "visual.transformer.resblocks.0.mlp.c_fc.weight",
+         dim("visual.transformer.resblocks.0.mlp.c_fc.weight", 0), vision.intermediate_dim),
+        ("vocabulary", "token_embedding.weight", dim("token_embedding.weight", 0), text.vocabulary_size),
+        ("text width", "token_embedding.weight", dim("token_embedding.weight", -1), text.hidden_dim),
+        ("context length", "positional_embedding", dim("positional_embedding", 0), text.sequence_length),
+        ("text layers", "transformer.resblocks.*", _layers(state_dict, ""), text.num_layers),
+        ("text MLP width", "transformer.resblocks.0.mlp.c_fc.weight",
+         dim("transformer.resblocks.0.mlp.c_fc.weight", 0), text.intermediate_dim),
+    ]
 
 
 # ----------------------------------------------------------------------------- vlzoo side

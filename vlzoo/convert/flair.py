@@ -22,7 +22,7 @@ preset supplies them.
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
-from vlzoo.convert.open_clip import text_tower_rules, tower_geometry_checks, vit_tower_rules
+from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
 
@@ -66,7 +66,7 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
         model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "flair":
         raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a FLAIR preset.")
-    checks = tower_geometry_checks(state_dict, model) + [
+    checks = C.tower_geometry_checks(state_dict, model) + [
         ("embed dim D", "image_post.proj", C.key_dim(state_dict, "image_post.proj", -1), model.embed_dim),
     ]
     C.check_geometry(checks, state_dict, preset)

@@ -21,7 +21,7 @@ the checkpoint; the vlzoo preset supplies them.
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
-from vlzoo.convert.open_clip import text_tower_rules, tower_geometry_checks, vit_tower_rules
+from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
 
@@ -116,7 +116,7 @@ def _check_geometry(state_dict, model, preset):
     checks = [
         ("mixture tokens K", "visual.class_embedding",
          None if tokens is None else (1 if len(tokens) == 1 else tokens[0]), model.vision.num_prefix_tokens),
-        *tower_geometry_checks(state_dict, model),
+        *C.tower_geometry_checks(state_dict, model),
         ("embed dim D", "text_projection", C.key_dim(state_dict, "text_projection", -1), model.embed_dim),
         ("qkv_norm", "Q_norm.weight", "Q_norm.weight" in state_dict, model.cross_attention.use_qkv_norm),
     ]
