@@ -371,6 +371,7 @@ def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_di
         assert status == 2 and message in err
 
 
+@run_once  # the command's wiring; micro-batched gradients are checked on every backend in test_gradient_caching
 def test_train_micro_batches_give_the_whole_batchs_model(preset_dir, caption_file, tmp_path, capsys):
     # Gradient caching changes the memory, not the training (test_gradient_caching checks the
     # gradients to 1e-5): the same seed, data and steps end at the same loss with --micro-batch-size 2
@@ -392,6 +393,7 @@ def test_train_micro_batches_give_the_whole_batchs_model(preset_dir, caption_fil
     assert status == 2 and "--micro-batch-size: 3 does not divide --batch-size 4" in err
 
 
+@run_once  # the command's wiring; merging, saving and loading the adapters are checked on every backend in test_lora
 def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir, adapters = tmp_path / "lora", tmp_path / "adapters.npz"

@@ -14,6 +14,7 @@ import re
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 import vlzoo
 from vlzoo._keras import without_weights
@@ -234,6 +235,7 @@ def test_safetensors_file(tmp_path):
     assert_logits_match(from_llip_checkpoint(path, "llip_tiny", **overrides(config)), inputs, outputs)
 
 
+@run_once  # the command's wiring; the converted model is checked against the fixture on every backend above
 def test_vlzoo_convert_command_writes_a_preset_with_the_authors_scores(tmp_path, capsys):
     """`vlzoo convert --from llip --preset DIR`: the saved preset scores as the authors' model."""
     from vlzoo import cli
