@@ -115,15 +115,15 @@ class SentencePieceTokenizer(_PackingTokenizer):
             )
         self._proto = bytes(proto)
         self._keras_hub_tokenizer = None
-        tok = self._backend()
         for name in ("start_token", "end_token"):
             piece = getattr(self, name)
-            if piece is not None and _as_str(
-                tok.id_to_token(tok.token_to_id(piece))
-            ) != piece:
-                raise ValueError(
-                    f"`{name}`={piece!r} is not in the SentencePiece vocabulary."
-                )
+            if piece is not None:
+                try:
+                    self.token_to_id(piece)
+                except ValueError:
+                    raise ValueError(
+                        f"`{name}`={piece!r} is not in the SentencePiece vocabulary."
+                    ) from None
 
     _set_assets = set_proto
 
