@@ -230,6 +230,9 @@ def test_forward_matches_numpy_with_tied_decoders():
     logits = to_numpy(model.image_token_logits(batch["images"]))  # (B, 1 + P, V), the App. E.1 maps
     assert logits.shape == (4, 17, 64)
     np.testing.assert_allclose(np_pool(logits, np.ones((4, 17), bool)), image, atol=2e-5)
+    logits = to_numpy(model.text_token_logits(batch))  # (B, T, V), padded positions included
+    assert logits.shape == (4, model.text.sequence_length, 64)
+    np.testing.assert_allclose(np_pool(logits, batch["padding_mask"]), text, atol=2e-5)
     scale = math.exp(float(to_numpy(model.logit_scale)))
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)),
                                scale * np_cosine(image, text), atol=1e-4)

@@ -371,6 +371,18 @@ class STAIR(ContrastiveModel):
         self._check_image_inputs(images)
         return self.image_head.logits(self.vision(images)["tokens"], self._image_table())
 
+    def text_token_logits(self, texts):
+        """Per-position vocabulary logits of the text head `(B, T, V)` (materialised; padded positions included,
+        the pooling leaves them out).
+
+        Args:
+            texts: tokenizer dict (`token_ids`, `padding_mask`, `(B, T)`) or strings.
+        """
+        inputs = self._tokenize(texts)
+        self._check_text_inputs(inputs)
+        mask = ops.cast(self._padding_mask(inputs), "bool")
+        return self.text_head.logits(self._text_tower(inputs, mask=mask)["tokens"], self.token_embeddings)
+
     def normalize_vectors(self, vectors):
         """L2 normalisation with STAIR's guard: an all-zero sparse vector stays zero."""
         return l2_normalize(vectors, epsilon=self.cosine_epsilon)

@@ -1,0 +1,141 @@
+"""How far a test's inputs keep from the ties of a family's discrete choices.
+
+Two computations of the same loss (the whole batch and its micro-batches, two
+backends, two thread counts) add the same float32 terms in different orders:
+their values agree to about 1e-6 of their scale, not bit for bit. Where the
+loss goes through a discrete choice (a max or min, a top-k, a threshold, a
+ReLU at 0), the two computations take the same branch only when the candidates
+differ by more than that. Near a tie each branch gives a valid gradient, and
+they can differ by a whole term: STAIR's max pooling with two positions
+3.7e-8 apart failed the gradient-caching test on an Intel AMX host (issue 43).
+
+A test that compares gradients or values through such a choice calls
+`assert_decision_margin(model, batch)` first: every choice of the family's
+training loss on that batch must be decided by at least `DECISION_MARGIN` of
+its values' scale: 14 times the largest difference between the whole-batch
+and the micro-batched features that decide them (7.2e-7 of their scale, on
+JAX; 3.9e-7 on TensorFlow, 2.0e-7 on PyTorch; the same with one thread and
+the ISAs capped to AVX2), so that both computations take the same branch on
+any CPU whose float32 arithmetic is IEEE's, in any summation order.
+
+The margins are computed here in float64 NumPy from the model's own features,
+independently of the library's loss code. Families whose losses are smooth
+(CLIP, SigLIP, SPARO, Llip and FLAIR: softmax, sigmoid and attention) have no
+such choice.
+"""
+
+import numpy as np
+from keras import ops
+
+from reference_token_losses import filip_keep_count
+
+DECISION_MARGIN = 1e-5
+
+
+def top_two_gap(values, axis, valid=None):
+    """`max - second max` of `values` along `axis` over the `valid` entries (inf where fewer than two)."""
+    values = np.asarray(values, np.float64)
+    if valid is not None:
+        values = np.where(valid, values, -np.inf)
+    ordered = np.sort(values, axis=axis)
+    top, second = np.take(ordered, -1, axis=axis), np.take(ordered, -2, axis=axis)
+    return np.where(np.isfinite(second), top - second, np.inf)
+
+
+def threshold_gap(values, threshold, valid=None):
+    """`|values - threshold|` over the `valid` entries (inf elsewhere)."""
+    gap = np.abs(np.asarray(values, np.float64) - threshold)
+    return gap if valid is None else np.where(valid, gap, np.inf)
+
+
+def stair_margins(model, batch):
+    """STAIR's `log1p(relu(max_j p(h_j)))` on each side: the top two real positions of every (example, vocabulary
+    entry), and the top against the ReLU's 0 (a max below 0 must stay below, a max above it must beat the second
+    position clipped at 0). Relative to the largest |logit| of that side."""
+    texts = {"token_ids": batch["token_ids"], "padding_mask": batch["padding_mask"]}
+    sides = (
+        ("text pooling", model.text_token_logits(texts), np.asarray(batch["padding_mask"], bool)),
+        ("image pooling", model.image_token_logits(batch["images"]), None),
+    )
+    margins = {}
+    for name, logits, valid in sides:
+        logits = np.asarray(ops.convert_to_numpy(logits), np.float64)  # (B, S, V)
+        valid = np.ones(logits.shape[:2], bool) if valid is None else valid
+        values = np.where(valid[:, :, None], logits, -np.inf)
+        ordered = np.sort(values, axis=1)
+        top, second = ordered[:, -1], np.maximum(ordered[:, -2], 0.0)
+        gap = np.where(top > 0.0, top - second, -top)
+        margins[name] = gap.min() / np.abs(logits).max()
+    return margins
+
+
+def filip_margins(model, batch):
+    """FILIP in training: the top-k boundary of the token dropping on each side (the `k`-th kept against the best
+    dropped real token), and the max of the late interaction over the kept tokens in both directions. Cosines:
+    the scale is 1."""
+    outputs = model(batch, training=True)
+    image, text = (_unit(ops.convert_to_numpy(outputs[key])) for key in ("image_tokens", "text_tokens"))
+    text_valid = np.asarray(ops.convert_to_numpy(outputs["text_mask"]), bool)
+    if model.selection_group_size is not None:
+        raise NotImplementedError("the margins of FILIP's grouped token selection are not computed here")
+    sims = np.einsum("ipd,jtd->ijpt", image, text)  # (B_img, B_txt, P, T)
+    sims_real = np.where(text_valid[None, :, None, :], sims, -np.inf)
+    kept, margins = [], {}
+    for name, scores, valid in (("image token selection", sims_real.max(axis=(1, 3)), None),
+                                ("text token selection", sims_real.max(axis=(0, 2)), text_valid)):
+        scores = scores if valid is None else np.where(valid, scores, -np.inf)
+        k = filip_keep_count(scores.shape[1], model.keep_ratio)
+        ordered = -np.sort(-scores, axis=1)
+        boundary = ordered[:, k - 1] - ordered[:, k] if k < scores.shape[1] else np.full(len(scores), np.inf)
+        margins[name] = np.nan_to_num(boundary, nan=np.inf, posinf=np.inf).min()
+        kept.append(np.argsort(-scores, axis=1, kind="stable")[:, :k])
+    image_kept, text_kept = kept
+    sims = np.take_along_axis(sims, image_kept[:, None, :, None], axis=2)
+    sims = np.take_along_axis(sims, text_kept[None, :, None, :], axis=3)  # (B_img, B_txt, k_P, k_T)
+    real = np.take_along_axis(text_valid, text_kept, axis=1)[None, :, None, :]
+    margins["late interaction, image tokens"] = top_two_gap(sims, axis=3, valid=real).min()
+    margins["late interaction, text tokens"] = np.where(real[..., 0, :], top_two_gap(sims, axis=2), np.inf).min()
+    return margins
+
+
+def sparc_margins(model, batch):
+    """SPARC's sparsified alignment: per real token, the min-max scaled similarities `s` of its patches keep
+    `1/P` (or `threshold`) away from the threshold, and the max and min patches are decided (their gradients
+    flow through them). `s` lies in [0, 1]: the scale is 1."""
+    outputs = model(batch, training=True)
+    patches, tokens = (np.asarray(ops.convert_to_numpy(outputs[k]), np.float64) for k in ("image_tokens", "text_tokens"))
+    valid = np.asarray(ops.convert_to_numpy(outputs["text_mask"]), bool)[:, :, None]
+    sims = np.einsum("btd,bpd->btp", tokens, patches)
+    lo, hi = sims.min(axis=-1, keepdims=True), sims.max(axis=-1, keepdims=True)
+    scaled = (sims - lo) / (hi - lo)
+    threshold = 1.0 / patches.shape[1] if model.threshold is None else model.threshold
+    return {
+        "threshold": threshold_gap(scaled, threshold, valid).min(),
+        "max patch": np.where(valid[..., 0], top_two_gap(scaled, axis=-1), np.inf).min(),
+        "min patch": np.where(valid[..., 0], top_two_gap(-scaled, axis=-1), np.inf).min(),
+    }
+
+
+FAMILY_MARGINS = {"stair": stair_margins, "filip": filip_margins, "sparc": sparc_margins}
+
+
+def decision_margins(model, batch):
+    """`{choice: relative margin}` of the family's training loss on `batch` (empty for smooth losses)."""
+    margins = FAMILY_MARGINS.get(model.family)
+    return {} if margins is None else margins(model, batch)
+
+
+def assert_decision_margin(model, batch, margin=DECISION_MARGIN):
+    """Fails, naming the choice, where `batch` brings one of the model's discrete choices within `margin` of a
+    tie: the comparison that follows would then depend on the CPU's summation order, not on the code."""
+    for choice, value in decision_margins(model, batch).items():
+        assert value >= margin, (
+            f"{model.family}'s {choice} is decided by {value:.2e} of its scale on this batch, under the {margin:.0e} "
+            "that two float32 computations need to take the same branch on every CPU: build the inputs with a "
+            "margin (another seed or smaller sizes), do not loosen the comparison."
+        )
+
+
+def _unit(x):
+    x = np.asarray(x, np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
