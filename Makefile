@@ -16,10 +16,21 @@ WORKERS ?= 2
 # same small programs; a hit loads the executable XLA compiled before, so results are unchanged.
 JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-PYTEST := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) \
-	--durations=25 $(PYTEST_ARGS) tests
+PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) \
+	--durations=25 $(PYTEST_ARGS)
+PYTEST := $(PYTEST_RUN) tests
+# `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (one
+# thread; oneDNN, XLA and ATen capped to AVX2), each on every backend. A comparison that fails only here depends
+# on the summation order, not on the code (tests/margins.py). For contributors; not part of `make test` or CI.
+NUMERICS_FILES := tests/test_gradient_caching.py tests/test_precision.py tests/test_conformance.py \
+	tests/test_contrastive_losses.py tests/test_filip_loss.py tests/test_sparc_loss.py tests/test_stair.py \
+	tests/test_degenerate.py
+PERTURBATIONS := threads isa
+threads_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
+	XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
+isa_ENV := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2
 
-.PHONY: venv demo test $(addprefix test-,$(BACKENDS)) bench presets clean
+.PHONY: venv demo test $(addprefix test-,$(BACKENDS)) test-numerics bench presets clean
 
 venv: $(STAMP)
 
@@ -47,6 +58,13 @@ test: $(STAMP)
 # One backend's pass: make test-jax, test-tensorflow or test-torch.
 $(addprefix test-,$(BACKENDS)): test-%: $(STAMP)
 	@set -e; cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; KERAS_BACKEND=$* $(PYTEST)
+
+test-numerics: $(STAMP)
+	@set -e; base=$$(mktemp -d); trap 'rm -rf "$$base"' EXIT; for p in $(PERTURBATIONS); do for b in $(BACKENDS); do \
+	  cache=$$base/$$p; echo "=== $$p: KERAS_BACKEND=$$b ==="; \
+	  case $$p in threads) env="$(threads_ENV)";; isa) env="$(isa_ENV)";; esac; \
+	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) $(NUMERICS_FILES); \
+	done; done
 
 bench: $(STAMP)
 	$(PY) tools/bench.py --markdown docs/benchmarks.md

@@ -14,6 +14,8 @@ captions through the model's tokenizer) are identical too. Recorded, under
 the key prefix `<preset>/` (e.g. `clip_tiny/encode/image/embeds`):
 
     weight_names            str (W,): paths of `model.weights` (deterministic order)
+    margin/<choice>         how far the inputs keep each discrete choice of the
+                            family's training loss from a tie (`tests/margins.py`)
     trainable_index         int (T,): index in `model.weights` of each trainable weight
     init/{i:03d}            weight i as assigned (float32)
     images, token_ids, padding_mask
@@ -62,6 +64,8 @@ import time
 
 import numpy as np
 
+from margins import decision_margins, stair_restricted_to
+
 FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny",
             "flair_tiny")
 CAPTIONS = (
@@ -79,6 +83,10 @@ LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.1
 LOGIT_SCALE = math.log(10.0)
 LOGIT_BIAS = -5.0
+# STAIR's embeddings are restricted to the captions' words and these 32 ids (`margins.stair_restricted_to`):
+# over all 30,522 entries the fixed weights put two pooled candidates 7.4e-7 of their scale apart, which the
+# backends' summation orders may decide differently. With these, every choice keeps 2.8e-4 of its scale.
+STAIR_EXTRA_IDS = range(2096, 2128)
 
 _T0 = time.perf_counter()
 
@@ -267,6 +275,9 @@ def run_family(name, record, save_preset=None):
     from vlzoo.losses import siglip_loss_chunked
 
     model = vlzoo.from_preset(name, load_weights=False)
+    if model.family == "stair":
+        words = model.tokenizer(list(CAPTIONS))["token_ids"]
+        model = vlzoo.from_preset(name, load_weights=False, **stair_restricted_to(words, STAIR_EXTRA_IDS))
     weights = model.weights
     index_of = {id(v): i for i, v in enumerate(weights)}
     record["weight_names"] = np.array([v.path for v in weights])
@@ -288,6 +299,8 @@ def run_family(name, record, save_preset=None):
     texts = {"token_ids": token_ids, "padding_mask": padding_mask}
     inputs = {"images": images, **texts}
     _phase(f"{name}: tokenized")
+    for choice, margin in decision_margins(model, inputs).items():
+        record[f"margin/{choice}"] = np.float64(margin)
 
     def forward():
         outputs = model(inputs, training=False)

@@ -14,6 +14,8 @@ from backend_utils import shared_subprocess
 import vlzoo
 from vlzoo import distribution
 
+from margins import DECISION_MARGIN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
@@ -44,6 +46,8 @@ def test_data_parallel_equals_one_device_on_the_global_batch(worker, family):
     assert worker["num_devices"] == 8
     result = next(r for r in worker["data_parallel"] if r["family"] == family)
     assert result["devices_per_weight"] == 8  # replicated on every device
+    # FILIP's, SPARC's and STAIR's maxima and thresholds are decided alike by both steps on any CPU.
+    assert all(margin >= DECISION_MARGIN for margin in result["margins"].values()), result["margins"]
     # Same loss and same update (so the same gradients) as one device holding the 16 pairs.
     assert abs(result["loss_data_parallel"] - result["loss_single"]) <= 1e-5 * max(1.0, result["loss_single"])
     assert result["weights_after_step_max_diff"] <= 1e-5

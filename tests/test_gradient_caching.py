@@ -12,7 +12,7 @@ from vlzoo import training
 from vlzoo.models.micro_batching import micro_batched
 
 from conftest import tiny_batch, to_numpy
-from margins import assert_decision_margin, threshold_gap, top_two_gap
+from margins import assert_decision_margin, margin_batch, threshold_gap, tiny_family_model, top_two_gap
 
 FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 # Every family on every backend: what depends on the backend is `keras.remat` around a micro-batch of
@@ -21,25 +21,15 @@ FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair
 # changes with its stage (stage 2 freezes the image tower): each is checked, set by hand, since one step
 # has no room for the one-`fit` schedule.
 CASES = [(family, stage) for family in FAMILIES for stage in ((1, 2, 3) if family == "stair" else (None,))]
-# FILIP, SPARC and STAIR take discrete choices (max, top-k, threshold, ReLU) that the two paths must decide
-# alike on any CPU: the batch (seed 2) keeps every choice `DECISION_MARGIN` from a tie on each backend, and STAIR
-# runs with a 32-entry vocabulary: with 30,522 entries its 2 x 8 x 30,522 pooled maxima always hold a near-tie
-# (3.7e-8 apart with seed 1, which an Intel AMX host's summation order resolved the other way, issue 43).
-BATCH_SEED = 2
-OVERRIDES = {"stair": dict(text={"vocabulary_size": 32}, embed_dim=None, excluded_token_ids=None)}
-
-
-def _model(family, **overrides):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
-        return vlzoo.from_preset(f"{family}_tiny", **OVERRIDES.get(family, {}), **overrides)
+# FILIP, SPARC and STAIR take discrete choices (max, top-k, threshold, ReLU) that both paths must decide alike
+# on any CPU: the models and the batch keep every choice a margin from ties (tests/margins.py), asserted.
 
 
 def _one_sgd_step(family, micro_batch_size, batch, stage=None):
     """The change of every trainable variable after one SGD(lr=1) step of `fit` on `batch`: minus the
     gradient (the logit-scale clamp is off so that it cannot cut the step)."""
     keras.utils.set_random_seed(0)
-    model = _model(family, logit_scale_max=None)
+    model = tiny_family_model(family, logit_scale_max=None)
     assert_decision_margin(model, batch)
     if stage is not None:
         model.set_stage(stage)
@@ -52,9 +42,7 @@ def _one_sgd_step(family, micro_batch_size, batch, stage=None):
 
 @pytest.mark.parametrize("family, stage", CASES)
 def test_micro_batched_gradients_equal_the_whole_batchs(family, stage):
-    model = _model(family)
-    batch = tiny_batch(8, seed=BATCH_SEED, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
-                       vocabulary_size=model.text.vocabulary_size)
+    batch = margin_batch(tiny_family_model(family))
     whole = _one_sgd_step(family, None, batch, stage)
     cached = _one_sgd_step(family, 2, batch, stage)
     assert sum(float(np.abs(g).sum()) for g in whole) > 0

@@ -1,16 +1,15 @@
 """Locked towers (LiT): open_clip's groups, and locked weights unchanged bit for bit by `fit`."""
 
-import warnings
 
 import keras
 import numpy as np
 import pytest
 
-import vlzoo
 from vlzoo import training
 from vlzoo.training import lock_tower, tower_groups
 
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, tiny_model, to_numpy
+from margins import assert_decision_margin, margin_batch, tiny_family_model
 
 
 def _variables(members):
@@ -87,16 +86,14 @@ CACHE_CASES = ([(family, tower) for family in CACHE_FAMILIES for tower in ("imag
 def _one_sgd_step(family, tower, cached, micro_batch_size=None):
     """The change of every trainable variable after one SGD(lr=1) step of `fit` with `tower` locked,
     on the raw pairs or on the tower's cached outputs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
-        keras.utils.set_random_seed(0)
-        model = vlzoo.from_preset(f"{family}_tiny", logit_scale_max=None)
+    keras.utils.set_random_seed(0)
+    model = tiny_family_model(family, logit_scale_max=None)
+    batch = margin_batch(model)
+    assert_decision_margin(model, batch)  # the cached and direct paths decide FILIP's, SPARC's, STAIR's choices alike
     if family == "stair":
         model.stage_fractions = None  # one step: stage 1, by hand
     lock_tower(model, tower)
     model.micro_batch_size = micro_batch_size
-    batch = tiny_batch(8, seed=1, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
-                       vocabulary_size=model.text.vocabulary_size)
     data = training.cache_tower(model, batch, tower, batch_size=3) if cached else batch
     before = _values(model.trainable_variables)
     model.compile(optimizer=keras.optimizers.SGD(1.0))
