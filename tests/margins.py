@@ -53,6 +53,13 @@ def top_two_gap(values, axis, valid=None):
     return np.where(np.isfinite(second), top - second, np.inf)
 
 
+def ranking_gap(scores, axis=1):
+    """The smallest gap between two entries of `scores` along `axis` (a ranking, a top-k or an argmax over that
+    axis is decided by at least this much)."""
+    ordered = np.sort(np.asarray(scores, np.float64), axis=axis)
+    return float(np.diff(ordered, axis=axis).min())
+
+
 def threshold_gap(values, threshold, valid=None):
     """`|values - threshold|` over the `valid` entries (inf elsewhere)."""
     gap = np.abs(np.asarray(values, np.float64) - threshold)

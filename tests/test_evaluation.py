@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_batch, to_numpy
+from margins import DECISION_MARGIN, ranking_gap
 from keras import ops
 
 import vlzoo
@@ -255,6 +256,8 @@ def test_retrieval_recall_matches_model_similarity(name):
         assert not np.allclose(i2t, t2i)
     else:
         i2t = t2i = to_numpy(model.similarity(images, tokens, **kwargs))
+    # Batches of 4 and one call rank alike: no two scores of a ranking within rounding of each other.
+    assert min(ranking_gap(i2t, axis=1), ranking_gap(t2i, axis=0)) >= DECISION_MARGIN * np.abs(i2t).max()
     assert result == pytest.approx(recall_at_k(i2t, CAPTION_IMAGE_IDS, ks=(1, 2, 3), t2i_scores=t2i))
     # Token dicts are accepted as well as strings.
     assert retrieval_recall(model, images, tokens, CAPTION_IMAGE_IDS, ks=(1, 2, 3), **kwargs) == result
@@ -293,6 +296,9 @@ def test_embedding_mean_matches_numpy(name):
     np.testing.assert_allclose(to_numpy(classifier(images)), reference, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(classifier.scores(images, batch_size=3), reference, rtol=1e-4, atol=1e-4)
     labels = labels_from(reference)
+    # The classifier's float32 scores round the reference's (about 1e-6 of their scale, under the tolerance
+    # above): with every ranking decided by DECISION_MARGIN of the scale, its rankings are the reference's.
+    assert ranking_gap(reference) >= DECISION_MARGIN * np.abs(reference).max()
     expected = topk_reference(reference, labels, (1, 3, 5))
     assert expected["top1"] == 0.5 and expected["top3"] == 1.0
     assert classifier.accuracy(images, labels, top_k=(1, 3, 5), batch_size=3) == expected
@@ -313,6 +319,7 @@ def test_filip_classifier_is_its_ensemble_scores():
                     for t in TEMPLATES]
     np.testing.assert_allclose(scores, np.mean(per_template, axis=0), rtol=1e-5, atol=1e-5)
     labels = labels_from(own)
+    assert ranking_gap(own) >= DECISION_MARGIN * np.abs(own).max()  # batches of 5 rank as one call
     assert classifier.accuracy(images, labels, top_k=(1, 3), batch_size=5) == topk_reference(own, labels, (1, 3))
 
 
@@ -329,6 +336,7 @@ def test_llip_classifier_is_its_ensemble_scores():
     np.testing.assert_allclose(to_numpy(cold(images)), cold_own, rtol=1e-5, atol=1e-5)
     assert not np.allclose(cold_own, own)
     labels = labels_from(own)
+    assert ranking_gap(own) >= DECISION_MARGIN * np.abs(own).max()
     assert classifier.accuracy(images, labels, top_k=(1, 2), batch_size=3) == topk_reference(own, labels, (1, 2))
 
 
@@ -342,6 +350,10 @@ def test_sparo_slot_restriction():
     assert not np.allclose(reference, embedding_mean_reference(model, images), atol=1e-3)
     # One slot at a time: the same accuracies as SPARO's own per-slot selection criterion.
     labels = labels_from(embedding_mean_reference(model, images))
+    # Each slot's scores rank the classes with a margin: both paths rank alike.
+    for slot in range(model.num_slots):
+        single = embedding_mean_reference(model, images, slots=[slot])
+        assert ranking_gap(single) >= DECISION_MARGIN * np.abs(single).max(), slot
     own = to_numpy(slot_zero_shot_accuracy(model, images, labels, class_texts(model)))
     ours = [zero_shot_accuracy(model, images, labels, CLASS_NAMES, TEMPLATES, top_k=1, slots=[slot])["top1"]
             for slot in range(model.num_slots)]
@@ -449,7 +461,12 @@ def test_callbacks_log_into_history():
     assert len(history["loss"]) == len(history["val_zeroshot_top1"]) == len(history["val_zeroshot_top2"]) == 2
     assert set(history) >= {"val_i2t_r@1", "val_i2t_r@5", "val_t2i_r@1", "val_t2i_r@5"}
     assert all(len(history[f"val_{d}_r@{k}"]) == 1 for d in ("i2t", "t2i") for k in (1, 5))
-    # The logged values are those of the trained model at the end of the last epoch.
+    # The logged values are those of the trained model at the end of the last epoch, computed in other batches
+    # than below: the trained model's scores rank with a margin, so both computations rank alike.
+    scores = to_numpy(zero_shot_classifier(model, CLASS_NAMES, TEMPLATES)(images))
+    similarity = to_numpy(model.similarity(images, model.tokenizer(CAPTIONS)))
+    for values, axis in ((scores, 1), (similarity, 1), (similarity, 0)):
+        assert ranking_gap(values, axis) >= DECISION_MARGIN * np.abs(values).max()
     assert history["val_zeroshot_top1"][-1] == zero_shot_accuracy(
         model, images, labels, CLASS_NAMES, TEMPLATES, top_k=1)["top1"]
     recall = retrieval_recall(model, images, CAPTIONS, CAPTION_IMAGE_IDS, ks=(1, 5))
