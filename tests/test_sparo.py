@@ -11,6 +11,7 @@ import reference
 import reference_towers as ref
 from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
+from margins import DECISION_MARGIN, ranking_gap
 
 import vlzoo
 from vlzoo import registry
@@ -83,18 +84,23 @@ def np_mean_slot_cosine(y_img, y_txt, slot_dim, slots=None):
     return np.mean([a[:, s] @ b[:, s].T for s in chosen], axis=0)
 
 
-def np_slot_accuracy(image_embeds, class_embeds, labels, slot_dim):
-    """Per-slot prompt-ensembled zero-shot accuracy, loops over slots and images."""
+def np_slot_scores(image_embeds, class_embeds, slot_dim):
+    """`(L, N, C)` cosines of every slot of every image with its prompt-ensembled class weights, by loops."""
     n, c, k = image_embeds.shape[0], class_embeds.shape[0], class_embeds.shape[1]
     num_slots = image_embeds.shape[1] // slot_dim
     img = image_embeds.reshape(n, num_slots, slot_dim)
     txt = class_embeds.reshape(c, k, num_slots, slot_dim)
-    acc = np.zeros(num_slots)
+    scores = np.zeros((num_slots, n, c))
     for slot in range(num_slots):
         weights = reference.l2_normalize(reference.l2_normalize(txt[:, :, slot]).mean(1))
         for i in range(n):
-            acc[slot] += np.argmax(weights @ reference.l2_normalize(img[i, slot])) == labels[i]
-    return acc / n
+            scores[slot, i] = weights @ reference.l2_normalize(img[i, slot])
+    return scores
+
+
+def np_slot_accuracy(image_embeds, class_embeds, labels, slot_dim):
+    """Per-slot prompt-ensembled zero-shot accuracy `(L,)`."""
+    return np.mean(np.argmax(np_slot_scores(image_embeds, class_embeds, slot_dim), axis=2) == labels, axis=1)
 
 
 # ---------------------------------------------------------------- builders
@@ -412,7 +418,10 @@ def test_model_ranks_slots_by_zero_shot_accuracy():
     class_texts = {key: prompts[key].reshape(3, 2, -1) for key in ("token_ids", "padding_mask")}
     acc = to_numpy(slot_zero_shot_accuracy(model, batch["images"], labels, class_texts))
     class_embeds = to_numpy(model.encode_text(prompts)["embeds"]).reshape(3, 2, L * V)
-    expected = np_slot_accuracy(to_numpy(model.encode_image(batch["images"])["embeds"]), class_embeds, labels, V)
+    image_embeds = to_numpy(model.encode_image(batch["images"])["embeds"])
+    # Every image's best class wins in every slot by a margin: the model's argmaxes are the reference's.
+    assert min(ranking_gap(scores, axis=1) for scores in np_slot_scores(image_embeds, class_embeds, V)) >= DECISION_MARGIN
+    expected = np_slot_accuracy(image_embeds, class_embeds, labels, V)
     np.testing.assert_allclose(acc, expected, atol=1e-6)
     np.testing.assert_array_equal(select_slots(model, batch["images"], labels, class_texts, top_k=2),
                                   np.argsort(-expected, kind="stable")[:2])
