@@ -49,8 +49,11 @@ def top_two_gap(values, axis, valid=None):
     if valid is not None:
         values = np.where(valid, values, -np.inf)
     ordered = np.sort(values, axis=axis)
+    if ordered.shape[axis] < 2:
+        return np.full(np.delete(ordered.shape, axis), np.inf)
     top, second = np.take(ordered, -1, axis=axis), np.take(ordered, -2, axis=axis)
-    return np.where(np.isfinite(second), top - second, np.inf)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where fewer than two are valid
+        return np.where(np.isfinite(second), top - second, np.inf)
 
 
 def ranking_gap(scores, axis=1):
@@ -60,81 +63,112 @@ def ranking_gap(scores, axis=1):
     return float(np.diff(ordered, axis=axis).min())
 
 
+def target_gap(scores, targets):
+    """The smallest gap between a row's target entry `scores[i, targets[i]]` and any other entry of that row:
+    the target's rank (a top-k hit, a recall) is decided by at least this much."""
+    scores = np.asarray(scores, np.float64)
+    rows = np.arange(len(scores))
+    gaps = np.abs(scores - scores[rows, targets][:, None])
+    gaps[rows, targets] = np.inf
+    return float(gaps.min())
+
+
 def threshold_gap(values, threshold, valid=None):
     """`|values - threshold|` over the `valid` entries (inf elsewhere)."""
     gap = np.abs(np.asarray(values, np.float64) - threshold)
     return gap if valid is None else np.where(valid, gap, np.inf)
 
 
+def pooling_margin(logits, valid=None):
+    """STAIR's `log1p(relu(max_j logits[:, j]))`: the top two valid positions of every (example, vocabulary entry),
+    and the top against the ReLU's 0 (a max below 0 must stay below; one above it must beat the second position
+    clipped at 0). `logits` `(B, S, V)`, `valid` `(B, S)` bool; relative to the largest |logit|."""
+    logits = np.asarray(logits, np.float64)
+    valid = np.ones(logits.shape[:2], bool) if valid is None else np.asarray(valid, bool)
+    ordered = np.sort(np.where(valid[:, :, None], logits, -np.inf), axis=1)
+    top = ordered[:, -1]
+    second = np.maximum(ordered[:, -2], 0.0) if logits.shape[1] > 1 else np.zeros_like(top)
+    gap = np.where(top > 0.0, top - second, np.where(np.isfinite(top), -top, np.inf))
+    return float(gap.min() / max(np.abs(logits).max(), np.finfo(np.float64).tiny))
+
+
+def late_interaction_margins(image, text, text_valid, image_valid=None):
+    """FILIP's token-wise maxima, both directions: each real image token's best real text token of every caption
+    (`S_I`), each real text token's best image token of every image (`S_T`). Tokens `(B_i, P, D)`, `(B_t, T, D)`
+    (normalised here), masks `(B_t, T)` and `(B_i, P)` bool. Cosines: the scale is 1."""
+    text_valid = np.asarray(text_valid, bool)
+    image_valid = np.ones(np.shape(image)[:2], bool) if image_valid is None else np.asarray(image_valid, bool)
+    sims = np.einsum("ipd,jtd->ijpt", _unit(image), _unit(text))  # (B_i, B_t, P, T)
+    by_text = top_two_gap(sims, axis=3, valid=text_valid[None, :, None, :])  # (B_i, B_t, P)
+    by_image = top_two_gap(sims, axis=2, valid=image_valid[:, None, :, None])  # (B_i, B_t, T)
+    return {"late interaction, image tokens": np.where(image_valid[:, None, :], by_text, np.inf).min(),
+            "late interaction, text tokens": np.where(text_valid[None, :, :], by_image, np.inf).min()}
+
+
+def sparc_alignment_margins(patches, tokens, token_valid, threshold=None, epsilon=1e-5):
+    """SPARC's sparsified alignment of each real token: its patches' min-max scaled similarities `s` keep away
+    from the threshold (`1/P` by default), its max and min patches are decided (the gradients flow through
+    them), and the spread of its similarities (over `|t| max_p |v_p|`) is away from `epsilon`, below which a row
+    is uniform. Embeddings `(B, P, D)`, `(B, T, D)`; mask `(B, T)` bool. `s` lies in [0, 1]: the scale is 1."""
+    patches, tokens = np.asarray(patches, np.float64), np.asarray(tokens, np.float64)
+    valid = np.asarray(token_valid, bool)
+    bound = np.linalg.norm(tokens, axis=-1, keepdims=True) * np.linalg.norm(patches, axis=-1).max(-1)[:, None, None]
+    sims = np.einsum("btd,bpd->btp", tokens, patches) / np.where(bound > 0, bound, 1.0)
+    lo, hi = sims.min(axis=-1, keepdims=True), sims.max(axis=-1, keepdims=True)
+    span = hi - lo
+    # A spread of exactly 0 (identical patches, one patch) is exact in every summation order: a uniform row.
+    flat = (span == 0.0)[..., 0]
+    scaled = (sims - lo) / np.where(span > 0, span, 1.0)
+    threshold = 1.0 / patches.shape[1] if threshold is None else threshold
+    decided = (valid & ~flat)[:, :, None]
+    return {
+        "threshold": threshold_gap(scaled, threshold, decided).min(),
+        "max patch": np.where(decided[..., 0], top_two_gap(scaled, axis=-1), np.inf).min(),
+        "min patch": np.where(decided[..., 0], top_two_gap(-scaled, axis=-1), np.inf).min(),
+        "uniform row": np.where(decided[..., 0], np.abs(span[..., 0] - epsilon) / epsilon, np.inf).min(),
+    }
+
+
 def stair_margins(model, batch):
-    """STAIR's `log1p(relu(max_j p(h_j)))` on each side: the top two real positions of every (example, vocabulary
-    entry), and the top against the ReLU's 0 (a max below 0 must stay below, a max above it must beat the second
-    position clipped at 0). Relative to the largest |logit| of that side."""
+    """STAIR's pooling of both towers' vocabulary logits (`pooling_margin`)."""
     texts = {"token_ids": batch["token_ids"], "padding_mask": batch["padding_mask"]}
-    sides = (
-        ("text pooling", model.text_token_logits(texts), np.asarray(batch["padding_mask"], bool)),
-        ("image pooling", model.image_token_logits(batch["images"]), None),
-    )
     # With `zero_excluded` the excluded entries are multiplied by 0: their choices carry no gradient.
     columns = np.flatnonzero(model._keep) if model.zero_excluded else slice(None)
-    margins = {}
-    for name, logits, valid in sides:
-        logits = np.asarray(ops.convert_to_numpy(logits), np.float64)[:, :, columns]  # (B, S, V kept)
-        valid = np.ones(logits.shape[:2], bool) if valid is None else valid
-        values = np.where(valid[:, :, None], logits, -np.inf)
-        ordered = np.sort(values, axis=1)
-        top, second = ordered[:, -1], np.maximum(ordered[:, -2], 0.0)
-        gap = np.where(top > 0.0, top - second, -top)
-        margins[name] = gap.min() / np.abs(logits).max()
-    return margins
+    return {
+        "text pooling": pooling_margin(ops.convert_to_numpy(model.text_token_logits(texts))[:, :, columns],
+                                       batch["padding_mask"]),
+        "image pooling": pooling_margin(ops.convert_to_numpy(model.image_token_logits(batch["images"]))[:, :, columns]),
+    }
 
 
 def filip_margins(model, batch):
     """FILIP in training: the top-k boundary of the token dropping on each side (the `k`-th kept against the best
-    dropped real token), and the max of the late interaction over the kept tokens in both directions. Cosines:
-    the scale is 1."""
+    dropped real token), then the late interaction's maxima over the kept tokens (`late_interaction_margins`)."""
+    if model.selection_group_size is not None:
+        raise NotImplementedError("the margins of FILIP's grouped token selection are not computed here")
     outputs = model(batch, training=True)
     image, text = (_unit(ops.convert_to_numpy(outputs[key])) for key in ("image_tokens", "text_tokens"))
     text_valid = np.asarray(ops.convert_to_numpy(outputs["text_mask"]), bool)
-    if model.selection_group_size is not None:
-        raise NotImplementedError("the margins of FILIP's grouped token selection are not computed here")
-    sims = np.einsum("ipd,jtd->ijpt", image, text)  # (B_img, B_txt, P, T)
-    sims_real = np.where(text_valid[None, :, None, :], sims, -np.inf)
+    sims = np.einsum("ipd,jtd->ijpt", image, text)  # (B_i, B_t, P, T)
+    sims = np.where(text_valid[None, :, None, :], sims, -np.inf)  # scores against real tokens only
     kept, margins = [], {}
-    for name, scores, valid in (("image token selection", sims_real.max(axis=(1, 3)), None),
-                                ("text token selection", sims_real.max(axis=(0, 2)), text_valid)):
-        scores = scores if valid is None else np.where(valid, scores, -np.inf)
+    for name, scores in (("image token selection", sims.max(axis=(1, 3))),
+                         ("text token selection", sims.max(axis=(0, 2)))):
         k = filip_keep_count(scores.shape[1], model.keep_ratio)
         ordered = -np.sort(-scores, axis=1)
         boundary = ordered[:, k - 1] - ordered[:, k] if k < scores.shape[1] else np.full(len(scores), np.inf)
         margins[name] = np.nan_to_num(boundary, nan=np.inf, posinf=np.inf).min()
         kept.append(np.argsort(-scores, axis=1, kind="stable")[:, :k])
     image_kept, text_kept = kept
-    sims = np.take_along_axis(sims, image_kept[:, None, :, None], axis=2)
-    sims = np.take_along_axis(sims, text_kept[None, :, None, :], axis=3)  # (B_img, B_txt, k_P, k_T)
-    real = np.take_along_axis(text_valid, text_kept, axis=1)[None, :, None, :]
-    margins["late interaction, image tokens"] = top_two_gap(sims, axis=3, valid=real).min()
-    margins["late interaction, text tokens"] = np.where(real[..., 0, :], top_two_gap(sims, axis=2), np.inf).min()
-    return margins
+    image, text = (np.take_along_axis(x, i[..., None], axis=1) for x, i in ((image, image_kept), (text, text_kept)))
+    return {**margins, **late_interaction_margins(image, text, np.take_along_axis(text_valid, text_kept, axis=1))}
 
 
 def sparc_margins(model, batch):
-    """SPARC's sparsified alignment: per real token, the min-max scaled similarities `s` of its patches keep
-    `1/P` (or `threshold`) away from the threshold, and the max and min patches are decided (their gradients
-    flow through them). `s` lies in [0, 1]: the scale is 1."""
+    """SPARC's sparsified alignment of the model's token embeddings (`sparc_alignment_margins`)."""
     outputs = model(batch, training=True)
-    patches, tokens = (np.asarray(ops.convert_to_numpy(outputs[key]), np.float64)
-                       for key in ("image_tokens", "text_tokens"))
-    valid = np.asarray(ops.convert_to_numpy(outputs["text_mask"]), bool)[:, :, None]
-    sims = np.einsum("btd,bpd->btp", tokens, patches)
-    lo, hi = sims.min(axis=-1, keepdims=True), sims.max(axis=-1, keepdims=True)
-    scaled = (sims - lo) / (hi - lo)
-    threshold = 1.0 / patches.shape[1] if model.threshold is None else model.threshold
-    return {
-        "threshold": threshold_gap(scaled, threshold, valid).min(),
-        "max patch": np.where(valid[..., 0], top_two_gap(scaled, axis=-1), np.inf).min(),
-        "min patch": np.where(valid[..., 0], top_two_gap(-scaled, axis=-1), np.inf).min(),
-    }
+    return sparc_alignment_margins(*(ops.convert_to_numpy(outputs[key]) for key in ("image_tokens", "text_tokens")),
+                                   ops.convert_to_numpy(outputs["text_mask"]), model.threshold)
 
 
 def stair_restricted_to(token_ids, extra_ids):
