@@ -62,6 +62,12 @@ def test_index_ranks_exactly_as_dense_scoring():
     queries = sparse_collection(25, seed=2)
     index = retrieval.SparseIndex(64).add(docs[:120]).add(docs[120:])  # two batches
     dense = to_numpy(stair_logits(queries, docs, 1.0))  # the model's (unscaled) score
+    # The dense float32 scores (a few products of normalised vectors each) are within 6 ulps of the index's float64
+    # ones: distinct scores 16 ulps apart keep their order in both; the equal ones are the zeros, exact in both.
+    assert (np.abs(index.scores(queries) - dense) <= 6 * np.spacing(np.abs(dense))).all()
+    ordered = np.sort(dense, axis=1)
+    gaps, upper = np.diff(ordered, axis=1), ordered[:, 1:]
+    assert (upper[gaps == 0] == 0).all() and (gaps[gaps > 0] >= 16 * np.spacing(np.abs(upper[gaps > 0]))).all()
     ids, scores = index.search(queries, k=10)
     assert ids.shape == (25, 10) and scores.dtype == np.float32
     np.testing.assert_array_equal(ids, np.argsort(-dense, axis=1, kind="stable")[:, :10])
