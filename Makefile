@@ -60,11 +60,11 @@ $(addprefix test-,$(BACKENDS)): test-%: $(STAMP)
 	@set -e; cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; KERAS_BACKEND=$* $(PYTEST)
 
 test-numerics: $(STAMP)
-	@set -e; base=$$(mktemp -d); trap 'rm -rf "$$base"' EXIT; for p in $(PERTURBATIONS); do for b in $(BACKENDS); do \
+	@base=$$(mktemp -d); trap 'rm -rf "$$base"' EXIT; failed=; for p in $(PERTURBATIONS); do for b in $(BACKENDS); do \
 	  cache=$$base/$$p; echo "=== $$p: KERAS_BACKEND=$$b ==="; \
 	  case $$p in threads) env="$(threads_ENV)";; isa) env="$(isa_ENV)";; esac; \
-	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) $(NUMERICS_FILES); \
-	done; done
+	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) $(NUMERICS_FILES) || failed="$$failed $$p/$$b"; \
+	done; done; if [ -n "$$failed" ]; then echo "test-numerics failed:$$failed"; exit 1; fi
 
 bench: $(STAMP)
 	$(PY) tools/bench.py --markdown docs/benchmarks.md
