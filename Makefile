@@ -25,10 +25,13 @@ PYTEST := $(PYTEST_RUN) tests
 NUMERICS_FILES := tests/test_gradient_caching.py tests/test_precision.py tests/test_conformance.py \
 	tests/test_contrastive_losses.py tests/test_filip_loss.py tests/test_sparc_loss.py tests/test_stair.py \
 	tests/test_degenerate.py tests/test_properties.py tests/test_locking.py
-PERTURBATIONS := threads isa
+PERTURBATIONS ?= threads isa
 threads_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
 	XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
 isa_ENV := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2
+# TensorFlow reads the CPU's own flags and sends bfloat16 convolutions to oneDNN, which has no kernel for them
+# once capped to AVX2 (an AVX2 CPU gets TensorFlow's Eigen kernels instead): its bfloat16 tests sit that pass out.
+isa_tensorflow_ARGS := -k "not bfloat16"
 
 .PHONY: venv demo test $(addprefix test-,$(BACKENDS)) test-numerics bench presets clean
 
@@ -63,7 +66,8 @@ test-numerics: $(STAMP)
 	@base=$$(mktemp -d); trap 'rm -rf "$$base"' EXIT; failed=; for p in $(PERTURBATIONS); do for b in $(BACKENDS); do \
 	  cache=$$base/$$p; echo "=== $$p: KERAS_BACKEND=$$b ==="; \
 	  case $$p in threads) env="$(threads_ENV)";; isa) env="$(isa_ENV)";; esac; \
-	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) $(NUMERICS_FILES) || failed="$$failed $$p/$$b"; \
+	  if [ $$p/$$b = isa/tensorflow ]; then set -- $(isa_tensorflow_ARGS); else set --; fi; \
+	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) "$$@" $(NUMERICS_FILES) || failed="$$failed $$p/$$b"; \
 	done; done; if [ -n "$$failed" ]; then echo "test-numerics failed:$$failed"; exit 1; fi
 
 bench: $(STAMP)
