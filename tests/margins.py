@@ -30,8 +30,11 @@ import numpy as np
 from keras import ops
 
 import vlzoo
+from vlzoo.models.stair import BERT_SPECIAL_IDS
+from vlzoo.tokenizers import BERT_UNCASED_VOCABULARY_SIZE
 
 from conftest import tiny_batch
+from reference import l2_normalize
 from reference_token_losses import filip_keep_count
 
 DECISION_MARGIN = 1e-5
@@ -98,7 +101,7 @@ def late_interaction_margins(image, text, text_valid, image_valid=None):
     (normalised here), masks `(B_t, T)` and `(B_i, P)` bool. Cosines: the scale is 1."""
     text_valid = np.asarray(text_valid, bool)
     image_valid = np.ones(np.shape(image)[:2], bool) if image_valid is None else np.asarray(image_valid, bool)
-    sims = np.einsum("ipd,jtd->ijpt", _unit(image), _unit(text))  # (B_i, B_t, P, T)
+    sims = np.einsum("ipd,jtd->ijpt", l2_normalize(image), l2_normalize(text))  # (B_i, B_t, P, T)
     by_text = top_two_gap(sims, axis=3, valid=text_valid[None, :, None, :])  # (B_i, B_t, P)
     by_image = top_two_gap(sims, axis=2, valid=image_valid[:, None, :, None])  # (B_i, B_t, T)
     return {"late interaction, image tokens": np.where(image_valid[:, None, :], by_text, np.inf).min(),
@@ -147,7 +150,7 @@ def filip_margins(model, batch):
     if model.selection_group_size is not None:
         raise NotImplementedError("the margins of FILIP's grouped token selection are not computed here")
     outputs = model(batch, training=True)
-    image, text = (_unit(ops.convert_to_numpy(outputs[key])) for key in ("image_tokens", "text_tokens"))
+    image, text = (l2_normalize(ops.convert_to_numpy(outputs[key])) for key in ("image_tokens", "text_tokens"))
     text_valid = np.asarray(ops.convert_to_numpy(outputs["text_mask"]), bool)
     sims = np.einsum("ipd,jtd->ijpt", image, text)  # (B_i, B_t, P, T)
     sims = np.where(text_valid[None, :, None, :], sims, -np.inf)  # scores against real tokens only
@@ -175,8 +178,8 @@ def stair_restricted_to(token_ids, extra_ids):
     """STAIR overrides that zero every vocabulary entry but the real words of `token_ids` (BERT's specials,
     ids below 999, stay excluded) and `extra_ids`: a few hundred pooled maxima instead of 2 x B x 30,522, which
     random weights cannot all keep from ties. For tests whose captions come from STAIR's own tokenizer."""
-    kept = {int(i) for i in np.unique(token_ids) if i >= 999} | {int(i) for i in extra_ids}
-    return dict(zero_excluded=True, excluded_token_ids=sorted(set(range(30_522)) - kept))
+    kept = {int(i) for i in np.unique(token_ids) if i >= BERT_SPECIAL_IDS} | {int(i) for i in extra_ids}
+    return dict(zero_excluded=True, excluded_token_ids=sorted(set(range(BERT_UNCASED_VOCABULARY_SIZE)) - kept))
 
 
 FAMILY_MARGINS = {"stair": stair_margins, "filip": filip_margins, "sparc": sparc_margins}
@@ -217,8 +220,3 @@ def margin_batch(model, batch_size=8):
     """`tiny_batch(batch_size, seed=MARGIN_SEED)` shaped for `model`."""
     return tiny_batch(batch_size, seed=MARGIN_SEED, image_size=model.vision.image_size,
                       sequence_length=model.text.sequence_length, vocabulary_size=model.text.vocabulary_size)
-
-
-def _unit(x):
-    x = np.asarray(x, np.float64)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)

@@ -1,6 +1,5 @@
 """Locked towers (LiT): open_clip's groups, and locked weights unchanged bit for bit by `fit`."""
 
-
 import keras
 import numpy as np
 import pytest

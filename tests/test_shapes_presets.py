@@ -22,7 +22,6 @@ from conftest import to_numpy
 from margins import DECISION_MARGIN
 from vlzoo import presets
 from vlzoo.data import shapes
-from vlzoo.data.shapes import SWAPS
 from vlzoo.evaluation import recall_at_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +79,7 @@ def _held_out(model, retrieval_only=False):
             ties[f"{direction}_r@{k}"] = share(lambda d: (gaps < d).any(axis=axis), scores)
     if retrieval_only:
         return metrics, ties
-    for offset, swap in enumerate(SWAPS, start=1):
+    for offset, swap in enumerate(shapes.SWAPS, start=1):
         pairs = shapes.binding_pairs("test", 300, swap=swap, image_size=model.vision.image_size, seed=offset)
         image, true = _embeddings(model, pairs["images"], pairs["captions"])
         swapped = model.encode_text(model.tokenizer(pairs["swapped_captions"]))
@@ -89,8 +88,8 @@ def _held_out(model, retrieval_only=False):
         metrics[f"binding_{swap}"] = float(np.mean(right > wrong))  # a tie counts as a failure
         ties[f"binding_{swap}"] = share(lambda d: np.abs(right - wrong) < d, np.concatenate([right, wrong]))
     for values in (metrics, ties):
-        values["binding_mean"] = float(np.mean([values[f"binding_{swap}"] for swap in SWAPS]))
-    data = shapes.classification(10, seed=len(SWAPS) + 1, image_size=model.vision.image_size)
+        values["binding_mean"] = float(np.mean([values[f"binding_{swap}"] for swap in shapes.SWAPS]))
+    data = shapes.classification(10, seed=len(shapes.SWAPS) + 1, image_size=model.vision.image_size)
     scores = to_numpy(model.score(*_embeddings(model, data["images"], ["a " + c for c in data["class_names"]])))
     ordered = np.sort(scores, axis=1)
     metrics["zero_shot_accuracy"] = float(np.mean(np.argmax(scores, axis=1) == data["labels"]))
