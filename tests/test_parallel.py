@@ -1,0 +1,132 @@
+"""Training over several processes: the global batch's step on every backend (`vlzoo.parallel`).
+
+Each launch starts real processes on 127.0.0.1 (`tests/parallel_worker.py`: 2 torchrun ranks with gloo on
+PyTorch), each holding half of a global batch of 8 pairs, and checks the loss, the gradients and the weights
+after one AdamW step of every family against the same steps of this process on the whole batch.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from margins import assert_decision_margin, margin_batch, tiny_family_model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parallel_worker  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "parallel_worker.py")
+TORCH_ONLY = pytest.mark.skipif(keras.backend.backend() != "torch", reason="the torchrun launch")
+TOLERANCE = 1e-5  # of each tensor's scale
+# A gradient that is exactly 0 in exact arithmetic (attention key biases: the softmax over keys ignores a shift
+# common to all keys) comes out of float32 as rounding noise of its terms, which depends on the summation order.
+# Its scale is taken as at least GRADIENT_FLOOR of the model's largest gradient, the size of those terms.
+GRADIENT_FLOOR = 1e-3
+# Adam's first update is lr * g / (|g| + eps), eps = 1e-7: where |g| is not far above eps, it turns a
+# difference of rounding noise in g into one of order lr. Entries whose gradient is below ADAM_SETTLED
+# are compared through their gradient only.
+ADAM_SETTLED = 1e-4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_launch(argv, env, timeout=600):
+    """Runs a launcher to its end; kills its whole process group on a timeout or an error."""
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def torchrun_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torchrun")
+    env = dict(os.environ, KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    run_launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}", WORKER, str(out)], env)
+    return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(2)]
+
+
+def single_process_steps(family):
+    """The worker's two steps in this process, on the whole global batch, from rank 0's weights."""
+    results = {}
+    optimizers = {"sgd": keras.optimizers.SGD(1.0), "adamw": keras.optimizers.AdamW(**parallel_worker.ADAMW)}
+    for name, optimizer in optimizers.items():
+        keras.utils.set_random_seed(1000)
+        model = tiny_family_model(family)
+        batch = margin_batch(model, parallel_worker.GLOBAL_BATCH)
+        if name == "sgd":
+            assert_decision_margin(model, batch)
+            results["before"] = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_weights}
+        model.compile(optimizer=optimizer)
+        results[f"loss_{name}"] = float(model.train_on_batch(batch, return_dict=True)["loss"])
+        results[f"{name}_after"] = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+    results["gradients"] = {path: results["before"][path] - results["sgd_after"][path] for path in results["before"]}
+    return results
+
+
+def relative_difference(a, b, floor=0.0, where=None):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if where is not None:
+        a, b = a[where], b[where]
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor, 1e-30)) if b.size else 0.0
+
+
+def check_against_single_process(records, family):
+    single = single_process_steps(family)
+    for rank, record in enumerate(records):
+        for name in ("sgd", "adamw"):
+            assert abs(record[f"{family}/loss_{name}"] - single[f"loss_{name}"]) <= TOLERANCE * single[f"loss_{name}"]
+        worst = {}
+        gradients = single["gradients"]
+        floor = GRADIENT_FLOOR * max(float(np.max(np.abs(g))) for g in gradients.values())
+        for path, gradient in gradients.items():
+            # The launch's weights after the SGD step are its start (rank 0's, broadcast) minus its gradient.
+            launched = single["before"][path] - record[f"{family}/sgd_after/{path}"]
+            worst[f"gradient {path}"] = relative_difference(launched, gradient, floor)
+        for path, weight in single["adamw_after"].items():
+            settled = np.abs(gradients[path]) >= ADAM_SETTLED if path in gradients else None
+            worst[f"adamw {path}"] = relative_difference(record[f"{family}/adamw_after/{path}"], weight,
+                                                         where=settled)
+        assert max(worst.values()) <= TOLERANCE, (rank, sorted(worst.items(), key=lambda kv: -kv[1])[:3])
+    return single
+
+
+@TORCH_ONLY
+@pytest.mark.parametrize("family", parallel_worker.FAMILIES)
+def test_torchrun_step_is_the_global_batch_step(torchrun_records, family):
+    single = check_against_single_process(torchrun_records, family)
+    # The ranks did not train alone: a rank's 4 pairs give another loss than the global batch's 8.
+    keras.utils.set_random_seed(1000)
+    model = tiny_family_model(family)
+    model.compile(optimizer="sgd")
+    half = {k: v[:4] for k, v in margin_batch(model, parallel_worker.GLOBAL_BATCH).items()}
+    assert abs(float(model.test_on_batch(half, return_dict=True)["loss"]) - single["loss_sgd"]) > 1e-3
+
+
+@TORCH_ONLY
+@pytest.mark.parametrize("variable", ["WORLD_SIZE", "SLURM_NTASKS"])
+def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, variable):
+    monkeypatch.setenv(variable, "2")
+    model = tiny_family_model("clip")
+    model.compile(optimizer="sgd")
+    batch = margin_batch(model, 4)
+    with pytest.raises(RuntimeError, match=f"one of 2 launched together \\({variable}=2\\).*not initialised"):
+        model.fit(batch, epochs=1, verbose=0)
+    with pytest.raises(RuntimeError, match="vlzoo.parallel.initialize"):
+        model.train_on_batch(batch)

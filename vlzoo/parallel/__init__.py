@@ -1,0 +1,52 @@
+"""One training step over several processes or devices: the global batch's loss on every backend.
+
+The contrastive losses compare every image with every caption of the batch, so
+a step that spans several devices must see the *global* batch: each device
+encodes its own pairs, then the outputs of every device are gathered (with
+their gradients) before the family's loss. This package holds what differs per
+backend, behind four functions that `ContrastiveModel` calls:
+
+- `world_size()`: how many replicas one step spans (1 when training alone).
+- `gather_batch(outputs)`: `call`'s outputs of every replica, concatenated on
+  the batch axis in replica order (the local rows of replica `r` are rows
+  `r * B .. (r + 1) * B - 1`); scalars (the logit scale and bias) are left as
+  they are. Differentiable: the gradient of each replica's rows comes back to it.
+- `scale_loss(loss)`: the loss as the backend's gradient aggregation expects it.
+- `train_step(model, data, keras_step)`: the step itself.
+
+Per backend:
+
+- JAX: `keras.distribution` compiles one program over the global batch, so
+  the outputs already are the global batch's (`DataParallel`, `ModelParallel`,
+  several processes after `keras.distribution.initialize`); nothing to do.
+- PyTorch: under `torch.distributed` (e.g. `torchrun`), the step runs the model
+  through `torch.nn.parallel.DistributedDataParallel` (weights broadcast from
+  rank 0, gradients averaged by its bucketed all-reduce during the backward
+  pass), and `gather_batch` is `torch.distributed.nn.functional.all_gather`.
+- TensorFlow: inside a `tf.distribute` strategy's replica context,
+  `gather_batch` is the replica context's `all_gather`, and Keras' optimizer
+  sums the replicas' gradients.
+
+Why every replica may compute the global loss `L`: with the gather's gradient
+summed over replicas and the gradients averaged (PyTorch) or each replica's
+loss divided by the replica count and summed (TensorFlow), the update is the
+one of a single device holding the whole batch; see docs/distributed.md.
+"""
+
+import keras
+
+if keras.backend.backend() == "torch":
+    from vlzoo.parallel import _torch as _impl
+elif keras.backend.backend() == "tensorflow":
+    from vlzoo.parallel import _tensorflow as _impl
+else:
+    from vlzoo.parallel import _jax as _impl
+
+check_launch = _impl.check_launch
+gather_batch = _impl.gather_batch
+initialize = _impl.initialize
+scale_loss = _impl.scale_loss
+train_step = _impl.train_step
+world_size = _impl.world_size
+
+__all__ = ["check_launch", "gather_batch", "initialize", "scale_loss", "train_step", "world_size"]
