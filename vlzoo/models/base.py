@@ -408,6 +408,9 @@ class ContrastiveModel(keras.Model):
             self.zero_grad(set_to_none=True)  # torch.nn.Module's, as Keras' trainer calls it
         return logs
 
+    def test_step(self, data):
+        return parallel.step_logs(super().test_step(data))
+
     def compile(self, optimizer="adamw", **kwargs):
         """Configures training with the family's own loss (no `loss` argument).
 
@@ -434,8 +437,15 @@ class ContrastiveModel(keras.Model):
         parallel.check_launch()
         return super().fit(x, y, *args, **kwargs)
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' TensorFlow trainer builds the optimizer and metrics under a `tf.distribute` strategy from the
+        first batch; it averages that batch over the replicas first, which fails for a boolean padding mask and,
+        under MultiWorkerMirroredStrategy, for any dict of inputs. One replica's batch has the shapes it needs."""
+        super()._maybe_symbolic_build(None, parallel.one_replica_batch(iterator, data_batch))
+
     def evaluate(self, x=None, y=None, *args, **kwargs):
         validation.check_paired_arrays(x, "evaluate")
+        parallel.check_launch()
         return super().evaluate(x, y, *args, **kwargs)
 
     def no_weight_decay_variables(self):

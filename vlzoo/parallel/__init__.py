@@ -13,6 +13,9 @@ backend, behind four functions that `ContrastiveModel` calls:
   they are. Differentiable: the gradient of each replica's rows comes back to it.
 - `scale_loss(loss)`: the loss as the backend's gradient aggregation expects it.
 - `train_step(model, data, keras_step)`: the step itself.
+- `check_launch()`, `initialize()`: the launch; `one_replica_batch`: the
+  batch that Keras' TensorFlow trainer builds a distributed model from;
+  `step_logs`: a test step's logs as that trainer reduces them.
 
 Per backend:
 
@@ -44,9 +47,12 @@ else:
 
 check_launch = _impl.check_launch
 gather_batch = _impl.gather_batch
+one_replica_batch = _impl.one_replica_batch
 initialize = _impl.initialize
 scale_loss = _impl.scale_loss
+step_logs = _impl.step_logs
 train_step = _impl.train_step
 world_size = _impl.world_size
 
-__all__ = ["check_launch", "gather_batch", "initialize", "scale_loss", "train_step", "world_size"]
+__all__ = ["check_launch", "gather_batch", "initialize", "one_replica_batch", "scale_loss", "step_logs", "train_step",
+           "world_size"]

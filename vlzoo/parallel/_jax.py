@@ -17,6 +17,14 @@ def initialize():
     keras.distribution.initialize()
 
 
+def step_logs(logs):
+    return logs
+
+
+def one_replica_batch(iterator, data_batch):
+    return data_batch
+
+
 def gather_batch(outputs):
     return outputs
 

@@ -36,8 +36,16 @@ def gather_batch(outputs):
     context = _replica_context()
     if context is None:
         return outputs
-    return keras.tree.map_structure(
-        lambda x: context.all_gather(x, axis=0) if len(x.shape) else x, outputs)
+    return keras.tree.map_structure(lambda x: _all_gather(context, x) if len(x.shape) else x, outputs)
+
+
+def _all_gather(context, x):
+    """Every replica's `x` on axis 0, with `x`'s static shape (booleans as 0/1: the collective has no boolean
+    kernel); differentiable, the gradient of each replica's rows summed over the replicas."""
+    gathered = context.all_gather(tf.cast(x, tf.int32) if x.dtype == tf.bool else x, axis=0)
+    rows = None if x.shape[0] is None else x.shape[0] * context.num_replicas_in_sync
+    gathered = tf.ensure_shape(gathered, [rows] + list(x.shape[1:]))
+    return tf.cast(gathered, tf.bool) if x.dtype == tf.bool else gathered
 
 
 def scale_loss(loss):
@@ -46,5 +54,24 @@ def scale_loss(loss):
     return loss if replicas == 1 else loss / replicas
 
 
+def one_replica_batch(iterator, data_batch):
+    """The first replica's part of the iterator's next batch (or `data_batch`), for Keras' symbolic build."""
+    if iterator is None:
+        return data_batch
+    for _, _, batches in iterator:
+        return keras.tree.map_structure(
+            lambda x: x.values[0] if isinstance(x, tf.distribute.DistributedValues) else x, next(batches))
+    return data_batch
+
+
+def step_logs(logs):
+    """A step's logs as Keras' TensorFlow trainer can reduce them: with several workers (MultiWorkerMirrored-
+    Strategy), Keras 3.15 averages each log over its axis 0 and the replicas, so scalars become `(1,)`."""
+    strategy = tf.distribute.get_strategy()
+    if not tf.distribute.has_strategy() or strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):
+        return logs  # one worker: Keras stacks the local replicas' scalars
+    return keras.tree.map_structure(lambda x: tf.reshape(x, (1,)) if len(x.shape) == 0 else x, logs)
+
+
 def train_step(model, data, keras_step):
-    return keras_step(data)
+    return step_logs(keras_step(data))

@@ -91,6 +91,14 @@ def _check_equal_batches(outputs):
         )
 
 
+def step_logs(logs):
+    return logs
+
+
+def one_replica_batch(iterator, data_batch):
+    return data_batch
+
+
 def gather_batch(outputs):
     """`call`'s outputs of every rank, concatenated on the batch axis in rank order (see `vlzoo.parallel`)."""
     if world_size() == 1:
