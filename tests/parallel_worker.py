@@ -1,18 +1,30 @@
-"""One process of a multi-process training step, as `test_parallel.py` starts it; writes what it computed.
+"""One process of a multi-process (or multi-device) training step, as `test_parallel.py` starts it.
 
-    torchrun --nproc_per_node=2 tests/parallel_worker.py OUT_DIR            (PyTorch, gloo)
+    torchrun --nproc_per_node=2 tests/parallel_worker.py torch OUT_DIR               (PyTorch, gloo)
+    TF_CONFIG=... python tests/parallel_worker.py tf_multiworker OUT_DIR             (2 TensorFlow workers)
+    python tests/parallel_worker.py tf_mirrored OUT_DIR                              (2 logical CPUs, 1 process)
+    VLZOO_TEST_PROCESS=i VLZOO_TEST_COORDINATOR=127.0.0.1:PORT \\
+        python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes)
 
-Every process builds each family's tiny model from a seed of its own (`1000 + rank`: the launch must
-make the weights equal, as DistributedDataParallel's broadcast from rank 0 does), takes its rows of the
-global batch (`margins.margin_batch(model, GLOBAL_BATCH)`, rank `r` rows `r * B .. (r + 1) * B - 1`)
-and runs two one-step `train_on_batch` calls from the same start: SGD with learning rate 1 (the update
-is minus the gradient) and AdamW. The test compares both with the same steps of one process on the
-whole global batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per family the two losses, the weights
-before the steps (after the broadcast), the gradients and the weights after the AdamW step.
+Every process builds each family's tiny model from a seed of its own (`1000 + process index`: the launch
+must make the weights equal, as rank 0's broadcast does) and fits one step on a global batch of
+`GLOBAL_BATCH` pairs (`margins.margin_batch`): torchrun's ranks and the JAX processes each feed their own
+rows (process `r`: rows `r * B .. (r + 1) * B - 1`); TensorFlow's strategies split the global batch themselves
+(the multi-worker strategy shards it by worker, in the same order). Two steps from the same start: SGD with
+learning rate 1 (the update is minus the gradient) and AdamW. `test_parallel.py` compares both with the same
+steps of one process on the whole batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per family the two
+losses and the weights after each step.
 """
 
+import json
 import os
 import sys
+
+LAUNCH = sys.argv[1] if __name__ == "__main__" else None
+if LAUNCH == "tf_mirrored":  # two logical CPUs, set before anything else starts TensorFlow
+    import tensorflow as tf
+    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                               [tf.config.LogicalDeviceConfiguration()] * 2)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,45 +41,75 @@ GLOBAL_BATCH = 8
 ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
-def rank_and_size():
-    if keras.backend.backend() == "torch":
-        import torch.distributed as dist
-        return dist.get_rank(), dist.get_world_size()
-    raise NotImplementedError(keras.backend.backend())
+STEPS = ("sgd", "adamw")
 
 
-def local_rows(batch, rank, size):
-    rows = GLOBAL_BATCH // size
-    return {key: value[rank * rows:(rank + 1) * rows] for key, value in batch.items()}
-
-
-def step(family, optimizer, rank, size):
-    keras.utils.set_random_seed(1000 + rank)
+def build(family, seed, step):
+    """The family's tiny model from `seed`, compiled for `step` (its optimizer made here: in a strategy's scope)."""
+    keras.utils.set_random_seed(seed)
     model = tiny_family_model(family)
-    batch = local_rows(margin_batch(model, GLOBAL_BATCH), rank, size)
-    model.compile(optimizer=optimizer)
-    loss = float(model.train_on_batch(batch, return_dict=True)["loss"])
-    return model, loss
+    if family == "stair":
+        model.stage_fractions = None  # one step: no stage schedule over the run
+    model.compile(optimizer=keras.optimizers.SGD(1.0) if step == "sgd" else keras.optimizers.AdamW(**ADAMW))
+    return model
 
 
-def main(out_dir):
-    parallel.initialize()
-    rank, size = rank_and_size()
+def fit_one_step(model, batch):
+    rows = len(batch["token_ids"])
+    return float(model.fit(batch, batch_size=rows, epochs=1, shuffle=False, verbose=0).history["loss"][0])
+
+
+class Launch:
+    """What differs per launch: this process's index and count, the scope models are built in, its rows."""
+
+    def __init__(self, name):
+        self.name, self.scope = name, None
+        if name == "torch":
+            import torch.distributed as dist
+            parallel.initialize()
+            self.index, self.count, self.own_rows = dist.get_rank(), dist.get_world_size(), True
+        elif name in ("tf_mirrored", "tf_multiworker"):
+            import tensorflow as tf
+            strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if name == "tf_mirrored"
+                        else tf.distribute.MultiWorkerMirroredStrategy())
+            self.index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+            self.count, self.scope, self.own_rows = 1 if name == "tf_mirrored" else 2, strategy.scope, False
+        elif name == "jax":
+            self.index, self.count, self.own_rows = int(os.environ["VLZOO_TEST_PROCESS"]), 2, True
+            keras.distribution.initialize(os.environ["VLZOO_TEST_COORDINATOR"], num_processes=2,
+                                          process_id=self.index)
+            distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+            distribution.auto_shard_dataset = False  # each process feeds its own rows
+            keras.distribution.set_distribution(distribution)
+        else:
+            raise ValueError(f"unknown launch {name!r}")
+
+    def build(self, family, step):
+        seed = 1000 + self.index
+        if self.scope is None:
+            return build(family, seed, step)
+        with self.scope():
+            return build(family, seed, step)
+
+    def rows(self, batch):
+        if not self.own_rows:
+            return batch
+        size = GLOBAL_BATCH // self.count
+        return {key: value[self.index * size:(self.index + 1) * size] for key, value in batch.items()}
+
+
+def main(name, out_dir):
+    launch = Launch(name)
     record = {}
     for family in FAMILIES:
-        print(f"rank {rank}: {family}", file=sys.stderr, flush=True)
-        model, loss = step(family, keras.optimizers.SGD(1.0), rank, size)
-        # The broadcast happened before the update: weights before = weights after + gradient.
-        after = [keras.ops.convert_to_numpy(v) for v in model.trainable_weights]
-        model_adamw, loss_adamw = step(family, keras.optimizers.AdamW(**ADAMW), rank, size)
-        record[f"{family}/loss_sgd"] = loss
-        record[f"{family}/loss_adamw"] = loss_adamw
-        for i, (v, a) in enumerate(zip(model.trainable_weights, after)):
-            record[f"{family}/sgd_after/{v.path}"] = a
-        for v in model_adamw.weights:
-            record[f"{family}/adamw_after/{v.path}"] = keras.ops.convert_to_numpy(v)
-    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **record)
+        print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
+        for step in STEPS:
+            model = launch.build(family, step)
+            record[f"{family}/loss_{step}"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
+            for v in model.weights:
+                record[f"{family}/{step}_after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
+    np.savez(os.path.join(out_dir, f"rank{launch.index}.npz"), **record)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(LAUNCH, sys.argv[2])

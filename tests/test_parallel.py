@@ -5,6 +5,7 @@ PyTorch), each holding half of a global batch of 8 pairs, and checks the loss, t
 after one AdamW step of every family against the same steps of this process on the whole batch.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -22,6 +23,8 @@ import parallel_worker  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "parallel_worker.py")
 TORCH_ONLY = pytest.mark.skipif(keras.backend.backend() != "torch", reason="the torchrun launch")
+TF_ONLY = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the tf.distribute launches")
+JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax", reason="the keras.distribution launch")
 TOLERANCE = 1e-5  # of each tensor's scale
 # A gradient that is exactly 0 in exact arithmetic (attention key biases: the softmax over keys ignores a shift
 # common to all keys) comes out of float32 as rounding noise of its terms, which depends on the summation order.
@@ -39,42 +42,70 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_launch(argv, env, timeout=600):
-    """Runs a launcher to its end; kills its whole process group on a timeout or an error."""
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+def run_processes(commands, timeout=600):
+    """Runs `(argv, env)` commands side by side to their end; every process group is killed on a timeout or an
+    error, whatever happens. Fails with the output of a process that did not exit with 0."""
+    processes = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True) for argv, env in commands]
     try:
-        output, _ = process.communicate(timeout=timeout)
+        outputs = [process.communicate(timeout=timeout)[0] for process in processes]
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
-    assert process.returncode == 0, output[-4000:]
-    return output
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+                process.wait()
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-4000:]
+
+
+def worker_env(backend, **variables):
+    return dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", **variables)
+
+
+def records(out, count):
+    return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(count)]
 
 
 @pytest.fixture(scope="module")
 def torchrun_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
-    env = dict(os.environ, KERAS_BACKEND="torch", TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
-    run_launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                f"--master_port={free_port()}", WORKER, str(out)], env)
-    return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(2)]
+    run_processes([([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                     f"--master_port={free_port()}", WORKER, "torch", str(out)], worker_env("torch"))])
+    return records(out, 2)
+
+
+@pytest.fixture(scope="module")
+def tf_records(tmp_path_factory):
+    """The two TensorFlow launches: MirroredStrategy over 2 logical CPUs, and 2 workers from `TF_CONFIG`."""
+    mirrored, multiworker = tmp_path_factory.mktemp("tf_mirrored"), tmp_path_factory.mktemp("tf_multiworker")
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    run_processes([([sys.executable, WORKER, "tf_mirrored", str(mirrored)], worker_env("tensorflow"))] + [
+        ([sys.executable, WORKER, "tf_multiworker", str(multiworker)],
+         worker_env("tensorflow", TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})))
+        for i in range(2)])
+    return {"tf_mirrored": records(mirrored, 1), "tf_multiworker": records(multiworker, 2)}
+
+
+@pytest.fixture(scope="module")
+def jax_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jax_processes")
+    coordinator = f"127.0.0.1:{free_port()}"
+    run_processes([([sys.executable, WORKER, "jax", str(out)],
+                    worker_env("jax", VLZOO_TEST_PROCESS=str(i), VLZOO_TEST_COORDINATOR=coordinator))
+                   for i in range(2)])
+    return records(out, 2)
 
 
 def single_process_steps(family):
     """The worker's two steps in this process, on the whole global batch, from rank 0's weights."""
     results = {}
-    optimizers = {"sgd": keras.optimizers.SGD(1.0), "adamw": keras.optimizers.AdamW(**parallel_worker.ADAMW)}
-    for name, optimizer in optimizers.items():
-        keras.utils.set_random_seed(1000)
-        model = tiny_family_model(family)
+    for name in parallel_worker.STEPS:
+        model = parallel_worker.build(family, 1000, name)
         batch = margin_batch(model, parallel_worker.GLOBAL_BATCH)
         if name == "sgd":
             assert_decision_margin(model, batch)
             results["before"] = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_weights}
-        model.compile(optimizer=optimizer)
-        results[f"loss_{name}"] = float(model.train_on_batch(batch, return_dict=True)["loss"])
+        results[f"loss_{name}"] = parallel_worker.fit_one_step(model, batch)
         results[f"{name}_after"] = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
     results["gradients"] = {path: results["before"][path] - results["sgd_after"][path] for path in results["before"]}
     return results
@@ -113,10 +144,22 @@ def test_torchrun_step_is_the_global_batch_step(torchrun_records, family):
     single = check_against_single_process(torchrun_records, family)
     # The ranks did not train alone: a rank's 4 pairs give another loss than the global batch's 8.
     keras.utils.set_random_seed(1000)
-    model = tiny_family_model(family)
-    model.compile(optimizer="sgd")
+    model = parallel_worker.build(family, 1000, "sgd")
     half = {k: v[:4] for k, v in margin_batch(model, parallel_worker.GLOBAL_BATCH).items()}
     assert abs(float(model.test_on_batch(half, return_dict=True)["loss"]) - single["loss_sgd"]) > 1e-3
+
+
+@TF_ONLY
+@pytest.mark.parametrize("launch", ["tf_mirrored", "tf_multiworker"])
+@pytest.mark.parametrize("family", parallel_worker.FAMILIES)
+def test_tf_distribute_step_is_the_global_batch_step(tf_records, launch, family):
+    check_against_single_process(tf_records[launch], family)
+
+
+@JAX_ONLY
+@pytest.mark.parametrize("family", parallel_worker.FAMILIES)
+def test_two_jax_processes_step_is_the_global_batch_step(jax_records, family):
+    check_against_single_process(jax_records, family)
 
 
 @TORCH_ONLY
