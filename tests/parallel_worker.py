@@ -7,13 +7,13 @@
         python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes)
 
 Every process builds each family's tiny model from a seed of its own (`1000 + process index`: the launch
-must make the weights equal, as rank 0's broadcast does) and fits one step on a global batch of
+must make the weights equal, as rank 0's broadcast does; JAX's processes share the seed 1000, since JAX
+requires every process to give a replicated weight the same value) and fits one step on a global batch of
 `GLOBAL_BATCH` pairs (`margins.margin_batch`): torchrun's ranks and the JAX processes each feed their own
 rows (process `r`: rows `r * B .. (r + 1) * B - 1`); TensorFlow's strategies split the global batch themselves
-(the multi-worker strategy shards it by worker, in the same order). Two steps from the same start: SGD with
-learning rate 1 (the update is minus the gradient) and AdamW. `test_parallel.py` compares both with the same
-steps of one process on the whole batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per family the two
-losses and the weights after each step.
+(the multi-worker strategy shards it by worker, in the same order), with AdamW. `test_parallel.py` compares
+the step with the same step of one process on the whole batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per
+family the loss, the gradients (from AdamW's first moment) and the weights after the step.
 """
 
 import json
@@ -41,17 +41,24 @@ GLOBAL_BATCH = 8
 ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
-STEPS = ("sgd", "adamw")
 
 
-def build(family, seed, step):
-    """The family's tiny model from `seed`, compiled for `step` (its optimizer made here: in a strategy's scope)."""
+def build(family, seed):
+    """The family's tiny model from `seed`, compiled with AdamW (made here: in a strategy's scope)."""
     keras.utils.set_random_seed(seed)
     model = tiny_family_model(family)
     if family == "stair":
         model.stage_fractions = None  # one step: no stage schedule over the run
-    model.compile(optimizer=keras.optimizers.SGD(1.0) if step == "sgd" else keras.optimizers.AdamW(**ADAMW))
+    model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
     return model
+
+
+def gradients(model):
+    """`{path: gradient}` of the step just taken, from AdamW's first moment: after one step it is
+    `(1 - beta_1) * gradient` (Keras keeps one moment per trainable variable, in their order)."""
+    optimizer = model.optimizer
+    return {v.path: np.asarray(keras.ops.convert_to_numpy(m)) / (1.0 - optimizer.beta_1)
+            for v, m in zip(optimizer._trainable_variables, optimizer._momentums)}
 
 
 def fit_one_step(model, batch):
@@ -84,12 +91,14 @@ class Launch:
         else:
             raise ValueError(f"unknown launch {name!r}")
 
-    def build(self, family, step):
-        seed = 1000 + self.index
+    def build(self, family):
+        # JAX places a replicated weight from every process's value and checks they are equal: its processes
+        # must build the same weights (a preset's, or the same seed); the other launches broadcast worker 0's.
+        seed = 1000 + (0 if self.name == "jax" else self.index)
         if self.scope is None:
-            return build(family, seed, step)
+            return build(family, seed)
         with self.scope():
-            return build(family, seed, step)
+            return build(family, seed)
 
     def rows(self, batch):
         if not self.own_rows:
@@ -103,11 +112,12 @@ def main(name, out_dir):
     record = {}
     for family in FAMILIES:
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
-        for step in STEPS:
-            model = launch.build(family, step)
-            record[f"{family}/loss_{step}"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
-            for v in model.weights:
-                record[f"{family}/{step}_after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
+        model = launch.build(family)
+        record[f"{family}/loss"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
+        for v in model.weights:
+            record[f"{family}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
+        for path, gradient in gradients(model).items():
+            record[f"{family}/gradient/{path}"] = gradient
     np.savez(os.path.join(out_dir, f"rank{launch.index}.npz"), **record)
 
 

@@ -395,7 +395,7 @@ class ContrastiveModel(keras.Model):
             loss = loss + ops.cast(ops.sum(self.losses), "float32")
         return parallel.scale_loss(loss)
 
-    def train_step(self, data):
+    def train_step(self, *args, **kwargs):
         """Keras' train step (on PyTorch under `torch.distributed`, through DistributedDataParallel:
         `vlzoo.parallel`); on PyTorch the gradients are then released at once.
 
@@ -403,13 +403,13 @@ class ContrastiveModel(keras.Model):
         gradient for every weight (the model's size again: 600 MB for ViT-B/16 CLIP) stays alive through
         the activations' peak. Releasing them when the update is done gives the same values.
         """
-        logs = parallel.train_step(self, data, super().train_step)
+        logs = parallel.train_step(self, super().train_step, *args, **kwargs)
         if keras.backend.backend() == "torch":
             self.zero_grad(set_to_none=True)  # torch.nn.Module's, as Keras' trainer calls it
         return logs
 
-    def test_step(self, data):
-        return parallel.step_logs(super().test_step(data))
+    def test_step(self, *args, **kwargs):
+        return parallel.step_logs(super().test_step(*args, **kwargs))
 
     def compile(self, optimizer="adamw", **kwargs):
         """Configures training with the family's own loss (no `loss` argument).

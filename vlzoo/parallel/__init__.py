@@ -12,7 +12,7 @@ backend, behind four functions that `ContrastiveModel` calls:
   `r * B .. (r + 1) * B - 1`); scalars (the logit scale and bias) are left as
   they are. Differentiable: the gradient of each replica's rows comes back to it.
 - `scale_loss(loss)`: the loss as the backend's gradient aggregation expects it.
-- `train_step(model, data, keras_step)`: the step itself.
+- `train_step(model, keras_step, *args)`: the step itself.
 - `check_launch()`, `initialize()`: the launch; `one_replica_batch`: the
   batch that Keras' TensorFlow trainer builds a distributed model from;
   `step_logs`: a test step's logs as that trainer reduces them.

@@ -33,5 +33,5 @@ def scale_loss(loss):
     return loss
 
 
-def train_step(model, data, keras_step):
-    return keras_step(data)
+def train_step(model, keras_step, *args, **kwargs):
+    return keras_step(*args, **kwargs)

@@ -73,5 +73,5 @@ def step_logs(logs):
     return keras.tree.map_structure(lambda x: tf.reshape(x, (1,)) if len(x.shape) == 0 else x, logs)
 
 
-def train_step(model, data, keras_step):
+def train_step(model, keras_step, data):
     return step_logs(keras_step(data))

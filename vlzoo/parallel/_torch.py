@@ -140,7 +140,7 @@ def _replicated(model):
     return cached[1]
 
 
-def train_step(model, data, keras_step):
+def train_step(model, keras_step, data):
     """Keras' PyTorch train step, its forward pass and loss through DistributedDataParallel when
     `torch.distributed` spans several ranks; Keras' own step otherwise."""
     check_launch()
