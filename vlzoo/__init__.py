@@ -36,7 +36,7 @@ _NAMES = {
 }
 _SUBMODULES = (
     "catalogue", "convert", "data", "distribution", "evaluation", "host", "hub", "kaggle", "layers", "loading", "losses",
-    "models", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "serving",
+    "models", "parallel", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "serving",
     "tokenizers", "training", "transfer", "viz",
 )
 __all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]

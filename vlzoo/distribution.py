@@ -32,8 +32,10 @@ model = vlzoo.from_preset("llip_vit_g14")                           # weights cr
 
 Backends: in Keras 3.15 `keras.distribution` runs on JAX only (its TensorFlow
 part is an unfinished prototype; PyTorch has none). On TensorFlow and PyTorch
-vlzoo trains on one device, and building or compiling a vlzoo model while a
-distribution is set raises an error that says so (`check_backend`).
+vlzoo trains on several devices with their own engines (`tf.distribute`,
+`torch.distributed`: `vlzoo.parallel`, docs/distributed.md), and building or
+compiling a vlzoo model while a `keras.distribution` is set raises an error that
+says so (`check_backend`).
 """
 
 import re

@@ -35,6 +35,7 @@ def check_backend(what="keras.distribution"):
     if backend != "jax":
         raise NotImplementedError(
             f"{what} needs the JAX backend: keras.distribution (DataParallel, ModelParallel) runs on JAX only "
-            f"in Keras {keras.__version__}, and vlzoo trains on one device on {backend}. Unset the distribution "
-            "(keras.distribution.set_distribution(None)) or run with KERAS_BACKEND=jax."
+            f"in Keras {keras.__version__}. On {backend}, train on several devices with its own engine "
+            "(torchrun and torch.distributed, or a tf.distribute strategy: docs/distributed.md) and unset the "
+            "distribution (keras.distribution.set_distribution(None)), or run with KERAS_BACKEND=jax."
         )
