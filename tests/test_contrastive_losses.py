@@ -14,10 +14,12 @@ from backend_utils import to_numpy
 from backend_utils import value_and_grad
 from vlzoo.losses import clip_logits
 from vlzoo.losses import clip_loss
+from vlzoo.losses import clip_loss_rows
 from vlzoo.losses import l2_normalize
 from vlzoo.losses import siglip_logits
 from vlzoo.losses import siglip_loss
 from vlzoo.losses import siglip_loss_chunked
+from vlzoo.losses import siglip_loss_rows
 
 BACKEND = keras.backend.backend()
 # (8, 6) is the common shape of the other tests: eager JAX compiles every
@@ -540,3 +542,53 @@ def test_chunked_memory_grows_with_chunk_not_batch_squared():
         i, t, 10.0, -10.0, chunk_size=chunk))
     assert full >= bsz * bsz * 4 / 2**20  # the (B, B) logits: 4 MiB
     assert chunked < full / 2, (chunked, full)
+
+
+# ---------------------------------------------------------------- one replica's rows (vlzoo.parallel)
+
+
+def _share_reference(name, img, txt, start, count, scale=5.0, bias=-3.0):
+    """One replica's share, from the whole batch's logits in float64 NumPy."""
+    rows = slice(start, start + count)
+    if name == "clip":
+        logits = ref.clip_logits(img, txt, scale)
+        i2t = np.diag(ref.log_softmax(logits, axis=1))[rows]
+        t2i = np.diag(ref.log_softmax(logits, axis=0))[rows]
+        return -0.5 * (i2t.mean() + t2i.mean())
+    logits = ref.siglip_logits(img, txt, scale, bias)
+    labels = 2.0 * np.eye(len(img)) - 1.0
+    return -ref.log_sigmoid(labels * logits)[rows].sum() / count
+
+
+def _share(name, img, txt, start, count, num_chunks=None):
+    if name == "clip":
+        return clip_loss_rows(img, txt, 5.0, start, count)
+    return siglip_loss_rows(img, txt, 5.0, -3.0, start, count, num_chunks=num_chunks)
+
+
+@pytest.mark.parametrize("name, num_chunks", [("clip", None), ("siglip", None), ("siglip", 3)])
+def test_row_shares_are_the_replicas_parts_of_the_whole_batch_loss(name, num_chunks):
+    rng = np.random.default_rng(0)
+    img, txt = rng.normal(size=(8, 16)).astype("float32"), rng.normal(size=(8, 16)).astype("float32")
+    img64, txt64 = img.astype("float64"), txt.astype("float64")
+    for start, count in ((0, 2), (2, 2), (6, 2), (4, 4)):
+        share = float(to_numpy(_share(name, img, txt, start, count, num_chunks)))
+        np.testing.assert_allclose(share, _share_reference(name, img64, txt64, start, count), rtol=2e-6)
+    whole = (lambda i, t: clip_loss(i, t, 5.0)) if name == "clip" else (lambda i, t: siglip_loss(i, t, 5.0, -3.0))
+    for replicas in (2, 4):
+        count = 8 // replicas
+        value, grads = value_and_grad(
+            lambda i, t: sum(_share(name, i, t, r * count, count, num_chunks) for r in range(replicas)) / replicas,
+            img, txt)
+        expected_value, expected_grads = value_and_grad(whole, img, txt)
+        np.testing.assert_allclose(value, expected_value, rtol=2e-6)
+        for grad, expected in zip(grads, expected_grads):
+            np.testing.assert_allclose(grad, expected, atol=2e-6 * np.abs(expected).max())
+
+
+def test_row_shares_check_their_arguments():
+    img = np.ones((4, 8), "float32")
+    with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
+        clip_loss_rows(img, img, 5.0, 0, 0)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        siglip_loss_rows(img, img, 5.0, -3.0, 0, 2, num_chunks=0)

@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import pytest
 
+import vlzoo
+
 from margins import assert_decision_margin, margin_batch, tiny_family_model
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -161,3 +163,23 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
         model.fit(batch, epochs=1, verbose=0)
     with pytest.raises(RuntimeError, match="vlzoo.parallel.initialize"):
         model.train_on_batch(batch)
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_replica_shares_of_clip_and_siglip_average_to_the_whole_loss(family):
+    model = tiny_family_model(family)
+    outputs = model(margin_batch(model, parallel_worker.GLOBAL_BATCH), training=True)
+    whole = float(keras.ops.convert_to_numpy(model.contrastive_loss(outputs)))
+    shares = [float(keras.ops.convert_to_numpy(model.replica_loss(outputs, start, 2))) for start in range(0, 8, 2)]
+    assert abs(np.mean(shares) - whole) <= 1e-6 * whole
+    assert max(shares) - min(shares) > 1e-3  # the shares are the rows' own, not the whole loss four times
+
+
+def test_a_subclass_that_changes_the_loss_gets_the_whole_loss_on_every_replica():
+    class Doubled(vlzoo.CLIP):
+        def contrastive_loss(self, outputs, training=False):
+            return 2.0 * super().contrastive_loss(outputs, training=training)
+
+    assert vlzoo.CLIP._owner("replica_loss") is vlzoo.CLIP._owner("contrastive_loss")
+    assert Doubled._owner("replica_loss") is not Doubled._owner("contrastive_loss")
+    assert vlzoo.STAIR._owner("replica_loss") is vlzoo.models.ContrastiveModel

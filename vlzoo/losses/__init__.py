@@ -2,10 +2,12 @@
 
 from vlzoo.losses.contrastive import clip_logits
 from vlzoo.losses.contrastive import clip_loss
+from vlzoo.losses.contrastive import clip_loss_rows
 from vlzoo.losses.contrastive import l2_normalize
 from vlzoo.losses.contrastive import siglip_logits
 from vlzoo.losses.contrastive import siglip_loss
 from vlzoo.losses.contrastive import siglip_loss_chunked
+from vlzoo.losses.contrastive import siglip_loss_rows
 from vlzoo.losses.filip import filip_loss
 from vlzoo.losses.filip import filip_select_tokens
 from vlzoo.losses.flair import flair_caption_indices
@@ -56,8 +58,10 @@ __all__ = [
     "stair_pool",
     "clip_logits",
     "clip_loss",
+    "clip_loss_rows",
     "l2_normalize",
     "siglip_logits",
     "siglip_loss",
     "siglip_loss_chunked",
+    "siglip_loss_rows",
 ]

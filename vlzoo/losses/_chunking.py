@@ -189,12 +189,12 @@ def siglip_labels(rows, cols):
     return 2.0 * eq - 1.0
 
 
-def block_labels(num_rows, start, size, n):
+def block_labels(num_rows, start, size, n, row_start=0):
     """`(labels, valid)` of the columns `start .. start + size - 1` against
-    rows `0 .. num_rows - 1`: `labels` `(num_rows, size)` from
-    `siglip_labels` (+1 for row `i` with column `i`), `valid` `(1, size)`
+    rows `row_start .. row_start + num_rows - 1`: `labels` `(num_rows, size)`
+    from `siglip_labels` (+1 for row `i` with column `i`), `valid` `(1, size)`
     float 0/1, 0 for the padding columns `>= n`."""
-    rows = ops.arange(num_rows, dtype="int32")
+    rows = row_start + ops.arange(num_rows, dtype="int32")
     cols = start + ops.arange(size, dtype="int32")
     valid = ops.cast(ops.less(cols, n), "float32")
     return siglip_labels(rows, cols), ops.expand_dims(valid, 0)

@@ -258,31 +258,122 @@ def siglip_loss_chunked(
     else:
         (count, size, n), pad = plan, plan.pad
 
-    img = l2_normalize(image_embeds)
-    txt = pad_rows(l2_normalize(text_embeds), pad)  # zero rows: logits = b
+    total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
+                                (count, size, n), pad, remat, row_start=0)
+    return -total / ops.cast(n, "float32")
+
+
+def _siglip_chunked_sum(img, txt, logit_scale, logit_bias, plan, pad, remat, row_start):
+    """`sum_ij log_sigmoid(y_ij * (s * img_i . txt_j + b))` over `(count, size, n)` blocks of text columns,
+    the image rows being rows `row_start ..` of the batch (normalised inputs)."""
+    count, size, n = plan
+    txt = pad_rows(txt, pad)  # zero rows: logits = b, masked out
     chunk_fn = (
         cached_remat((__name__, "siglip_chunk_sum"), lambda: _siglip_chunk_sum)
         if remat else _siglip_chunk_sum
     )
     n_tensor = ops.convert_to_tensor(n, "int32")
+    row_start = ops.convert_to_tensor(row_start, "int32")
 
     def body(k, carry):
         (total,) = carry
         start, txt_chunk = slice_chunk(k, size, txt)
         return (total + chunk_fn(
-            img, txt_chunk, logit_scale, logit_bias, start, n_tensor
+            img, txt_chunk, logit_scale, logit_bias, start, n_tensor, row_start
         ),)
 
     (total,) = static_loop(count, body, (ops.zeros((), "float32"),))
-    return -total / ops.cast(n, "float32")
+    return total
 
 
-def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n):
+def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n, row_start):
     """`sum_ij mask_j * log_sigmoid(y_ij * (s * img_i . txt_j + b))` over one
-    `(B, C)` block whose columns are texts `start .. start + C - 1`; columns
-    `>= n` are padding (mask 0). Inputs are already normalised."""
+    `(R, C)` block whose rows are images `row_start .. row_start + R - 1` and
+    columns texts `start .. start + C - 1`; columns `>= n` are padding
+    (mask 0). Inputs are already normalised."""
     logits = logit_scale * ops.matmul(img, ops.transpose(txt_chunk))
     logits = logits + logit_bias
     labels, mask = block_labels(ops.shape(img)[0], start,
-                                ops.shape(txt_chunk)[0], n)
+                                ops.shape(txt_chunk)[0], n, row_start)
     return ops.sum(ops.log_sigmoid(labels * logits) * mask)
+
+
+# ------------------------------------------------ one replica's rows
+
+
+def _rows(x, start, count):
+    """Rows `start .. start + count - 1` of `x` (`start` a python int or a scalar tensor)."""
+    return ops.slice(x, (ops.cast(start, "int32"),) + (0,) * (len(x.shape) - 1),
+                     (count,) + tuple(x.shape[1:]))
+
+
+def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
+    """The part of `clip_loss` that rows `start .. start + count - 1` contribute: one replica's share.
+
+    `0.5 * (CE_i2t + CE_t2i)` with each cross-entropy averaged over those
+    `count` images (against every text) and those `count` texts (against
+    every image). Averaged over a partition of the batch into equal row
+    ranges, it is `clip_loss`; a replica that computes its own rows needs a
+    `(count, B)` logit matrix instead of `(B, B)` (open_clip's `local_loss`).
+
+    Args:
+        image_embeds: `(B, D)` image embeddings of the whole batch.
+        text_embeds: `(B, D)` text embeddings of the whole batch.
+        logit_scale: scalar multiplier `s`.
+        start: first row (python int or int scalar tensor).
+        count: number of rows (python int).
+
+    Returns:
+        float32 scalar.
+    """
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    check_positive_int(count, "count", allow_none=False)
+    img, txt = l2_normalize(image_embeds), l2_normalize(text_embeds)
+    targets = ops.expand_dims(ops.cast(start, "int32") + ops.arange(count, dtype="int32"), 1)
+    terms = []
+    for rows, columns in ((img, txt), (txt, img)):
+        logits = logit_scale * ops.matmul(_rows(rows, start, count), ops.transpose(columns))
+        terms.append(ops.mean(ops.take_along_axis(ops.log_softmax(logits, axis=1), targets, axis=1)))
+    return -0.5 * (terms[0] + terms[1])
+
+
+def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, count, num_chunks=None,
+                     remat=True):
+    """The part of `siglip_loss` that image rows `start .. start + count - 1` contribute: one replica's share.
+
+    `-(1/count) * sum_{i in rows} sum_j log_sigmoid(y_ij * (s * cos_ij + b))`
+    over every text `j` of the batch. Averaged over a partition of the batch
+    into equal row ranges, it is `siglip_loss`. With `num_chunks`, the texts
+    are taken `ceil(B / num_chunks)` at a time as in `siglip_loss_chunked`,
+    so that no `(count, B)` block is formed either (big_vision's chunked
+    sigmoid loss).
+
+    Args:
+        image_embeds: `(B, D)` image embeddings of the whole batch.
+        text_embeds: `(B, D)` text embeddings of the whole batch.
+        logit_scale: scalar multiplier `s`.
+        logit_bias: scalar bias `b`.
+        start: first row (python int or int scalar tensor).
+        count: number of rows (python int).
+        num_chunks: number of text chunks, or None for one `(count, B)` block.
+        remat: rematerialise each chunk in the backward pass.
+
+    Returns:
+        float32 scalar.
+    """
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    logit_bias = check_scalar(logit_bias, "logit_bias")
+    check_positive_int(count, "count", allow_none=False)
+    check_positive_int(num_chunks, "num_chunks")
+    plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
+    if plan is None:
+        n = text_embeds.shape[0] if text_embeds.shape[0] is not None else ops.shape(text_embeds)[0]
+        plan, pad = (1, n, n), 0
+    else:
+        pad = plan.pad
+    img = _rows(l2_normalize(image_embeds), start, count)
+    total = _siglip_chunked_sum(img, l2_normalize(text_embeds), logit_scale, logit_bias, tuple(plan), pad,
+                                remat and num_chunks is not None, row_start=start)
+    return -total / float(count)

@@ -390,7 +390,12 @@ class ContrastiveModel(keras.Model):
         every replica are gathered first, so that each image is compared with every caption of the step."""
         if y_pred is None:
             y_pred = self(x, training=training)
-        loss = self.contrastive_loss(parallel.gather_batch(y_pred), training=training)
+        gathered = parallel.gather_batch(y_pred)
+        if training and gathered is not y_pred and self._owner("replica_loss") is self._owner("contrastive_loss"):
+            count = keras.tree.flatten(y_pred)[0].shape[0]
+            loss = self.replica_loss(gathered, parallel.replica_index() * count, count, training=training)
+        else:
+            loss = self.contrastive_loss(gathered, training=training)
         if self.losses:
             loss = loss + ops.cast(ops.sum(self.losses), "float32")
         return parallel.scale_loss(loss)
@@ -530,6 +535,24 @@ class ContrastiveModel(keras.Model):
         """The family loss from `call`'s outputs; `training` is Keras' flag
         (True in `fit`'s train step, False in `evaluate`)."""
         raise NotImplementedError
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """One replica's share of the global batch's loss in a step over several replicas (`vlzoo.parallel`).
+
+        `outputs` are `call`'s outputs of the global batch, and this replica's own pairs are rows
+        `start .. start + count - 1`. The shares' mean over the replicas must be
+        `contrastive_loss(outputs)`: then the averaged gradients are the global loss's. Here every
+        replica computes the whole loss; a family whose loss is a mean over rows computes its own
+        rows against every column instead (CLIP, SigLIP), so that its memory per device is linear
+        in the global batch. A subclass that overrides `contrastive_loss` but not this method gets
+        the whole loss again.
+        """
+        return self.contrastive_loss(outputs, training=training)
+
+    @classmethod
+    def _owner(cls, name):
+        """The class of `cls`'s MRO that defines `name`."""
+        return next(klass for klass in cls.__mro__ if name in vars(klass))
 
     # ---------------------------------------------------------- persistence
 

@@ -4,7 +4,7 @@ import math
 
 import keras
 
-from vlzoo.losses import clip_logits, clip_loss
+from vlzoo.losses import clip_logits, clip_loss, clip_loss_rows
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -50,3 +50,7 @@ class CLIP(ContrastiveModel):
 
     def contrastive_loss(self, outputs, training=False):
         return clip_loss(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's image and text rows against every text and image (open_clip's `local_loss`)."""
+        return clip_loss_rows(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], start, count)

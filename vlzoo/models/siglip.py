@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked
+from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked, siglip_loss_rows
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -65,6 +65,11 @@ class SigLIP(ContrastiveModel):
         if self.loss_num_chunks:
             return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)
         return siglip_loss(*args)
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's images against every text, in `loss_num_chunks` chunks of texts if set."""
+        args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
+        return siglip_loss_rows(*args, start, count, num_chunks=self.loss_num_chunks)
 
     def get_config(self):
         config = super().get_config()

@@ -6,7 +6,8 @@ encodes its own pairs, then the outputs of every device are gathered (with
 their gradients) before the family's loss. This package holds what differs per
 backend, behind four functions that `ContrastiveModel` calls:
 
-- `world_size()`: how many replicas one step spans (1 when training alone).
+- `world_size()`: how many replicas one step spans (1 when training alone);
+  `replica_index()`: this replica's place among them.
 - `gather_batch(outputs)`: `call`'s outputs of every replica, concatenated on
   the batch axis in replica order (the local rows of replica `r` are rows
   `r * B .. (r + 1) * B - 1`); scalars (the logit scale and bias) are left as
@@ -48,11 +49,12 @@ else:
 check_launch = _impl.check_launch
 gather_batch = _impl.gather_batch
 one_replica_batch = _impl.one_replica_batch
+replica_index = _impl.replica_index
 initialize = _impl.initialize
 scale_loss = _impl.scale_loss
 step_logs = _impl.step_logs
 train_step = _impl.train_step
 world_size = _impl.world_size
 
-__all__ = ["check_launch", "gather_batch", "initialize", "one_replica_batch", "scale_loss", "step_logs", "train_step",
-           "world_size"]
+__all__ = ["check_launch", "gather_batch", "initialize", "one_replica_batch", "replica_index", "scale_loss",
+           "step_logs", "train_step", "world_size"]

@@ -8,6 +8,10 @@ def world_size():
     return 1
 
 
+def replica_index():
+    return 0
+
+
 def check_launch():
     """Nothing to check: `keras.distribution.initialize` reads its own launch variables."""
 

@@ -23,6 +23,12 @@ def world_size():
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
+def replica_index():
+    """This replica's index in the strategy (a scalar tensor in a replica context), 0 elsewhere."""
+    context = _replica_context()
+    return 0 if context is None else context.replica_id_in_sync_group
+
+
 def check_launch():
     """Nothing to check: a strategy reads `TF_CONFIG` itself."""
 

@@ -32,6 +32,11 @@ def world_size():
     return dist.get_world_size() if _initialized() else 1
 
 
+def replica_index():
+    """This process's rank (0 when torch.distributed is not initialised)."""
+    return dist.get_rank() if _initialized() else 0
+
+
 def _launched_processes():
     for name in _LAUNCH_VARIABLES:
         value = os.environ.get(name, "")
@@ -152,7 +157,9 @@ def train_step(model, keras_step, data):
     model.zero_grad(set_to_none=True)
     y_pred, loss = _replicated(model)(x, y, sample_weight)
     batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-    model._loss_tracker.update_state(loss, sample_weight=batch)  # Keras' train step does the same
+    # The logged loss is the global batch's: the mean of the ranks' shares (`replica_loss`).
+    logged = functional_collectives.all_reduce(loss.detach(), "sum", dist.group.WORLD) / dist.get_world_size()
+    model._loss_tracker.update_state(logged, sample_weight=batch)  # as Keras' train step does
     model.optimizer.scale_loss(loss).backward()
     weights = model.trainable_weights
     with torch.no_grad():
