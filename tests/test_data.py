@@ -450,3 +450,53 @@ def test_model_fit_consumes_one_epoch(tmp_path):
     history = model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[Count()])
     assert steps == [0, 1, 2]
     assert np.isfinite(history.history["loss"][0])
+
+
+# --------------------------------------------------------------------------- several processes
+
+
+def _captions_read(ds, tok):
+    """The caption indices of a pipeline's batches, in order."""
+    index = {tuple(ids): i for i, ids in enumerate(tok([_caption(i) for i in range(len(IMAGES))])["token_ids"])}
+    return [index[tuple(ids)] for ids in _concat(_batches(ds), "token_ids")]
+
+
+def test_processes_each_read_their_own_share_every_epoch(tmp_path, tok, pre):
+    path = _folder(tmp_path)  # 6 pairs
+    for processes in (2, 3, 4):
+        pipelines = [data.image_text_dataset(path, tok, pre, 1, training=True, seed=3, scale=(1, 1), ratio=(1, 1),
+                                             num_processes=processes, process_index=i) for i in range(processes)]
+        orders = []
+        for epoch in range(2):
+            shares = [_captions_read(ds, tok) for ds in pipelines]
+            share = len(IMAGES) // processes  # the same number of steps for every process
+            assert [len(s) for s in shares] == [share] * processes, (processes, shares)
+            read = [i for s in shares for i in s]
+            assert len(set(read)) == len(read) == share * processes  # each pair read once, by one process
+            orders.append(read)
+        assert orders[0] != orders[1]  # a new shuffle (and, with 4 processes, other pairs left out) each epoch
+    # One process is the whole pipeline.
+    whole = data.image_text_dataset(path, tok, pre, 2, training=True, seed=3)
+    alone = data.image_text_dataset(path, tok, pre, 2, training=True, seed=3, num_processes=1, process_index=0)
+    for a, b in zip(_batches(whole), _batches(alone)):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_processes_deal_out_tar_shards(tmp_path, tok, pre):
+    shards = _shards(tmp_path)  # samples 0-2, 3-5
+    read = [_captions_read(data.image_text_dataset(shards, tok, pre, 1, num_processes=2, process_index=i), tok)
+            for i in range(2)]
+    assert read == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="2 tar shard\\(s\\) cannot be dealt out to 3 processes"):
+        data.image_text_dataset(shards, tok, pre, 1, num_processes=3, process_index=0)
+
+
+def test_processes_need_a_seed_to_shuffle_alike(tmp_path, tok, pre):
+    path = _folder(tmp_path)
+    with pytest.raises(ValueError, match="With 2 processes, `seed` must be set"):
+        data.image_text_dataset(path, tok, pre, 1, training=True, num_processes=2, process_index=0)
+    with pytest.raises(ValueError, match="`process_index` must be below `num_processes` \\(2\\); received 2"):
+        data.image_text_dataset(path, tok, pre, 1, num_processes=2, process_index=2)
+    with pytest.raises(ValueError, match="6 usable records \\(2 per process for 3\\), fewer than batch_size=4"):
+        data.image_text_dataset(path, tok, pre, 4, training=True, seed=0, num_processes=3, process_index=1)

@@ -28,6 +28,15 @@ tokenizer's sequence length):
    tokenizers keep a cache that is not thread-safe).
 4. prefetch.
 
+Several processes (`num_processes`, `process_index`; by default the launch's, see
+`vlzoo.parallel.data_processes`): each pair is read by exactly one process per epoch.
+A caption file's records are shuffled alike in every process (the same `seed`), cut to
+a multiple of the process count, and process `i` keeps every `num_processes`-th record
+from the `i`-th: equal shares, so every process runs the same number of steps. Tar
+shards are dealt out whole (process `i` reads shards `i, i + n, ...`); their sample
+counts can differ, so train on them with `repeat=True` and `steps_per_epoch`. Each
+process draws its own augmentation seeds (`seed * num_processes + process_index`).
+
 Determinism: with `seed` set, the order (shuffles) and the augmentation (a per-element
 seed drawn from `tf.data.Dataset.random(seed)`) are the same every time the pipeline
 is built; each new pass (epoch) draws a new order and new crops. All parallel stages
@@ -42,6 +51,7 @@ import threading
 
 import numpy as np
 
+from vlzoo import parallel
 from vlzoo.data import records as R
 from vlzoo.data import transforms
 
@@ -191,6 +201,17 @@ def _image_fn(preprocessor, training, scale, ratio, on_error, stats):
     return load
 
 
+def _processes(num_processes, process_index):
+    """`(num_processes, process_index)`, checked; None: the launch's."""
+    if num_processes is None and process_index is None:
+        return parallel.data_processes()
+    num_processes = _check_int(1 if num_processes is None else num_processes, "num_processes", 1)
+    process_index = _check_int(0 if process_index is None else process_index, "process_index", 0)
+    if process_index >= num_processes:
+        raise ValueError(f"`process_index` must be below `num_processes` ({num_processes}); received {process_index}.")
+    return num_processes, process_index
+
+
 def image_text_dataset(
     source,
     tokenizer,
@@ -210,6 +231,8 @@ def image_text_dataset(
     ratio=(3 / 4, 4 / 3),
     on_error="raise",
     validate=False,
+    num_processes=None,
+    process_index=None,
 ):
     """A `tf.data.Dataset` of batched, preprocessed image-text pairs for `model.fit`.
 
@@ -258,6 +281,12 @@ def image_text_dataset(
             summary of a caption file's problems.
         validate: caption files only: decode every image with PIL while building, so
             undecodable images fail (or are skipped) up front.
+        num_processes, process_index: read only this process's share of the pairs
+            (module docstring); None: the launch's (`vlzoo.parallel.data_processes()`:
+            the torch.distributed ranks, the JAX processes of a distribution with
+            `auto_shard_dataset=False`; 1 process on TensorFlow, whose strategies
+            shard by worker themselves). With several processes and `shuffle`,
+            `seed` is required. `batch_size` is then each process's own.
 
     Returns:
         `tf.data.Dataset` of dicts `{"images": float32 (B, H, W, 3), "token_ids":
@@ -288,7 +317,18 @@ def image_text_dataset(
         shuffle_buffer = _check_int(shuffle_buffer, "shuffle_buffer", 1)
     if seed is not None:
         seed = _check_int(seed, "seed", 0)
+    num_processes, process_index = _processes(num_processes, process_index)
+    if num_processes > 1 and shuffle and seed is None:
+        raise ValueError(
+            f"With {num_processes} processes, `seed` must be set: every process shuffles the pairs alike "
+            "and reads its own share, so that each pair is read by exactly one process per epoch."
+        )
     kind, location = resolve_source(source)
+    if kind == "shards" and num_processes > 1:
+        if len(location) < num_processes:
+            raise ValueError(f"{len(location)} tar shard(s) cannot be dealt out to {num_processes} processes; "
+                             "write at least one shard per process.")
+        location = location[process_index::num_processes]
     tf = _tensorflow()  # before the tokenizer, whose keras_hub ops start TensorFlow
     sequence_length = _sequence_length(tokenizer)
     autotune = tf.data.AUTOTUNE
@@ -301,16 +341,20 @@ def image_text_dataset(
         )
         if not records:
             raise ValueError(f"No usable records in {location} ({stats.summary()}).")
-        if drop_remainder and not repeat and len(records) < batch_size:
+        share = len(records) // num_processes
+        if drop_remainder and not repeat and share < batch_size:
             raise ValueError(
-                f"{location} has {len(records)} usable records, fewer than batch_size="
-                f"{batch_size}: with drop_remainder=True the dataset would be empty."
+                f"{location} has {len(records)} usable records"
+                + (f" ({share} per process for {num_processes})" if num_processes > 1 else "")
+                + f", fewer than batch_size={batch_size}: with drop_remainder=True the dataset would be empty."
             )
         ds = tf.data.Dataset.from_tensor_slices(
             tuple(list(field) for field in zip(*records))
         )
         if shuffle:
             ds = ds.shuffle(shuffle_buffer or len(records), seed=seed, reshuffle_each_iteration=True)
+        if num_processes > 1:  # after the shuffle, the same in every process; before `repeat`: per epoch
+            ds = ds.take(share * num_processes).shard(num_processes, process_index)
         if repeat:
             ds = ds.repeat()
         ds = ds.map(
@@ -347,7 +391,8 @@ def image_text_dataset(
             )
 
     if training:
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        element_seed = None if seed is None else seed * num_processes + process_index
+        seeds = tf.data.Dataset.random(seed=element_seed, rerandomize_each_iteration=True)
     else:
         seeds = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
     load = _image_fn(preprocessor, training, scale, ratio, on_error, stats)

@@ -16,7 +16,9 @@ backend, behind four functions that `ContrastiveModel` calls:
 - `train_step(model, keras_step, *args)`: the step itself.
 - `check_launch()`, `initialize()`: the launch; `one_replica_batch`: the
   batch that Keras' TensorFlow trainer builds a distributed model from;
-  `step_logs`: a test step's logs as that trainer reduces them.
+  `step_logs`: a test step's logs as that trainer reduces them;
+  `data_processes()`: how many processes split a `vlzoo.data` pipeline, and
+  which one this is.
 
 Per backend:
 
@@ -47,6 +49,7 @@ else:
     from vlzoo.parallel import _jax as _impl
 
 check_launch = _impl.check_launch
+data_processes = _impl.data_processes
 gather_batch = _impl.gather_batch
 one_replica_batch = _impl.one_replica_batch
 replica_index = _impl.replica_index
@@ -56,5 +59,5 @@ step_logs = _impl.step_logs
 train_step = _impl.train_step
 world_size = _impl.world_size
 
-__all__ = ["check_launch", "gather_batch", "initialize", "one_replica_batch", "replica_index", "scale_loss",
-           "step_logs", "train_step", "world_size"]
+__all__ = ["check_launch", "data_processes", "gather_batch", "initialize", "one_replica_batch", "replica_index",
+           "scale_loss", "step_logs", "train_step", "world_size"]

@@ -1,5 +1,6 @@
 """JAX: `keras.distribution` traces one program over the global batch, so nothing is gathered by hand."""
 
+import jax
 import keras
 
 
@@ -10,6 +11,15 @@ def world_size():
 
 def replica_index():
     return 0
+
+
+def data_processes():
+    """`(processes, index)` when the distribution leaves each process to feed its own rows
+    (`auto_shard_dataset = False`); `(1, 0)` otherwise (Keras shards a global pipeline itself)."""
+    distribution = keras.distribution.distribution()
+    if distribution is None or getattr(distribution, "auto_shard_dataset", True) or jax.process_count() == 1:
+        return 1, 0
+    return jax.process_count(), jax.process_index()
 
 
 def check_launch():

@@ -29,6 +29,11 @@ def replica_index():
     return 0 if context is None else context.replica_id_in_sync_group
 
 
+def data_processes():
+    """`(1, 0)`: a `tf.distribute` strategy shards a pipeline by worker itself."""
+    return 1, 0
+
+
 def check_launch():
     """Nothing to check: a strategy reads `TF_CONFIG` itself."""
 

@@ -37,6 +37,11 @@ def replica_index():
     return dist.get_rank() if _initialized() else 0
 
 
+def data_processes():
+    """`(ranks, rank)`: each rank reads its own share of a `vlzoo.data` pipeline."""
+    return world_size(), replica_index()
+
+
 def _launched_processes():
     for name in _LAUNCH_VARIABLES:
         value = os.environ.get(name, "")
