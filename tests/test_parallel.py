@@ -7,6 +7,7 @@ after one AdamW step of every family against the same steps of this process on t
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def run_processes(commands, timeout=600):
                 process.wait()
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-4000:]
+    return outputs
 
 
 def worker_env(backend, **variables):
@@ -183,3 +185,33 @@ def test_a_subclass_that_changes_the_loss_gets_the_whole_loss_on_every_replica()
     assert vlzoo.CLIP._owner("replica_loss") is vlzoo.CLIP._owner("contrastive_loss")
     assert Doubled._owner("replica_loss") is not Doubled._owner("contrastive_loss")
     assert vlzoo.STAIR._owner("replica_loss") is vlzoo.models.ContrastiveModel
+
+
+def caption_folder(root, pairs=8):
+    """`root/captions.csv` naming `pairs` small PNGs."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (root / "img").mkdir()
+    rows = ["image,caption"]
+    for i in range(pairs):
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(root / "img" / f"{i}.png")
+        rows.append(f"img/{i}.png,a picture number {i}")
+    (root / "captions.csv").write_text("\n".join(rows) + "\n")
+    return root / "captions.csv"
+
+
+@TORCH_ONLY
+def test_vlzoo_train_under_torchrun_trains_together_and_writes_once(tmp_path):
+    data = caption_folder(tmp_path)
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}", "-m", "vlzoo.cli", "train", "--preset", "clip_tiny", "--data", str(data),
+            "--batch-size", "4", "--epochs", "2", "--learning-rate", "1e-3", "--warmup-steps", "0", "--verbose", "0",
+            "--backup-dir", str(backup), "--out", str(out)]
+    output = run_processes([(argv, worker_env("torch"))])
+    assert output[0].count("saved to") == 1, output[0][-3000:]  # rank 0 reports and writes; rank 1 is silent
+    assert "batch 4 over 2 processes" in output[0]
+    assert np.isfinite(float(re.search(r"final loss: ([0-9.]+)", output[0]).group(1)))
+    assert not backup.exists()  # written each epoch, deleted when the run ends, by the one process that wrote it
+    assert isinstance(vlzoo.from_preset(str(out)), vlzoo.CLIP)

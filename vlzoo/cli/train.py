@@ -1,5 +1,6 @@
 """`vlzoo train`: fine-tune a preset on image-caption pairs with `model.fit` and save it as a preset."""
 
+import io
 import math
 import os
 
@@ -17,7 +18,9 @@ def register(sub):
         "vlzoo.data.image_text_dataset(--data, ..., training=True): random resized crops, shuffled,\n"
         "seeded. An epoch is --steps-per-epoch batches (the data repeats), or one pass over a\n"
         "caption file. Then save_to_preset(--out); load it with vlzoo.from_preset(--out) or\n"
-        "--preset OUT in the other commands.",
+        "--preset OUT in the other commands. Runs unchanged under torchrun, with TF_CONFIG or\n"
+        "Keras' KERAS_DISTRIBUTION_* variables (docs/distributed.md): --batch-size is then the\n"
+        "global batch, each process reads its share of --data, and one process writes --out.",
         ["vlzoo train --preset clip_vit_b32 --data train.csv --epochs 2 --batch-size 64 "
          "--learning-rate 1e-5 --out runs/b32_ft",
          "vlzoo train --preset clip_vit_b16_openai --family sparc --data train.csv --out runs/sparc_openai",
@@ -88,6 +91,9 @@ def register(sub):
                    "(default: %(default)s)")
     _add_caption_keys(p, "column/key of the caption (caption files), or field of a tar sample's .json when it "
                          "has no .txt (default: the first present of caption, text, title)")
+    p.add_argument("--backup-dir", default=None, metavar="DIR",
+                   help="write the weights, optimizer state and epoch to DIR after every epoch, and resume from "
+                   "there when the same command runs again (vlzoo.training.BackupAndRestore)")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                    help="Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch "
                    "(default: %(default)s)")
@@ -100,8 +106,14 @@ def run(args, out):
     import keras
 
     import vlzoo
+    from vlzoo import parallel
     from vlzoo.data import labels
-    from vlzoo.training import configure, enable_lora, save_lora_weights
+    from vlzoo.training import BackupAndRestore, configure, enable_lora, save_lora_weights
+
+    parallel.initialize()  # torchrun, TF_CONFIG, KERAS_DISTRIBUTION_*: join the other processes
+    writer = parallel.is_writer()
+    if not writer:
+        out = io.StringIO()  # one process reports; the others train silently
 
     if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
         raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
@@ -109,8 +121,15 @@ def run(args, out):
         if getattr(args, f"lock_{tower}_unlocked_groups") and not getattr(args, f"lock_{tower}"):
             raise UsageError(f"--lock-{tower}-unlocked-groups", f"needs --lock-{tower}")
 
-    if args.micro_batch_size is not None and args.batch_size % args.micro_batch_size:
-        raise UsageError("--micro-batch-size", f"{args.micro_batch_size} does not divide --batch-size {args.batch_size}")
+    processes = parallel.data_processes()[0]
+    if args.batch_size % processes:
+        raise UsageError("--batch-size", f"the global batch {args.batch_size} is not a multiple of the {processes} "
+                                         "processes that share it")
+    if processes > 1 and args.cache_locked:
+        raise UsageError("--cache-locked", f"not supported over {processes} processes yet")
+    if args.micro_batch_size is not None and (args.batch_size // processes) % args.micro_batch_size:
+        raise UsageError("--micro-batch-size", f"{args.micro_batch_size} does not divide --batch-size {args.batch_size}"
+                         + (f" shared by {processes} processes" if processes > 1 else ""))
     if args.lora_rank is None:
         for argument, given in (("--save-adapters", args.save_adapters is not None),
                                 ("--lora-towers", args.lora_towers != ["image", "text"]),
@@ -132,36 +151,39 @@ def run(args, out):
     total_steps, updates = _run_length(args, steps)
 
     keras.utils.set_random_seed(args.seed)
-    model = _load_preset(args.preset, out, family=args.family)
-    train = vlzoo.data.image_text_dataset(
-        args.data, model.tokenizer, model.preprocessor, args.batch_size, training=not cached_towers, seed=args.seed,
-        image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
-        on_error=args.on_error, **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
-    )
-    stats = train.stats
-    if cached_towers:
-        train = _cache(model, train, cached_towers, args, out)
-        steps = len(train["token_ids"]) // args.batch_size
-        if steps < 1:
-            raise UsageError("--batch-size", f"{args.data} gave {len(train['token_ids'])} readable pairs, fewer "
-                                             f"than one batch of {args.batch_size}")
-        train = {key: keras.tree.map_structure(lambda a: a[:steps * args.batch_size], value)
-                 for key, value in train.items()}  # whole batches, as the augmented pipeline's
-        total_steps, updates = _run_length(args, steps)
-    staged = _set_stair_stages(model, args, total_steps)
-    if args.lora_rank is not None:
-        with _naming("--lora-targets"):
-            enable_lora(model, rank=args.lora_rank, targets=args.lora_targets, towers=args.lora_towers,
-                        alpha=args.lora_alpha)
-    # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
-    configure(model, learning_rate=args.learning_rate, total_steps=updates, warmup_steps=args.warmup_steps,
-              alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
-              gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None,
-              micro_batch_size=args.micro_batch_size,
-              lock_image=args.lock_image, lock_image_unlocked_groups=args.lock_image_unlocked_groups,
-              lock_text=args.lock_text, lock_text_unlocked_groups=args.lock_text_unlocked_groups)
+    with parallel.scope():  # a tf.distribute strategy's: the model and its optimizer are made in it
+        model = _load_preset(args.preset, out, family=args.family)
+        train = vlzoo.data.image_text_dataset(
+            args.data, model.tokenizer, model.preprocessor, args.batch_size // processes, training=not cached_towers,
+            seed=args.seed,
+            image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
+            on_error=args.on_error, **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
+        )
+        stats = train.stats
+        if cached_towers:
+            train = _cache(model, train, cached_towers, args, out)
+            steps = len(train["token_ids"]) // args.batch_size
+            if steps < 1:
+                raise UsageError("--batch-size", f"{args.data} gave {len(train['token_ids'])} readable pairs, fewer "
+                                                 f"than one batch of {args.batch_size}")
+            train = {key: keras.tree.map_structure(lambda a: a[:steps * args.batch_size], value)
+                     for key, value in train.items()}  # whole batches, as the augmented pipeline's
+            total_steps, updates = _run_length(args, steps)
+        staged = _set_stair_stages(model, args, total_steps)
+        if args.lora_rank is not None:
+            with _naming("--lora-targets"):
+                enable_lora(model, rank=args.lora_rank, targets=args.lora_targets, towers=args.lora_towers,
+                            alpha=args.lora_alpha)
+        # "constant" is the warm-up followed by a flat rate: a cosine whose floor is the peak.
+        configure(model, learning_rate=args.learning_rate, total_steps=updates, warmup_steps=args.warmup_steps,
+                  alpha=0.0 if args.schedule == "cosine" else 1.0, weight_decay=args.weight_decay,
+                  gradient_accumulation_steps=args.gradient_accumulation_steps, remat=args.remat or None,
+                  micro_batch_size=args.micro_batch_size,
+                  lock_image=args.lock_image, lock_image_unlocked_groups=args.lock_image_unlocked_groups,
+                  lock_text=args.lock_text, lock_text_unlocked_groups=args.lock_text_unlocked_groups)
     print(f"training {args.preset} ({type(model).__name__}, {model.count_params():,} parameters) on {args.data}: "
-          f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}, lr {args.learning_rate} "
+          f"{args.epochs} epoch(s) x {steps} steps, batch {args.batch_size}"
+          + (f" over {processes} processes" if processes > 1 else "") + f", lr {args.learning_rate} "
           f"({args.schedule}, warm-up {args.warmup_steps}), weight decay {args.weight_decay}, "
           f"gradient accumulation {args.gradient_accumulation_steps or 1} ({updates} optimizer updates), "
           f"micro-batch {args.micro_batch_size or args.batch_size}, remat {args.remat}, "
@@ -171,13 +193,16 @@ def run(args, out):
     # is unknown (images skipped on error).
     # The dataset shuffles itself; the cached arrays are shuffled by `fit`, in whole batches.
     order = dict(batch_size=args.batch_size, shuffle=True) if cached_towers else dict(shuffle=False)
+    callbacks = [BackupAndRestore(args.backup_dir)] if args.backup_dir else []
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps if staged else args.steps_per_epoch,
-                        verbose=args.verbose, **order)
+                        verbose=args.verbose if writer else 0, callbacks=callbacks, **order)
     if stats.num_skipped:
         print(f"note: {stats.summary()}", file=out)
     losses = history.history.get("loss", [])
     if losses:
         print(f"final loss: {losses[-1]:.4f}", file=out)
+    if not writer:
+        return 0
     if args.save_adapters is not None:
         save_lora_weights(model, args.save_adapters)
         print(f"saved the LoRA adapters to {args.save_adapters}", file=out)

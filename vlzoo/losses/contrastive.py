@@ -301,6 +301,12 @@ def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n, row_sta
 # ------------------------------------------------ one replica's rows
 
 
+def _check_count(count):
+    """A python `count` must be an int >= 1; a traced one is the batch size of a replica's outputs."""
+    if isinstance(count, (int, float, bool)):
+        check_positive_int(count, "count", allow_none=False)
+
+
 def _rows(x, start, count):
     """Rows `start .. start + count - 1` of `x` (`start` a python int or a scalar tensor)."""
     return ops.slice(x, (ops.cast(start, "int32"),) + (0,) * (len(x.shape) - 1),
@@ -321,14 +327,14 @@ def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
         text_embeds: `(B, D)` text embeddings of the whole batch.
         logit_scale: scalar multiplier `s`.
         start: first row (python int or int scalar tensor).
-        count: number of rows (python int).
+        count: number of rows (python int, or int scalar tensor).
 
     Returns:
         float32 scalar.
     """
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
-    check_positive_int(count, "count", allow_none=False)
+    _check_count(count)
     img, txt = l2_normalize(image_embeds), l2_normalize(text_embeds)
     targets = ops.expand_dims(ops.cast(start, "int32") + ops.arange(count, dtype="int32"), 1)
     terms = []
@@ -355,7 +361,7 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
         logit_scale: scalar multiplier `s`.
         logit_bias: scalar bias `b`.
         start: first row (python int or int scalar tensor).
-        count: number of rows (python int).
+        count: number of rows (python int, or int scalar tensor).
         num_chunks: number of text chunks, or None for one `(count, B)` block.
         remat: rematerialise each chunk in the backward pass.
 
@@ -365,7 +371,7 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-    check_positive_int(count, "count", allow_none=False)
+    _check_count(count)
     check_positive_int(num_chunks, "num_chunks")
     plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
     if plan is None:
@@ -376,4 +382,4 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
     img = _rows(l2_normalize(image_embeds), start, count)
     total = _siglip_chunked_sum(img, l2_normalize(text_embeds), logit_scale, logit_bias, tuple(plan), pad,
                                 remat and num_chunks is not None, row_start=start)
-    return -total / float(count)
+    return -total / ops.cast(count, "float32")

@@ -392,7 +392,7 @@ class ContrastiveModel(keras.Model):
             y_pred = self(x, training=training)
         gathered = parallel.gather_batch(y_pred)
         if training and gathered is not y_pred and self._owner("replica_loss") is self._owner("contrastive_loss"):
-            count = keras.tree.flatten(y_pred)[0].shape[0]
+            count = ops.shape(y_pred["image_embeds"])[0]  # a tensor where the batch size is traced (TensorFlow)
             loss = self.replica_loss(gathered, parallel.replica_index() * count, count, training=training)
         else:
             loss = self.contrastive_loss(gathered, training=training)

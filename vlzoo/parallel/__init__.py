@@ -4,7 +4,9 @@ The contrastive losses compare every image with every caption of the batch, so
 a step that spans several devices must see the *global* batch: each device
 encodes its own pairs, then the outputs of every device are gathered (with
 their gradients) before the family's loss. This package holds what differs per
-backend, behind four functions that `ContrastiveModel` calls:
+backend.
+
+What `ContrastiveModel`'s step calls:
 
 - `world_size()`: how many replicas one step spans (1 when training alone);
   `replica_index()`: this replica's place among them.
@@ -13,11 +15,19 @@ backend, behind four functions that `ContrastiveModel` calls:
   `r * B .. (r + 1) * B - 1`); scalars (the logit scale and bias) are left as
   they are. Differentiable: the gradient of each replica's rows comes back to it.
 - `scale_loss(loss)`: the loss as the backend's gradient aggregation expects it.
-- `train_step(model, keras_step, *args)`: the step itself.
-- `check_launch()`, `initialize()`: the launch; `one_replica_batch`: the
-  batch that Keras' TensorFlow trainer builds a distributed model from;
-  `step_logs`: a test step's logs as that trainer reduces them;
-  `data_processes()`: how many processes split a `vlzoo.data` pipeline, and
+- `train_step(model, keras_step, *args)`: the step itself; `step_logs(logs)`:
+  a step's logs as Keras' TensorFlow trainer reduces them; `one_replica_batch`:
+  the batch that trainer builds a distributed model from.
+- `check_launch()`: a clear error for processes launched together that did not
+  join each other.
+
+What a training script (and `vlzoo train`) calls:
+
+- `initialize()`: join the launch's other processes (torchrun's process group,
+  `KERAS_DISTRIBUTION_*`, `TF_CONFIG`) and set the backend's data parallelism;
+  `scope()`: where to build and compile the model; `is_writer()`: whether this
+  process writes presets and checkpoints (one process does).
+- `data_processes()`: how many processes split a `vlzoo.data` pipeline, and
   which one this is.
 
 Per backend:
@@ -28,15 +38,16 @@ Per backend:
 - PyTorch: under `torch.distributed` (e.g. `torchrun`), the step runs the model
   through `torch.nn.parallel.DistributedDataParallel` (weights broadcast from
   rank 0, gradients averaged by its bucketed all-reduce during the backward
-  pass), and `gather_batch` is `torch.distributed.nn.functional.all_gather`.
+  pass), and `gather_batch` is torch's differentiable all-gather.
 - TensorFlow: inside a `tf.distribute` strategy's replica context,
   `gather_batch` is the replica context's `all_gather`, and Keras' optimizer
   sums the replicas' gradients.
 
-Why every replica may compute the global loss `L`: with the gather's gradient
-summed over replicas and the gradients averaged (PyTorch) or each replica's
-loss divided by the replica count and summed (TensorFlow), the update is the
-one of a single device holding the whole batch; see docs/distributed.md.
+Why every replica may compute the global loss `L` (or its share of the rows,
+`ContrastiveModel.replica_loss`): with the gather's gradient summed over the
+replicas and the gradients averaged (PyTorch) or each replica's loss divided by
+the replica count and summed (TensorFlow), the update is the one of a single
+device holding the whole batch; see docs/distributed.md.
 """
 
 import keras
@@ -54,10 +65,12 @@ gather_batch = _impl.gather_batch
 one_replica_batch = _impl.one_replica_batch
 replica_index = _impl.replica_index
 initialize = _impl.initialize
+is_writer = _impl.is_writer
 scale_loss = _impl.scale_loss
+scope = _impl.scope
 step_logs = _impl.step_logs
 train_step = _impl.train_step
 world_size = _impl.world_size
 
-__all__ = ["check_launch", "data_processes", "gather_batch", "initialize", "one_replica_batch", "replica_index",
-           "scale_loss", "step_logs", "train_step", "world_size"]
+__all__ = ["check_launch", "data_processes", "gather_batch", "initialize", "is_writer", "one_replica_batch",
+           "replica_index", "scale_loss", "scope", "step_logs", "train_step", "world_size"]

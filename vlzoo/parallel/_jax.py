@@ -1,5 +1,8 @@
 """JAX: `keras.distribution` traces one program over the global batch, so nothing is gathered by hand."""
 
+import contextlib
+import os
+
 import jax
 import keras
 
@@ -26,9 +29,38 @@ def check_launch():
     """Nothing to check: `keras.distribution.initialize` reads its own launch variables."""
 
 
+# The variables `keras.distribution.initialize()` reads to join several processes.
+_LAUNCH_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES")
+
+
 def initialize():
-    """`keras.distribution.initialize()`, reading `KERAS_DISTRIBUTION_*` (or a TPU pod's own variables)."""
-    keras.distribution.initialize()
+    """Data parallelism over every device of the launch, for a training script or `vlzoo train`.
+
+    Joins the other processes first when the `KERAS_DISTRIBUTION_*` variables name them
+    (`keras.distribution.initialize()`), then, with several devices in all and no distribution
+    set yet, sets `keras.distribution.DataParallel` with `auto_shard_dataset = False`: each
+    process feeds its own rows (`vlzoo.data` pipelines split themselves by process).
+    """
+    if any(os.environ.get(name) for name in _LAUNCH_VARIABLES) and not _joined():
+        keras.distribution.initialize()
+    if keras.distribution.distribution() is None and jax.device_count() > 1:
+        distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+        distribution.auto_shard_dataset = False
+        keras.distribution.set_distribution(distribution)
+
+
+def _joined():
+    return jax.process_count() > 1
+
+
+def scope():
+    """Nothing to enter: the distribution is global."""
+    return contextlib.nullcontext()
+
+
+def is_writer():
+    """True in process 0: the process that writes presets and checkpoints."""
+    return jax.process_index() == 0
 
 
 def step_logs(logs):

@@ -7,6 +7,9 @@ outputs of the global batch come from the replica context's `all_gather`,
 whose gradient sums the replicas' gradients of the gathered rows.
 """
 
+import contextlib
+import os
+
 import keras
 import tensorflow as tf
 
@@ -38,8 +41,32 @@ def check_launch():
     """Nothing to check: a strategy reads `TF_CONFIG` itself."""
 
 
+_STRATEGY = []  # the strategy `initialize` made, entered by `scope`
+
+
 def initialize():
-    """Nothing to do: build and compile the model inside a `tf.distribute` strategy's `scope()`."""
+    """The strategy of the launch, for a training script or `vlzoo train`: `MultiWorkerMirroredStrategy`
+    when `TF_CONFIG` names a cluster, `MirroredStrategy` over several GPUs, none otherwise. Build and
+    compile the model in `scope()`."""
+    if _STRATEGY:
+        return
+    if os.environ.get("TF_CONFIG"):
+        _STRATEGY.append(tf.distribute.MultiWorkerMirroredStrategy())
+    elif len(tf.config.list_logical_devices("GPU")) > 1:
+        _STRATEGY.append(tf.distribute.MirroredStrategy())
+
+
+def scope():
+    """The scope of `initialize`'s strategy (or of none)."""
+    return _STRATEGY[0].scope() if _STRATEGY else contextlib.nullcontext()
+
+
+def is_writer():
+    """True in the chief (worker 0 of a `TF_CONFIG` cluster) or when there is one worker: the process
+    that writes presets and checkpoints."""
+    strategy = _STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is None or not resolver.task_type or resolver.task_id == 0
 
 
 def gather_batch(outputs):

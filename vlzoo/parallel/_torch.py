@@ -11,6 +11,7 @@ whose backward pass sums every rank's gradient of the gathered rows and
 returns each rank its own rows'.
 """
 
+import contextlib
 import os
 
 import keras
@@ -60,6 +61,16 @@ def check_launch():
             "initialised, so each process would train its own model on its own part of the data. Call "
             "`vlzoo.parallel.initialize()` (or `torch.distributed.init_process_group(...)`) before `fit`."
         )
+
+
+def scope():
+    """Nothing to enter: DistributedDataParallel wraps the model in the train step."""
+    return contextlib.nullcontext()
+
+
+def is_writer():
+    """True in rank 0 (and when training alone): the process that writes presets and checkpoints."""
+    return replica_index() == 0
 
 
 def initialize(backend=None):
