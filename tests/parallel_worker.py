@@ -1,10 +1,11 @@
 """One process of a multi-process (or multi-device) training step, as `test_parallel.py` starts it.
 
+    python tests/parallel_worker.py launch BACKEND OUT_DIR     (all of BACKEND's launches below; prints their records)
     torchrun --nproc_per_node=2 tests/parallel_worker.py torch OUT_DIR               (PyTorch, gloo)
     TF_CONFIG=... python tests/parallel_worker.py tf_multiworker OUT_DIR             (2 TensorFlow workers)
     python tests/parallel_worker.py tf_mirrored OUT_DIR                              (2 logical CPUs, 1 process)
-    VLZOO_TEST_PROCESS=i VLZOO_TEST_COORDINATOR=127.0.0.1:PORT \\
-        python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes)
+    VLZOO_TEST_PROCESS=i VLZOO_TEST_COORDINATOR=127.0.0.1:PORT XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
+        python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes x 4 devices)
 
 Every process builds each family's tiny model from a seed of its own (`1000 + process index`: the launch
 must make the weights equal, as rank 0's broadcast does; JAX's processes share the seed 1000, since JAX
@@ -13,11 +14,14 @@ requires every process to give a replicated weight the same value) and fits one 
 rows (process `r`: rows `r * B .. (r + 1) * B - 1`); TensorFlow's strategies split the global batch themselves
 (the multi-worker strategy shards it by worker, in the same order), with AdamW. `test_parallel.py` compares
 the step with the same step of one process on the whole batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per
-family the loss, the gradients (from AdamW's first moment) and the weights after the step.
+family the loss, the gradients (from AdamW's first moment) and the weights after the step. The JAX launch
+also trains a Llip of G/14's layout under ModelParallel (`G14_REDUCED`, a 2 x 4 mesh over both processes).
 """
 
 import json
 import os
+import socket
+import subprocess
 import sys
 
 LAUNCH = sys.argv[1] if __name__ == "__main__" else None
@@ -32,23 +36,53 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vlzoo import parallel  # noqa: E402
+import vlzoo  # noqa: E402
+from vlzoo import distribution, parallel  # noqa: E402
+from vlzoo.training import enable_lora, lock_tower  # noqa: E402
 
 from margins import margin_batch, tiny_family_model  # noqa: E402
 
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
+# The training features that change the step, on top of the families: CLIP with its image tower locked (LiT),
+# LoRA adapters on its text tower and micro-batches of 2 within each process (gradient caching); STAIR's stage
+# 2 (image tower frozen, text decoder against its snapshot) and 3.
+VARIANTS = ("clip:lit-lora-micro", "stair:stage2", "stair:stage3")
+RUNS = FAMILIES + VARIANTS
+# G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test; the
+# JAX launch trains it under ModelParallel on a (2 batch x 4 model) mesh over its 2 processes x 4 CPU devices.
+G14_REDUCED = dict(
+    vision=dict(image_size=28, hidden_dim=64, num_layers=2, num_heads=4, intermediate_dim=128),
+    text=dict(sequence_length=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64),
+    embed_dim=32, num_heads=8,
+)
+MODEL_PARALLEL = "llip_g14_model_parallel"
 GLOBAL_BATCH = 8
 ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
 
 
-def build(family, seed):
-    """The family's tiny model from `seed`, compiled with AdamW (made here: in a strategy's scope)."""
+def build(run, seed):
+    """The tiny model of `run` (a family or one of `VARIANTS`) from `seed`, compiled with AdamW (made here: in a
+    strategy's scope)."""
+    family, _, variant = run.partition(":")
     keras.utils.set_random_seed(seed)
     model = tiny_family_model(family)
     if family == "stair":
         model.stage_fractions = None  # one step: no stage schedule over the run
+    if variant == "lit-lora-micro":
+        lock_tower(model, "image")
+        enable_lora(model, rank=2, towers=("text",))
+        model.micro_batch_size = 2
+    elif variant.startswith("stage"):
+        model.set_stage(int(variant[len("stage"):]))
+    model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
+    return model
+
+
+def build_g14(seed):
+    keras.utils.set_random_seed(seed)
+    model = vlzoo.from_preset("llip_vit_g14", load_weights=False, **G14_REDUCED)
     model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
     return model
 
@@ -110,7 +144,7 @@ class Launch:
 def main(name, out_dir):
     launch = Launch(name)
     record = {}
-    for family in FAMILIES:
+    for family in RUNS:
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
         model = launch.build(family)
         record[f"{family}/loss"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
@@ -118,8 +152,96 @@ def main(name, out_dir):
             record[f"{family}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
         for path, gradient in gradients(model).items():
             record[f"{family}/gradient/{path}"] = gradient
+    if name == "jax":
+        record.update(model_parallel(launch))
     np.savez(os.path.join(out_dir, f"rank{launch.index}.npz"), **record)
 
 
+def model_parallel(launch):
+    """One step of the G/14-layout Llip under ModelParallel, the batch axis across the processes."""
+    mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+    layouts = distribution.layout_map(build_g14(1000), mesh)
+    sharded_training = keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="batch")
+    sharded_training.auto_shard_dataset = False  # each process feeds its own rows
+    with sharded_training.scope():
+        model = build_g14(1000)
+        sharded = distribution.sharded_dimensions(model)
+        loss = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
+        still_sharded = sorted(distribution.sharded_dimensions(model)) == sorted(sharded)
+    record = {f"{MODEL_PARALLEL}/loss": loss, f"{MODEL_PARALLEL}/still_sharded": still_sharded,
+              f"{MODEL_PARALLEL}/layout_entries": np.array(sorted(layouts)),
+              f"{MODEL_PARALLEL}/num_prefix_tokens": model.vision.num_prefix_tokens,
+              f"{MODEL_PARALLEL}/sharded": json.dumps({path: list(axes) for path, axes in sharded.items()})}
+    for v in model.weights:
+        record[f"{MODEL_PARALLEL}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
+    for path, gradient in gradients(model).items():
+        record[f"{MODEL_PARALLEL}/gradient/{path}"] = gradient
+    return record
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(backend, **variables):
+    return dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", **variables)
+
+
+def run_processes(commands, timeout=1200):
+    """Runs `(argv, env)` commands side by side to their end, within `timeout` seconds in all; every process
+    group is killed if one fails or time runs out, whatever happens. Raises with the output of a process that
+    did not exit with 0; returns their outputs."""
+    processes = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True) for argv, env in commands]
+    try:
+        outputs = [process.communicate(timeout=timeout)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+                process.wait()
+    for process, output in zip(processes, outputs):
+        if process.returncode != 0:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}:\n{output[-4000:]}")
+    return outputs
+
+
+def launch(backend, out_dir):
+    """Starts `backend`'s launches of this worker, waits for them, and prints `{launch: [record paths]}` as JSON."""
+    commands, counts = [], {}
+    worker = os.path.abspath(__file__)
+
+    def add(name, processes, count=None):
+        """`processes` `(argv, env)` write their records to `out_dir/name`; `count`: how many (default: one each)."""
+        directory = os.path.join(out_dir, name)
+        os.makedirs(directory, exist_ok=True)
+        counts[name] = count or len(processes)
+        commands.extend((argv + [directory], env) for argv, env in processes)
+
+    if backend == "torch":
+        add("torchrun", [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker, "torch"],
+                          worker_env("torch"))], count=2)
+    elif backend == "tensorflow":
+        cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+        add("tf_mirrored", [([sys.executable, worker, "tf_mirrored"], worker_env("tensorflow"))])
+        add("tf_multiworker", [([sys.executable, worker, "tf_multiworker"], worker_env(
+            "tensorflow", TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})))
+            for i in range(2)])
+    else:
+        coordinator = f"127.0.0.1:{free_port()}"
+        add("jax_processes", [([sys.executable, worker, "jax"], worker_env(
+            "jax", VLZOO_TEST_PROCESS=str(i), VLZOO_TEST_COORDINATOR=coordinator,
+            XLA_FLAGS="--xla_force_host_platform_device_count=4")) for i in range(2)])
+    run_processes(commands)
+    print(json.dumps({name: [os.path.join(out_dir, name, f"rank{r}.npz") for r in range(count)]
+                      for name, count in counts.items()}))
+
+
 if __name__ == "__main__":
-    main(LAUNCH, sys.argv[2])
+    if LAUNCH == "launch":
+        launch(sys.argv[2], sys.argv[3])
+    else:
+        main(LAUNCH, sys.argv[2])
