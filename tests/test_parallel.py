@@ -206,3 +206,29 @@ def test_vlzoo_train_under_torchrun_trains_together_and_writes_once(tmp_path):
     assert np.isfinite(float(re.search(r"final loss: ([0-9.]+)", output[0]).group(1)))
     assert not backup.exists()  # written each epoch, deleted when the run ends, by the one process that wrote it
     assert isinstance(vlzoo.from_preset(str(out)), vlzoo.CLIP)
+
+
+_SRUN_TASK = """
+import torch.distributed as dist
+import torch
+from vlzoo import parallel
+parallel.initialize()
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", float(total[0]))
+"""
+
+
+@TORCH_ONLY
+def test_srun_tasks_join_from_slurm_variables():
+    port = parallel_worker.free_port()
+    slurm = [parallel_worker.worker_env("torch", SLURM_PROCID=str(i), SLURM_NTASKS="2", SLURM_LOCALID=str(i),
+                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for i in range(2)]
+    for env in slurm:
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(name, None)
+    outputs = parallel_worker.run_processes([([sys.executable, "-c", _SRUN_TASK], env) for env in slurm], timeout=300)
+    assert [output.strip().splitlines()[-1] for output in outputs] == ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"]
+    del slurm[0]["MASTER_ADDR"]
+    with pytest.raises(RuntimeError, match="Under srun, set MASTER_ADDR in the job script"):
+        parallel_worker.run_processes([([sys.executable, "-c", _SRUN_TASK], slurm[0])], timeout=300)

@@ -446,7 +446,7 @@ class ContrastiveModel(keras.Model):
         """Keras' TensorFlow trainer builds the optimizer and metrics under a `tf.distribute` strategy from the
         first batch; it averages that batch over the replicas first, which fails for a boolean padding mask and,
         under MultiWorkerMirroredStrategy, for any dict of inputs. One replica's batch has the shapes it needs."""
-        super()._maybe_symbolic_build(None, parallel.one_replica_batch(iterator, data_batch))
+        super()._maybe_symbolic_build(*parallel.one_replica_batch(self, iterator, data_batch))
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         validation.check_paired_arrays(x, "evaluate")

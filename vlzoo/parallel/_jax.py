@@ -67,8 +67,8 @@ def step_logs(logs):
     return logs
 
 
-def one_replica_batch(iterator, data_batch):
-    return data_batch
+def one_replica_batch(model, iterator, data_batch):
+    return iterator, data_batch
 
 
 def gather_batch(outputs):

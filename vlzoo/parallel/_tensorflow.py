@@ -92,14 +92,16 @@ def scale_loss(loss):
     return loss if replicas == 1 else loss / replicas
 
 
-def one_replica_batch(iterator, data_batch):
-    """The first replica's part of the iterator's next batch (or `data_batch`), for Keras' symbolic build."""
-    if iterator is None:
-        return data_batch
+def one_replica_batch(model, iterator, data_batch):
+    """`(iterator, data_batch)` for Keras' symbolic build of `model`: under a strategy with several replicas,
+    `(None, the first replica's part of the iterator's next batch)`, which Keras reads the same way (one
+    batch off the iterator); the arguments unchanged otherwise."""
+    if iterator is None or model.distribute_strategy.num_replicas_in_sync == 1:
+        return iterator, data_batch
     for _, _, batches in iterator:
-        return keras.tree.map_structure(
+        return None, keras.tree.map_structure(
             lambda x: x.values[0] if isinstance(x, tf.distribute.DistributedValues) else x, next(batches))
-    return data_batch
+    return iterator, data_batch
 
 
 def step_logs(logs):

@@ -78,13 +78,22 @@ def initialize(backend=None):
 
     On a GPU machine, each process takes the GPU `LOCAL_RANK` (call this before
     building a model, so that its weights are created there) and NCCL; on the
-    CPU, gloo. Does nothing when the process was started alone.
+    CPU, gloo. Under SLURM's `srun`, the rank, world size and local rank come
+    from SLURM's variables, and `MASTER_ADDR` / `MASTER_PORT` from the job
+    script. Does nothing when the process was started alone.
 
     Args:
         backend: the process group's backend; None: `"nccl"` with CUDA, `"gloo"` otherwise.
     """
     if _initialized() or _launched_processes()[1] == 1:
         return
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun: each task its rank from SLURM
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
+                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        if missing:
+            raise RuntimeError(f"Under srun, set {' and '.join(missing)} in the job script (the first node's "
+                               "address and a free port): torch.distributed meets there.")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
@@ -116,8 +125,8 @@ def step_logs(logs):
     return logs
 
 
-def one_replica_batch(iterator, data_batch):
-    return data_batch
+def one_replica_batch(model, iterator, data_batch):
+    return iterator, data_batch
 
 
 def gather_batch(outputs):
