@@ -20,8 +20,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as functional_collectives
 from torch.nn.parallel import DistributedDataParallel
 
-# The variables a launcher sets in each of the processes it starts (torchrun, and SLURM's srun).
-_LAUNCH_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS")
+# The variables a launcher sets in each of the processes it starts: torchrun, and SLURM's srun (the tasks of
+# the job step; a batch script's own process sees the allocation's SLURM_NTASKS but is one task).
+_LAUNCH_VARIABLES = ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
 def _initialized():
@@ -88,7 +89,7 @@ def initialize(backend=None):
     if _initialized() or _launched_processes()[1] == 1:
         return
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun: each task its rank from SLURM
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_STEP_NUM_TASKS"],
                           LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
         if missing:
