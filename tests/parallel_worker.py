@@ -96,7 +96,13 @@ def gradients(model):
 
 
 def fit_one_step(model, batch):
+    """One `fit` step on `batch`; on TensorFlow from a dataset of static batch shape (gradient caching needs it
+    under a strategy, whose replicas otherwise see an unknown batch size)."""
     rows = len(batch["token_ids"])
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        data = tf.data.Dataset.from_tensor_slices(batch).batch(rows, drop_remainder=True)
+        return float(model.fit(data, epochs=1, verbose=0).history["loss"][0])
     return float(model.fit(batch, batch_size=rows, epochs=1, shuffle=False, verbose=0).history["loss"][0])
 
 

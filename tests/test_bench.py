@@ -50,7 +50,7 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
     assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
     assert {row["entry"] for row in rows} == {"open_clip", "precision", "serving", "filip_loss", "train_step",
-                                              "stair_pool", "loss_memory", "grad_caching"}
+                                              "stair_pool", "loss_memory", "grad_caching", "distributed"}
     caching = {(row["batch_size"], row["micro_batch_size"]) for row in rows if row["entry"] == "grad_caching"}
     assert caching == {(4, None), (4, 2), (8, None), (8, 2)}
     peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
@@ -63,7 +63,9 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         if only is None:  # converted weights, same batch: both frameworks compute the same outputs
             assert r["vs_open_clip"] > 0 and r["open_clip_median_s"] > 0 and r["max_abs_diff"] < 1e-4, (task, r)
     memory = {(row["loss"], row["B"]) for row in rows if row["entry"] == "loss_memory"}
-    assert memory == {(loss, b) for loss in ("clip", "filip", "llip") for b in (8, 16)}
+    assert memory == {(loss, b) for loss in ("clip", "clip_share", "filip", "llip") for b in (8, 16)}
+    distributed = {row["processes"]: row["result"] for row in rows if row["entry"] == "distributed"}
+    assert set(distributed) == {1, 2} and all(r["median_s"] > 0 for r in distributed.values())
     steps = {(row["family"], row["backend"]) for row in rows if row["entry"] == "train_step"}
     assert {family for family, _ in steps} == {"sparc", "sparo", "llip"}
     for row in rows:
@@ -118,7 +120,7 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
                for line in table.splitlines()) == 4  # the precision table's rows
     assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory",
-                                                     "grad_caching"))
+                                                     "grad_caching", "distributed"))
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines()
               if line.startswith("| train_step |") and " towers, batch " in line]
     assert len(ratios) == 3 and all(float(r) > 0 for r in ratios)

@@ -53,7 +53,8 @@ Entries:
                process: time relative to CLIP's.
   loss_memory  peak memory against batch size B (32, 64, 128, 256) of each loss,
                forward + backward w.r.t. its inputs, one timed call after the
-               first: CLIP (D=512), FILIP chunked
+               first: CLIP (D=512), one of 8 replicas' share of CLIP's loss of
+               the global batch B (`clip_loss_rows`: its B/8 rows against all B), FILIP chunked
                by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
                (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
                linearly in B, not with B^2.
@@ -73,6 +74,11 @@ Entries:
                open_clip's `encode_image` in float32 and under bfloat16 autocast
                (inference mode): embeddings/s, ratios, and the smallest cosine per
                embedding against open_clip's float32 embeddings of the same batch.
+  distributed  PyTorch: CLIP's `train_on_batch` on the clip_vit_b16 towers with a global batch of 16,
+               in 1 process and over 2 processes of 8 pairs each (torch.distributed with gloo on the
+               CPU: DistributedDataParallel's all-reduce and the outputs' all-gather, `vlzoo.parallel`;
+               the second process is a helper started by the case): time per step, peak memory of
+               the measured process. Reported, not gated.
   stair_pool   STAIR's vocabulary-sized head pooled to (B, V), forward +
                backward, B=64 images of S=197 positions (ViT-B/16), V=30,522,
                D=768: all (B, S, V) logits at once vs 16 rematerialised
@@ -101,10 +107,11 @@ from bench_report import (  # noqa: E402,F401  (the report tables; re-exported f
 )
 
 ENTRIES = ("open_clip", "precision", "serving", "filip_loss", "train_step", "stair_pool", "loss_memory",
-           "grad_caching")
+           "grad_caching", "distributed")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
-MEMORY_LOSSES = ("clip", "filip", "llip")
+MEMORY_LOSSES = ("clip", "clip_share", "filip", "llip")
+REPLICAS = 8  # clip_share: one replica's rows of the global batch
 PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_clip's (bfloat16: autocast)
 # vlzoo's dtype policies per task: inference in bfloat16 weights, training with float32 master weights.
 PRECISION_TASKS = {"encode_image": ("float32", "bfloat16"), "train_step": ("float32", "mixed_bfloat16")}
@@ -331,6 +338,7 @@ def cases(entries, quick, on_accelerator=False):
                 yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + 2)
         elif entry == "loss_memory":
             shapes = {"clip": dict(D=512, chunk_size=None),
+                      "clip_share": dict(D=512, chunk_size=None, replicas=REPLICAS),
                       "filip": dict(P=196, T=77, D=256, chunk_size=8),
                       "llip": dict(K=64, M=8, D=512, chunk_size=8)}
             for loss in MEMORY_LOSSES:
@@ -347,6 +355,11 @@ def cases(entries, quick, on_accelerator=False):
                         continue  # the whole batch's activations at once: past any one accelerator's memory
                     if m is None or m < n:
                         yield dict(entry=entry, towers=towers, batch_size=n, micro_batch_size=m, repeats=1)
+        elif entry == "distributed":
+            towers, batch_size = ("clip_tiny", 8) if quick else ("clip_vit_b16", 16)
+            for processes in (1, 2):
+                yield dict(entry=entry, towers=towers, batch_size=batch_size, processes=processes, repeats=repeats,
+                           backends=("torch",), once=True)
         elif entry == "stair_pool":
             size = dict(B=4, S=17, V=512, D=32) if quick else dict(B=64, S=197, V=30522, D=768)
             for chunks in (None, 4 if quick else 16):
@@ -418,7 +431,7 @@ def shares_process(case, other):
     memory) still get a process of their own.
     """
     def alone(c):
-        return bool(c.get("xla_flags") or c.get("retain_host_memory"))
+        return bool(c.get("xla_flags") or c.get("retain_host_memory") or c.get("processes", 1) > 1)
 
     return case["backend"] == other["backend"] and not alone(case) and not alone(other)
 

@@ -55,7 +55,7 @@ def describe(row):
     if row["entry"] == "filip_loss":
         return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
     if row["entry"] == "loss_memory":
-        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
+        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D", "replicas") if k in row)
         return f"{row['loss']} loss, B={row['B']} ({dims}), chunk {row['chunk_size'] or '-'}"
     if row["entry"] == "precision":
         if row["task"] == "matmul":
@@ -65,6 +65,9 @@ def describe(row):
     if row["entry"] == "serving":
         peer = row["peer"] if isinstance(row["peer"], str) else "tiny CLIP"
         return f"image embeddings, {peer}, batch {row['batch_size']}, {row['path']}"
+    if row["entry"] == "distributed":
+        return (f"clip on {row['towers']} towers, global batch {row['batch_size']}, {row['processes']} "
+                f"process{'es' if row['processes'] > 1 else ''} x {row['batch_size'] // row['processes']}")
     if row["entry"] == "stair_pool":
         return f"B={row['B']} S={row['S']} V={row['V']} D={row['D']}, chunks {row['num_chunks'] or '-'}"
     if row["entry"] == "grad_caching":

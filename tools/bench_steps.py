@@ -110,7 +110,7 @@ def _loss_memory_step(case):
     """One loss of MEMORY_LOSSES at batch `B`, forward + backward w.r.t. its inputs: `(step, args)`."""
     import keras
 
-    from vlzoo.losses import clip_loss, filip_loss
+    from vlzoo.losses import clip_loss, clip_loss_rows, filip_loss
     from vlzoo.losses.llip import llip_loss
 
     b, rng = case["B"], np.random.default_rng(0)
@@ -120,6 +120,10 @@ def _loss_memory_step(case):
 
     if case["loss"] == "clip":
         return _grad_fn(lambda i, t: clip_loss(i, t, 100.0), 2), (normal(b, case["D"]), normal(b, case["D"]))
+    if case["loss"] == "clip_share":  # one of `replicas` replicas' rows of the global batch B (vlzoo.parallel)
+        count = b // case["replicas"]
+        return (_grad_fn(lambda i, t: clip_loss_rows(i, t, 100.0, 0, count), 2),
+                (normal(b, case["D"]), normal(b, case["D"])))
     if case["loss"] == "filip":
         mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
 
@@ -189,6 +193,47 @@ def _family_step(family, towers, batch_size, micro_batch_size=None):
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
                           model.text.vocabulary_size)
     return (lambda x: model.train_on_batch(x)), (to_accelerator(batch),)
+
+
+def _distributed_steps(case):
+    """CLIP's `train_on_batch` on `case["batch_size"] / processes` pairs in this process, rank 0 of
+    `processes` that train together (torch.distributed, gloo; the others are helpers of this module started
+    here, which take the same steps): `[(step, args)]`. With 1 process, the step on the whole batch."""
+    processes = case["processes"]
+    if processes > 1:
+        _join(case, rank=0)
+    return [_family_step("clip", case["towers"], case["batch_size"] // processes)]
+
+
+def _join(case, rank):
+    """Joins `case`'s process group as `rank`; rank 0 starts the other ranks first."""
+    import datetime
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        for other in range(1, case["processes"]):
+            subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(case), str(other)],
+                             env=dict(os.environ), start_new_session=True)
+    dist.init_process_group("gloo", rank=rank, world_size=case["processes"],
+                            timeout=datetime.timedelta(seconds=600))
+
+
+def _distributed_helper(case, rank):
+    """A rank above 0 of a `distributed` case: the case's step as often as `bench.run_case` calls rank 0's."""
+    _join(case, rank)
+    step, args = _family_step("clip", case["towers"], case["batch_size"] // case["processes"])
+    for _ in range(1 + case["repeats"]):
+        step(*args)
 
 
 def _train_steps(case):
@@ -342,5 +387,15 @@ CASE_BUILDERS = {
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
     "loss_memory": lambda case: [_loss_memory_step(case)],
+    "distributed": _distributed_steps,
     "grad_caching": lambda case: [_family_step("clip", case["towers"], case["batch_size"], case["micro_batch_size"])],
 }
+
+
+if __name__ == "__main__":  # a helper rank of a `distributed` case (started by `_join`)
+    import json
+    import sys
+
+    import vlzoo  # noqa: F401  (first, as in a case's process)
+
+    _distributed_helper(json.loads(sys.argv[1]), int(sys.argv[2]))

@@ -50,7 +50,12 @@ def micro_batched(compute, inputs, micro_batch_size):
     """
     values = keras.tree.flatten(inputs)
     batch = values[0].shape[0]
-    if batch is None or batch % micro_batch_size:
+    if batch is None:
+        raise ValueError(
+            f"Gradient caching (`micro_batch_size` {micro_batch_size}) needs a batch size known when the step is "
+            "traced; it is not here (TensorFlow: feed a tf.data.Dataset batched with drop_remainder=True, as "
+            "vlzoo.data pipelines are in training).")
+    if batch % micro_batch_size:
         raise ValueError(f"The batch size ({batch}) must be a multiple of `micro_batch_size` ({micro_batch_size}) "
                          "for gradient caching; choose a batch size it divides.")
     names = []
