@@ -11,10 +11,11 @@ Every process builds each family's tiny model from a seed of its own (`1000 + pr
 must make the weights equal, as rank 0's broadcast does; JAX's processes share the seed 1000, since JAX
 requires every process to give a replicated weight the same value) and fits one step on a global batch of
 `GLOBAL_BATCH` pairs (`margins.margin_batch`): torchrun's ranks and the JAX processes each feed their own
-rows (process `r`: rows `r * B .. (r + 1) * B - 1`); TensorFlow's strategies split the global batch themselves
-(the multi-worker strategy shards it by worker, in the same order), with AdamW. `test_parallel.py` compares
-the step with the same step of one process on the whole batch. Process `r` writes `OUT_DIR/rank{r}.npz`: per
-family the loss, the gradients (from AdamW's first moment) and the weights after the step. The JAX launch
+rows (process `r`: rows `r * B .. (r + 1) * B - 1`); under TensorFlow's strategies,
+`distribute_datasets_from_function` gives each replica its rows in the same order. One AdamW step;
+`test_parallel.py` compares the step with the same step of one process on the whole batch. Process `r`
+writes `OUT_DIR/rank{r}.npz`: per family the loss, the gradients (from AdamW's first moment) and the
+weights after the step. The JAX launch
 also trains a Llip of G/14's layout under ModelParallel (`G14_REDUCED`, a 2 x 4 mesh over both processes).
 """
 
@@ -62,9 +63,9 @@ ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
 
-def build(run, seed):
+def build(run, seed, micro_batches=True):
     """The tiny model of `run` (a family or one of `VARIANTS`) from `seed`, compiled with AdamW (made here: in a
-    strategy's scope)."""
+    strategy's scope); `micro_batches=False` leaves gradient caching out of the variant that has it."""
     family, _, variant = run.partition(":")
     keras.utils.set_random_seed(seed)
     model = tiny_family_model(family)
@@ -73,7 +74,7 @@ def build(run, seed):
     if variant == "lit-lora-micro":
         lock_tower(model, "image")
         enable_lora(model, rank=2, towers=("text",))
-        model.micro_batch_size = 2
+        model.micro_batch_size = 2 if micro_batches else None
     elif variant.startswith("stage"):
         model.set_stage(int(variant[len("stage"):]))
     model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
@@ -95,22 +96,30 @@ def gradients(model):
             for v, m in zip(optimizer._trainable_variables, optimizer._momentums)}
 
 
-def fit_one_step(model, batch):
-    """One `fit` step on `batch`; on TensorFlow from a dataset of static batch shape (gradient caching needs it
-    under a strategy, whose replicas otherwise see an unknown batch size)."""
+def fit_one_step(model, batch, strategy=None):
+    """One `fit` step on `batch`. Under a `tf.distribute` `strategy`, `batch` is the global batch and each
+    replica gets its rows from `distribute_datasets_from_function`, with a static batch size (gradient caching
+    needs it; Keras' own distribution of a dataset leaves the replicas' batch size unknown)."""
     rows = len(batch["token_ids"])
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-        data = tf.data.Dataset.from_tensor_slices(batch).batch(rows, drop_remainder=True)
-        return float(model.fit(data, epochs=1, verbose=0).history["loss"][0])
-    return float(model.fit(batch, batch_size=rows, epochs=1, shuffle=False, verbose=0).history["loss"][0])
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        return float(model.fit(batch, batch_size=rows, epochs=1, shuffle=False, verbose=0).history["loss"][0])
+    import tensorflow as tf
+
+    def replica_rows(context):  # input pipeline i (worker i) reads its replicas' rows, in replica order
+        size = context.get_per_replica_batch_size(rows)
+        per_pipeline = rows // context.num_input_pipelines
+        data = tf.data.Dataset.from_tensor_slices(batch).skip(context.input_pipeline_id * per_pipeline)
+        return data.take(per_pipeline).batch(size, drop_remainder=True)
+
+    data = strategy.distribute_datasets_from_function(replica_rows)
+    return float(model.fit(data, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0).history["loss"][0])
 
 
 class Launch:
-    """What differs per launch: this process's index and count, the scope models are built in, its rows."""
+    """What differs per launch: this process's index and count, the strategy models are built in, its rows."""
 
     def __init__(self, name):
-        self.name, self.scope = name, None
+        self.name, self.strategy = name, None
         if name == "torch":
             import torch.distributed as dist
             parallel.initialize()
@@ -120,7 +129,7 @@ class Launch:
             strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if name == "tf_mirrored"
                         else tf.distribute.MultiWorkerMirroredStrategy())
             self.index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
-            self.count, self.scope, self.own_rows = 1 if name == "tf_mirrored" else 2, strategy.scope, False
+            self.count, self.strategy, self.own_rows = 1 if name == "tf_mirrored" else 2, strategy, False
         elif name == "jax":
             self.index, self.count, self.own_rows = int(os.environ["VLZOO_TEST_PROCESS"]), 2, True
             keras.distribution.initialize(os.environ["VLZOO_TEST_COORDINATOR"], num_processes=2,
@@ -135,10 +144,13 @@ class Launch:
         # JAX places a replicated weight from every process's value and checks they are equal: its processes
         # must build the same weights (a preset's, or the same seed); the other launches broadcast worker 0's.
         seed = 1000 + (0 if self.name == "jax" else self.index)
-        if self.scope is None:
-            return build(family, seed)
-        with self.scope():
-            return build(family, seed)
+        # Under MultiWorkerMirroredStrategy, Keras' trainer traces the step with the replicas' batch size unknown,
+        # which gradient caching cannot split (docs/distributed.md, not supported yet): LiT and LoRA only there.
+        micro_batches = self.name != "tf_multiworker"
+        if self.strategy is None:
+            return build(family, seed, micro_batches)
+        with self.strategy.scope():
+            return build(family, seed, micro_batches)
 
     def rows(self, batch):
         if not self.own_rows:
@@ -153,7 +165,8 @@ def main(name, out_dir):
     for family in RUNS:
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
         model = launch.build(family)
-        record[f"{family}/loss"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)))
+        record[f"{family}/loss"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)),
+                                                launch.strategy)
         for v in model.weights:
             record[f"{family}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
         for path, gradient in gradients(model).items():

@@ -79,7 +79,7 @@ def relative_difference(a, b, floor=0.0, where=None):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor, 1e-30)) if b.size else 0.0
 
 
-def check_against_single_process(records, family):
+def check_against_single_process(records, family, launch):
     loss, gradients, weights = single_process_step(family)
     if family != parallel_worker.MODEL_PARALLEL:
         # The processes did not train alone: 4 pairs give another loss than the global batch's 8.
@@ -97,7 +97,7 @@ def check_against_single_process(records, family):
             worst[f"weight {path}"] = relative_difference(record[f"{family}/after/{path}"], weight, where=settled)
         loss_difference = abs(record[f"{family}/loss"] - loss) / loss
         # The figures of docs/distributed.md (`pytest -s` shows them).
-        print(f"{family} rank {rank}: loss {loss_difference:.1e}, gradients "
+        print(f"{launch} {family} rank {rank}: loss {loss_difference:.1e}, gradients "
               f"{max(v for k, v in worst.items() if k.startswith('gradient')):.1e}, weights "
               f"{max(v for k, v in worst.items() if k.startswith('weight')):.1e}")
         assert max(worst.values()) <= TOLERANCE, (rank, sorted(worst.items(), key=lambda kv: -kv[1])[:3])
@@ -107,25 +107,25 @@ def check_against_single_process(records, family):
 @TORCH_ONLY
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
 def test_torchrun_step_is_the_global_batch_step(launches, family):
-    check_against_single_process(launches["torchrun"], family)
+    check_against_single_process(launches["torchrun"], family, "torchrun")
 
 
 @TF_ONLY
 @pytest.mark.parametrize("launch", ["tf_mirrored", "tf_multiworker"])
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
 def test_tf_distribute_step_is_the_global_batch_step(launches, launch, family):
-    check_against_single_process(launches[launch], family)
+    check_against_single_process(launches[launch], family, launch)
 
 
 @JAX_ONLY
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
 def test_two_jax_processes_step_is_the_global_batch_step(launches, family):
-    check_against_single_process(launches["jax_processes"], family)
+    check_against_single_process(launches["jax_processes"], family, "jax_processes")
 
 
 @JAX_ONLY
 def test_llip_g14_layout_trains_model_parallel_over_two_processes(launches):
-    check_against_single_process(launches["jax_processes"], parallel_worker.MODEL_PARALLEL)
+    check_against_single_process(launches["jax_processes"], parallel_worker.MODEL_PARALLEL, "jax_processes")
     for record in launches["jax_processes"]:
         key = parallel_worker.MODEL_PARALLEL
         assert int(record[f"{key}/num_prefix_tokens"]) == 64  # G/14's K = 64 mixture tokens kept
