@@ -391,7 +391,7 @@ class ContrastiveModel(keras.Model):
         if y_pred is None:
             y_pred = self(x, training=training)
         gathered = parallel.gather_batch(y_pred)
-        if training and gathered is not y_pred and self._owner("replica_loss") is self._owner("contrastive_loss"):
+        if training and parallel.world_size() > 1 and self._owner("replica_loss") is self._owner("contrastive_loss"):
             count = ops.shape(y_pred["image_embeds"])[0]  # a tensor where the batch size is traced (TensorFlow)
             loss = self.replica_loss(gathered, parallel.replica_index() * count, count, training=training)
         else:

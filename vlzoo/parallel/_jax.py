@@ -41,16 +41,12 @@ def initialize():
     set yet, sets `keras.distribution.DataParallel` with `auto_shard_dataset = False`: each
     process feeds its own rows (`vlzoo.data` pipelines split themselves by process).
     """
-    if any(os.environ.get(name) for name in _LAUNCH_VARIABLES) and not _joined():
+    if any(os.environ.get(name) for name in _LAUNCH_VARIABLES) and jax.process_count() == 1:
         keras.distribution.initialize()
     if keras.distribution.distribution() is None and jax.device_count() > 1:
         distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
         distribution.auto_shard_dataset = False
         keras.distribution.set_distribution(distribution)
-
-
-def _joined():
-    return jax.process_count() > 1
 
 
 def scope():
