@@ -6,15 +6,18 @@ and a loop with a static trip count reduces one block of `size` rows at a
 time, each block wrapped in `keras.remat` so that the backward pass
 recomputes it instead of storing it.
 
-* `check_positive_int`, `check_chunks`: argument validation.
+* `check_positive_int`, `check_chunks`, `check_row_range`: argument
+  validation.
 * `chunking`: how many blocks of how many rows (`Chunks`), or None.
-* `pad_rows`, `slice_chunk`: padding of the batch and the block `k`.
+* `pad_rows`, `slice_chunk`: padding of the batch and the block `k`;
+  `take_rows`: one replica's rows (the `*_loss_rows` shares).
 * `static_loop`: the loop itself (a real loop: XLA would fuse unrolled
   blocks back together).
 * `put`, `unstack_columns`: writing block `k` into a stack and reading
   the stack back as the columns of a `(R, n)` matrix.
 * `siglip_labels`, `block_labels`: the +1 / -1 pair labels and the 0/1
-  validity of a block of columns (padding excluded).
+  validity of a block of columns (padding excluded); `own_log_likelihood`:
+  the cross-entropy terms of a block of rows.
 * `cached_remat`: one `keras.remat`-wrapped function per configuration.
 
 `keras.ops` only; runs on JAX, TensorFlow and PyTorch.
@@ -38,6 +41,13 @@ def check_positive_int(value, name, allow_none=True):
             f"`{name}` must be a python int >= 1"
             + (" or None" if allow_none else "") + f"; received {value!r}."
         )
+
+
+def check_row_range(count):
+    """Validates the row count of one replica's share: a python `count` must
+    be an int >= 1; a traced one is the batch size of a replica's outputs."""
+    if isinstance(count, (int, float, bool)):
+        check_positive_int(count, "count", allow_none=False)
 
 
 def check_chunks(chunk_size, num_chunks):
@@ -114,6 +124,13 @@ def pad_rows(x, pad):
     if isinstance(pad, int) and pad == 0:
         return x
     return ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+
+
+def take_rows(x, start, count):
+    """Rows `start .. start + count - 1` of `x` (`start` a python int or a
+    scalar tensor): one replica's rows of the global batch."""
+    return ops.slice(x, (ops.cast(start, "int32"),) + (0,) * (len(x.shape) - 1),
+                     (count,) + tuple(ops.shape(x)[1:]))
 
 
 def slice_chunk(k, size, *tensors):
@@ -198,6 +215,16 @@ def block_labels(num_rows, start, size, n, row_start=0):
     cols = start + ops.arange(size, dtype="int32")
     valid = ops.cast(ops.less(cols, n), "float32")
     return siglip_labels(rows, cols), ops.expand_dims(valid, 0)
+
+
+def own_log_likelihood(logits, start):
+    """`(R,)` float32: `log_softmax` of each row of the `(R, n)` `logits`, read
+    at the row's own column `start + i` (row `i` is the batch's row
+    `start + i`; the cross-entropy terms of one replica's share)."""
+    rows = ops.shape(logits)[0]
+    targets = ops.cast(start, "int32") + ops.arange(rows, dtype="int32")
+    picked = ops.take_along_axis(ops.log_softmax(logits, axis=1), ops.expand_dims(targets, 1), axis=1)
+    return ops.squeeze(picked, 1)
 
 
 # ----------------------------------------------------------------- remat

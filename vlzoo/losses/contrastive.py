@@ -25,11 +25,14 @@ from keras import ops
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_positive_int
+from vlzoo.losses._chunking import check_row_range
 from vlzoo.losses._chunking import chunking
+from vlzoo.losses._chunking import own_log_likelihood
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import siglip_labels
 from vlzoo.losses._chunking import slice_chunk
 from vlzoo.losses._chunking import static_loop
+from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import check_pair
 from vlzoo.losses._utils import check_scalar
 
@@ -301,18 +304,6 @@ def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n, row_sta
 # ------------------------------------------------ one replica's rows
 
 
-def _check_count(count):
-    """A python `count` must be an int >= 1; a traced one is the batch size of a replica's outputs."""
-    if isinstance(count, (int, float, bool)):
-        check_positive_int(count, "count", allow_none=False)
-
-
-def _rows(x, start, count):
-    """Rows `start .. start + count - 1` of `x` (`start` a python int or a scalar tensor)."""
-    return ops.slice(x, (ops.cast(start, "int32"),) + (0,) * (len(x.shape) - 1),
-                     (count,) + tuple(x.shape[1:]))
-
-
 def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
     """The part of `clip_loss` that rows `start .. start + count - 1` contribute: one replica's share.
 
@@ -334,13 +325,12 @@ def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
     """
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
-    _check_count(count)
+    check_row_range(count)
     img, txt = l2_normalize(image_embeds), l2_normalize(text_embeds)
-    targets = ops.expand_dims(ops.cast(start, "int32") + ops.arange(count, dtype="int32"), 1)
     terms = []
     for rows, columns in ((img, txt), (txt, img)):
-        logits = logit_scale * ops.matmul(_rows(rows, start, count), ops.transpose(columns))
-        terms.append(ops.mean(ops.take_along_axis(ops.log_softmax(logits, axis=1), targets, axis=1)))
+        logits = logit_scale * ops.matmul(take_rows(rows, start, count), ops.transpose(columns))
+        terms.append(ops.mean(own_log_likelihood(logits, start)))
     return -0.5 * (terms[0] + terms[1])
 
 
@@ -371,7 +361,7 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-    _check_count(count)
+    check_row_range(count)
     check_positive_int(num_chunks, "num_chunks")
     plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
     if plan is None:
@@ -379,7 +369,7 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
         plan, pad = (1, n, n), 0
     else:
         pad = plan.pad
-    img = _rows(l2_normalize(image_embeds), start, count)
+    img = take_rows(l2_normalize(image_embeds), start, count)
     total = _siglip_chunked_sum(img, l2_normalize(text_embeds), logit_scale, logit_bias, tuple(plan), pad,
                                 remat and num_chunks is not None, row_start=start)
     return -total / ops.cast(count, "float32")

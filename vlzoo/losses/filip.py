@@ -17,11 +17,14 @@ import math
 from keras import ops
 
 from vlzoo.losses._chunking import check_positive_int
+from vlzoo.losses._chunking import check_row_range
 from vlzoo.losses._chunking import chunking
+from vlzoo.losses._chunking import own_log_likelihood
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import put
 from vlzoo.losses._chunking import slice_chunk
 from vlzoo.losses._chunking import static_loop
+from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import check_scalar
 from vlzoo.losses._utils import check_token_pair
 from vlzoo.losses._utils import format_shape
@@ -109,18 +112,12 @@ def filip_loss(
     >>> loss = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=4,
     ...                   keep_ratio=0.25)
     """
-    _check_keep(keep_ratio, selection_group_size, keep_mode)
     chunks = (chunk_size, num_chunks)
-    img, img_valid, txt, txt_valid, mask_img = _prepare(
-        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
-        chunk_axis, similarity_dtype)
+    img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
+        image_tokens, text_tokens, text_mask, image_mask, chunks, chunk_axis,
+        keep_ratio, selection_group_size, keep_mode, similarity_dtype)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     sim_dtype = similarity_dtype or "float32"
-    if keep_ratio != 1.0:
-        kept = _select(img, img_valid, txt, txt_valid, keep_ratio,
-                       selection_group_size, keep_mode, chunks, sim_dtype)
-        (img, img_valid, _), (txt, txt_valid, _) = kept
-        mask_img = mask_img or keep_mode == "per_row"
     s_i, s_t = _similarity(img, img_valid, txt, txt_valid, chunks,
                            chunk_axis, sim_dtype, mask_img, remat)
     logits_i2t = logit_scale * s_i
@@ -133,6 +130,90 @@ def filip_loss(
     i2t = ops.sum(targets * ops.log_softmax(logits_i2t, axis=1), axis=1)
     t2i = ops.sum(targets * ops.log_softmax(logits_t2i, axis=1), axis=1)
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+
+def filip_loss_rows(
+    image_tokens,
+    text_tokens,
+    text_mask,
+    logit_scale,
+    start,
+    count,
+    image_mask=None,
+    chunk_size=None,
+    *,
+    num_chunks=None,
+    keep_ratio=1.0,
+    selection_group_size=None,
+    keep_mode="static",
+    similarity_dtype=None,
+    remat=True,
+):
+    """The part of `filip_loss` that pairs `start .. start + count - 1`
+    contribute: one replica's share in a step over several replicas.
+
+    `0.5 * (CE_i2t + CE_t2i)` with `CE_i2t` averaged over those `count`
+    images against every text (rows of `S_I`) and `CE_t2i` over those
+    `count` texts against every image (columns of `S_T`). Averaged over a
+    partition of the batch into equal row ranges it is `filip_loss`. The
+    late interaction of the replica's images with every text, and of every
+    image with its texts, is chunked over the other side's batch: blocks of
+    `count * C * P * T`, never the batch's `(B, B)` similarities. Token
+    dropping scores the tokens against the whole batch first, as
+    `filip_loss` does (forward only), so the shares keep the tokens the
+    whole loss keeps.
+
+    Args:
+        image_tokens, text_tokens, text_mask, logit_scale, image_mask: the
+            whole batch's, as for `filip_loss`.
+        start: first row (python int or int scalar tensor).
+        count: number of rows (python int, or int scalar tensor).
+        chunk_size, num_chunks, keep_ratio, selection_group_size,
+        keep_mode, similarity_dtype, remat: see `filip_loss`; the chunks
+            run over the whole batch's texts for `CE_i2t` and over its
+            images for `CE_t2i`.
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> img = np.random.randn(8, 49, 64); txt = np.random.randn(8, 16, 64)
+    >>> share = filip_loss_rows(img, txt, np.ones((8, 16), bool), 1 / 0.07,
+    ...                         4, 4, chunk_size=2)
+    """
+    check_row_range(count)
+    chunks = (chunk_size, num_chunks)
+    img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
+        image_tokens, text_tokens, text_mask, image_mask, chunks, "text",
+        keep_ratio, selection_group_size, keep_mode, similarity_dtype)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    sim_dtype = similarity_dtype or "float32"
+    s_i, _ = _similarity(take_rows(img, start, count), take_rows(img_valid, start, count), txt, txt_valid,
+                         chunks, "text", sim_dtype, mask_img, remat)
+    _, s_t = _similarity(img, img_valid, take_rows(txt, start, count), take_rows(txt_valid, start, count),
+                         chunks, "image", sim_dtype, mask_img, remat)
+    i2t = own_log_likelihood(logit_scale * s_i, start)
+    t2i = own_log_likelihood(logit_scale * ops.transpose(s_t), start)
+    return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+
+def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, chunks,
+                 chunk_axis, keep_ratio, selection_group_size, keep_mode,
+                 similarity_dtype):
+    """The loss's normalised tokens, float masks and image-mask flag, after
+    token dropping when `keep_ratio < 1`."""
+    _check_keep(keep_ratio, selection_group_size, keep_mode)
+    img, img_valid, txt, txt_valid, mask_img = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
+        chunk_axis, similarity_dtype)
+    if keep_ratio == 1.0:
+        return img, img_valid, txt, txt_valid, mask_img
+    kept = _select(img, img_valid, txt, txt_valid, keep_ratio,
+                   selection_group_size, keep_mode, chunks,
+                   similarity_dtype or "float32")
+    (img, img_valid, _), (txt, txt_valid, _) = kept
+    return img, img_valid, txt, txt_valid, mask_img or keep_mode == "per_row"
 
 
 def _soft_targets(image_ids, batch_size):

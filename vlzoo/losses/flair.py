@@ -92,9 +92,11 @@ def flair_pair_logits(image_embeds, text_embeds, logit_scale, logit_bias):
 
 
 def _check_logits(logits, name, columns, layout):
+    """`logits` as float32 after checking it is `(rows, columns(rows))`, or any `(rows, n)` when `columns` is
+    None."""
     logits = to_float32(logits)
     shape = static_shape(logits)
-    if len(shape) != 2 or (None not in shape and shape[1] != columns(shape[0])):
+    if len(shape) != 2 or (columns is not None and None not in shape and shape[1] != columns(shape[0])):
         raise ValueError(f"`{name}` must have shape {layout}; received {format_shape(shape)}.")
     return logits
 
@@ -102,6 +104,31 @@ def _check_logits(logits, name, columns, layout):
 def _sigmoid_sum(logits, positive):
     labels = ops.where(positive, 1.0, -1.0)
     return -ops.sum(ops.log_sigmoid(labels * logits))
+
+
+def _check_global(global_logits, tcs, k, layout):
+    """The checked `(rows, B * K)` global logits matching the rows of `tcs` `(rows, B + K - 1)`."""
+    mps = _check_logits(global_logits, "global_logits", None, layout)
+    (rows, columns), (mps_rows, mps_columns) = static_shape(tcs), static_shape(mps)
+    expected = (rows, None if columns is None else (columns - k + 1) * k)
+    if any(a is not None and b is not None and a != b for a, b in zip(expected, (mps_rows, mps_columns))):
+        raise ValueError(f"`global_logits` must have shape {layout} = {format_shape(expected)}, matching "
+                         f"`conditioned_logits` {format_shape(static_shape(tcs))}; received "
+                         f"{format_shape(static_shape(mps))}.")
+    return mps
+
+
+def _loss_of_rows(tcs, k, start, mps):
+    """TCS (and MPS) summed over the logits' rows, which are rows `start ..` of the batch, and divided by
+    the authors' S (and B * K)."""
+    i = ops.cast(start, "int32") + ops.arange(ops.shape(tcs)[0], dtype="int32")[:, None]
+    s = ops.arange(ops.shape(tcs)[1], dtype="int32")[None, :]
+    loss = _sigmoid_sum(tcs, ops.logical_and(s >= i, s < i + k)) / ops.cast(ops.shape(tcs)[1], "float32")
+    if mps is None:
+        return loss
+    s = ops.arange(ops.shape(mps)[1], dtype="int32")[None, :]
+    mps_loss = _sigmoid_sum(mps, (s // k) == i) / ops.cast(ops.shape(mps)[1], "float32")
+    return (loss + mps_loss) / 2
 
 
 def flair_loss(conditioned_logits, num_captions, global_logits=None):
@@ -126,16 +153,37 @@ def flair_loss(conditioned_logits, num_captions, global_logits=None):
     _check_captions(num_captions)
     k = num_captions
     tcs = _check_logits(conditioned_logits, "conditioned_logits", lambda b: b + k - 1, f"(B, B + {k} - 1)")
-    rows, columns = ops.shape(tcs)[0], ops.shape(tcs)[1]
-    i = ops.arange(rows, dtype="int32")[:, None]
-    s = ops.arange(columns, dtype="int32")[None, :]
-    loss = _sigmoid_sum(tcs, ops.logical_and(s >= i, s < i + k)) / ops.cast(columns, "float32")
-    if global_logits is None:
-        return loss
-    mps = _check_logits(global_logits, "global_logits", lambda b: b * k, f"(B, B * {k})")
-    if None not in static_shape(tcs) + static_shape(mps) and static_shape(mps)[0] != static_shape(tcs)[0]:
-        raise ValueError(f"`global_logits` must have the B = {static_shape(tcs)[0]} rows of `conditioned_logits`; "
-                         f"received {format_shape(static_shape(mps))}.")
-    s = ops.arange(ops.shape(mps)[1], dtype="int32")[None, :]
-    mps_loss = _sigmoid_sum(mps, (s // k) == i) / ops.cast(ops.shape(mps)[1], "float32")
-    return (loss + mps_loss) / 2
+    mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(B, B * {k})")
+    return _loss_of_rows(tcs, k, 0, mps)
+
+
+def flair_loss_rows(conditioned_logits, num_captions, start, global_logits=None):
+    """One replica's share of `flair_loss`: its logits are rows `start .. start + R - 1` of the batch's.
+
+    The authors' loss is a sum over the batch's rows divided by S (and
+    B * K), not a mean over rows, so the share is the rows' part of that
+    sum times `B / R`: averaged over a partition of the batch into equal
+    row ranges it is `flair_loss`, and a replica pools only its own `R`
+    images' `(R, S, D)` conditioned embeddings.
+
+    Args:
+        conditioned_logits: `(R, B + K - 1)` the replica's rows of
+            `flair_loss`'s `conditioned_logits`.
+        num_captions: K, captions per image.
+        start: the first row (python int or int scalar tensor).
+        global_logits: optional `(R, B * K)`, the same rows of
+            `flair_loss`'s `global_logits`.
+
+    Returns:
+        Scalar float32.
+
+    Example:
+    >>> flair_loss_rows(np.zeros((1, 3)), 2, 1, np.zeros((1, 4)))  # one of B = 2 rows
+    1.3862944
+    """
+    _check_captions(num_captions)
+    k = num_captions
+    tcs = _check_logits(conditioned_logits, "conditioned_logits", None, f"(R, B + {k} - 1)")
+    mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(R, B * {k})")
+    batch = ops.shape(tcs)[1] - k + 1
+    return _loss_of_rows(tcs, k, start, mps) * (ops.cast(batch, "float32") / ops.cast(ops.shape(tcs)[0], "float32"))

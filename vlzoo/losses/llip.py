@@ -40,11 +40,13 @@ from keras import ops
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_chunks
+from vlzoo.losses._chunking import check_row_range
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import put
 from vlzoo.losses._chunking import slice_chunk
 from vlzoo.losses._chunking import static_loop
+from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._chunking import unstack_columns
 from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_float_tensor
@@ -325,23 +327,69 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
         queries, keys, values, text_embeds, logit_scale, logit_bias,
         temperature, True, chunks)
     n_images = ops.shape(k)[0]
+    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, 0)
+    return -total / ops.cast(n_images, "float32")
+
+
+def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
+                   logit_bias, temperature, start, count, chunk_size=None,
+                   *, num_chunks=None, remat=True):
+    """The part of `llip_loss` that images `start .. start + count - 1`
+    contribute: one replica's share in a step over several replicas.
+
+    `-(1/count) sum_{i in rows} sum_j log_sigmoid(y_ij * (a * S_ij + b))`
+    over every caption `j` of the batch. Averaged over a partition of the
+    batch into equal row ranges it is `llip_loss`, and a replica forms
+    only its own `(count, C)` blocks of contextualised pairs, never the
+    `(N, N)` scores.
+
+    Args:
+        queries, keys, values, text_embeds, logit_scale, logit_bias,
+        temperature: the whole batch's, as for `llip_loss`.
+        start: first image row (python int or int scalar tensor).
+        count: number of rows (python int, or int scalar tensor).
+        chunk_size, num_chunks, remat: see `llip_logits`; the captions are
+            chunked.
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> q = np.random.randn(4, 2, 4); k = np.random.randn(4, 5, 2, 4)
+    >>> v = np.random.randn(4, 5, 2, 8); t = np.random.randn(4, 8)
+    >>> share = llip_loss_rows(q, k, v, t, 1 / 0.07, -10.0, 5.0, 2, 2)
+    """
+    chunks = (chunk_size, num_chunks)
+    check_row_range(count)
+    q, k, v, t, scale, bias, tau = _prepare(
+        queries, keys, values, text_embeds, logit_scale, logit_bias,
+        temperature, True, chunks)
+    k, v = take_rows(k, start, count), take_rows(v, start, count)
+    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
+    return -total / ops.cast(count, "float32")
+
+
+def _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, row_start):
+    """`sum_ij log_sigmoid(y_ij * logits_ij)` of the images `k, v` (rows
+    `row_start ..` of the batch) against every caption, by chunks."""
+    n_images = ops.shape(k)[0]
     chunking = _text_chunks(q, t, chunks)
     if chunking is None:
         n = ops.shape(q)[0]
-        labels, valid = block_labels(n_images, 0, n, n)
-        total = _block_loss_sum(q, k, v, t, tau, scale, bias, labels, valid)
-        return -total / ops.cast(n_images, "float32")
+        labels, valid = block_labels(n_images, 0, n, n, row_start)
+        return _block_loss_sum(q, k, v, t, tau, scale, bias, labels, valid)
     count, size, n, q, t = chunking
     block = _block(_block_loss_sum, remat)
 
     def body(index, carry):
         start, qc, tc = slice_chunk(index, size, q, t)
-        labels, valid = block_labels(n_images, start, size, n)
+        labels, valid = block_labels(n_images, start, size, n, row_start)
         return (carry[0] + block(qc, k, v, tc, tau, scale, bias, labels,
                                  valid),)
 
     (total,) = static_loop(count, body, (ops.zeros((), "float32"),))
-    return -total / ops.cast(n_images, "float32")
+    return total
 
 
 def llip_template_average(queries, text_embeds):

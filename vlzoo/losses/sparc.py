@@ -25,6 +25,8 @@ their content never changes the loss.
 
 from keras import ops
 
+from vlzoo.losses._chunking import check_row_range
+from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_mask
 from vlzoo.losses._utils import check_scalar
@@ -32,6 +34,7 @@ from vlzoo.losses._utils import check_token_pair
 from vlzoo.losses._utils import static_shape
 from vlzoo.losses._utils import to_float32
 from vlzoo.losses.contrastive import clip_loss
+from vlzoo.losses.contrastive import clip_loss_rows
 from vlzoo.losses.contrastive import l2_normalize
 
 # Finite masking value for float32 logits (|logits| <= logit_scale).
@@ -189,6 +192,20 @@ def sparc_fine_grained_loss(
     >>> mask = np.arange(55)[None] < np.random.randint(2, 56, (8, 1))
     >>> loss = sparc_fine_grained_loss(v, t, mask, logit_scale=1 / 0.07)
     """
+    patch_embeds, token_embeds, mask, logit_scale = _fine_grained_inputs(
+        patch_embeds, token_embeds, token_mask, logit_scale, threshold,
+        reduction, alignment, epsilon)
+    ce, count = _fine_grained_terms(patch_embeds, token_embeds, mask,
+                                    logit_scale, threshold, alignment, epsilon)
+    if reduction == "tokens":
+        return ops.sum(ce) / ops.maximum(ops.sum(count), 1.0)
+    return ops.mean(ops.sum(ce, axis=1) / ops.maximum(count, 1.0))
+
+
+def _fine_grained_inputs(patch_embeds, token_embeds, token_mask, logit_scale,
+                         threshold, reduction, alignment, epsilon):
+    """Validates the fine-grained loss's arguments; returns the checked
+    embeddings, the bool mask and the scale."""
     _check_options(threshold, alignment, epsilon)
     if reduction not in ("tokens", "samples"):
         raise ValueError(
@@ -198,8 +215,13 @@ def sparc_fine_grained_loss(
     patch_embeds, token_embeds = check_token_pair(
         patch_embeds, token_embeds, "patch_embeds", "token_embeds")
     mask = check_mask(token_mask, "token_mask", token_embeds, "token_embeds")
-    logit_scale = check_scalar(logit_scale, "logit_scale")
+    return patch_embeds, token_embeds, mask, check_scalar(logit_scale, "logit_scale")
 
+
+def _fine_grained_terms(patch_embeds, token_embeds, mask, logit_scale,
+                        threshold, alignment, epsilon):
+    """`(ce, count)`: `(B, T)` token cross-entropies (0 at padding) and
+    `(B,)` float numbers of real tokens."""
     weights = _alignment(patch_embeds, token_embeds, threshold, alignment,
                          epsilon)
     grouped = l2_normalize(ops.einsum("btp,bpd->btd", weights, patch_embeds))
@@ -209,10 +231,22 @@ def sparc_fine_grained_loss(
           + _masked_token_ce(ops.transpose(logits, (0, 2, 1)), mask))
     # Padded queries are left out with `where`, never by multiplying.
     ce = ops.where(mask, 0.5 * ce, 0.0)
-    count = ops.cast(ops.sum(ops.cast(mask, "int32"), axis=1), "float32")
-    if reduction == "tokens":
-        return ops.sum(ce) / ops.maximum(ops.sum(count), 1.0)
-    return ops.mean(ops.sum(ce, axis=1) / ops.maximum(count, 1.0))
+    return ce, _token_counts(mask)
+
+
+def _token_counts(mask):
+    """`(B,)` float32 numbers of real tokens."""
+    return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=1), "float32")
+
+
+def _check_batch(image_global, patch_embeds):
+    b_global = static_shape(to_float32(image_global))[0]
+    local_shape = static_shape(to_float32(patch_embeds))
+    if None not in (b_global, local_shape[0]) and b_global != local_shape[0]:
+        raise ValueError(
+            f"`patch_embeds` must have the batch size B = {b_global} of "
+            f"`image_global`; received shape {format_shape(local_shape)}."
+        )
 
 
 def sparc_loss(
@@ -259,16 +293,74 @@ def sparc_loss(
         float32 scalar.
     """
     global_loss = clip_loss(image_global, text_global, logit_scale)
-    b_global = static_shape(to_float32(image_global))[0]
-    local_shape = static_shape(to_float32(patch_embeds))
-    if None not in (b_global, local_shape[0]) and b_global != local_shape[0]:
-        raise ValueError(
-            f"`patch_embeds` must have the batch size B = {b_global} of "
-            f"`image_global`; received shape {format_shape(local_shape)}."
-        )
+    _check_batch(image_global, patch_embeds)
     fine_loss = sparc_fine_grained_loss(
         patch_embeds, token_embeds, token_mask,
         logit_scale if fine_logit_scale is None else fine_logit_scale,
         threshold, reduction, alignment=alignment, epsilon=epsilon)
     return (check_scalar(lambda_global, "lambda_global") * global_loss
             + check_scalar(lambda_fine, "lambda_fine") * fine_loss)
+
+
+def sparc_loss_rows(
+    image_global,
+    text_global,
+    patch_embeds,
+    token_embeds,
+    token_mask,
+    logit_scale,
+    start,
+    count,
+    lambda_global=0.5,
+    lambda_fine=1.0,
+    threshold=None,
+    reduction="tokens",
+    *,
+    fine_logit_scale=None,
+    alignment="threshold",
+    epsilon=1e-5,
+):
+    """The part of `sparc_loss` that pairs `start .. start + count - 1`
+    contribute: one replica's share in a step over several replicas.
+
+    The global term is `clip_loss_rows`'s share; the fine-grained term,
+    within each pair, is computed on those pairs only. With
+    `reduction="tokens"` its sum over them is divided by the number of real
+    tokens of the whole batch and multiplied by `B / count`; with
+    "samples" it is their mean. Averaged over a partition of the batch into
+    equal row ranges, the shares are `sparc_loss`.
+
+    Args:
+        image_global, text_global, patch_embeds, token_embeds, token_mask,
+        logit_scale: the whole batch's, as for `sparc_loss`.
+        start: first row (python int or int scalar tensor).
+        count: number of rows (python int, or int scalar tensor).
+        lambda_global, lambda_fine, threshold, reduction, fine_logit_scale,
+        alignment, epsilon: see `sparc_loss`.
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> g = np.random.randn(8, 64); v = np.random.randn(8, 49, 64)
+    >>> t = np.random.randn(8, 16, 64); mask = np.ones((8, 16), bool)
+    >>> share = sparc_loss_rows(g, g, v, t, mask, 1 / 0.07, 4, 4)
+    """
+    check_row_range(count)
+    global_share = clip_loss_rows(image_global, text_global, logit_scale, start, count)
+    patch_embeds, token_embeds, mask, fine_scale = _fine_grained_inputs(
+        patch_embeds, token_embeds, token_mask,
+        logit_scale if fine_logit_scale is None else fine_logit_scale,
+        threshold, reduction, alignment, epsilon)
+    _check_batch(image_global, patch_embeds)
+    ce, tokens = _fine_grained_terms(
+        take_rows(patch_embeds, start, count), take_rows(token_embeds, start, count),
+        take_rows(mask, start, count), fine_scale, threshold, alignment, epsilon)
+    if reduction == "tokens":
+        replicas = ops.cast(ops.shape(mask)[0], "float32") / ops.cast(count, "float32")
+        fine = ops.sum(ce) * replicas / ops.maximum(ops.sum(_token_counts(mask)), 1.0)
+    else:
+        fine = ops.mean(ops.sum(ce, axis=1) / ops.maximum(tokens, 1.0))
+    return (check_scalar(lambda_global, "lambda_global") * global_share
+            + check_scalar(lambda_fine, "lambda_fine") * fine)

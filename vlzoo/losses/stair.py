@@ -34,6 +34,9 @@ backward pass), so memory grows with `B * S * V / num_chunks`.
 import keras
 from keras import ops
 
+from vlzoo.losses._chunking import check_row_range
+from vlzoo.losses._chunking import own_log_likelihood
+from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import check_float_tensor
 from vlzoo.losses._utils import check_mask
 from vlzoo.losses._utils import check_pair
@@ -274,6 +277,39 @@ def stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon=COSIN
     i2t = ops.diagonal(ops.log_softmax(logits, axis=1))
     t2i = ops.diagonal(ops.log_softmax(logits, axis=0))
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+
+def stair_contrastive_loss_rows(image_embeds, text_embeds, logit_scale, start, count, epsilon=COSINE_EPSILON):
+    """The part of `stair_contrastive_loss` that pairs `start .. start + count - 1` contribute: one
+    replica's share in a step over several replicas.
+
+    Each cross-entropy is averaged over those `count` images (against every
+    text) and `count` texts (against every image), from `(count, B)` logits;
+    averaged over a partition of the batch into equal row ranges it is
+    `stair_contrastive_loss`.
+
+    Args:
+        image_embeds, text_embeds, logit_scale, epsilon: the whole batch's,
+            as for `stair_contrastive_loss`.
+        start: first row (python int or int scalar tensor).
+        count: number of rows (python int, or int scalar tensor).
+
+    Returns:
+        float32 scalar.
+
+    Example:
+
+    >>> img = np.abs(np.random.randn(8, 64)); txt = np.abs(np.random.randn(8, 64))
+    >>> share = stair_contrastive_loss_rows(img, txt, 1 / 0.07, 4, 4)
+    """
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    check_row_range(count)
+    terms = [
+        ops.mean(own_log_likelihood(stair_logits(take_rows(rows, start, count), columns, logit_scale, epsilon),
+                                    start))
+        for rows, columns in ((image_embeds, text_embeds), (text_embeds, image_embeds))
+    ]
+    return -0.5 * (terms[0] + terms[1])
 
 
 def stair_loss(image_embeds, text_embeds, logit_scale, image_flops_weight=0.0, text_flops_weight=0.0,

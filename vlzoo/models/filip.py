@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
+from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_loss_rows, filip_similarity, filip_token_alignment
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import TokenSimilarityMean
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -187,10 +187,20 @@ class FILIP(TokenContrastiveModel):
     def contrastive_loss(self, outputs, training=False):
         return filip_loss(
             outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
-            keep_ratio=self.keep_ratio if training else 1.0,
-            selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
-            **self._chunks(),
+            **self._loss_options(training),
         )
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's images against every caption and its captions against every image, each late
+        interaction chunked over the global batch (tokens dropped as on the whole batch)."""
+        return filip_loss_rows(
+            outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
+            start, count, **self._loss_options(training),
+        )
+
+    def _loss_options(self, training):
+        return dict(keep_ratio=self.keep_ratio if training else 1.0, selection_group_size=self.selection_group_size,
+                    keep_mode=self.keep_mode, **self._chunks())
 
     def get_config(self):
         config = super().get_config()

@@ -7,7 +7,8 @@ from keras import ops
 
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
-from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_pair_logits
+from vlzoo.losses._chunking import take_rows
+from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_loss_rows, flair_pair_logits
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.token_level import token_projection
@@ -148,6 +149,17 @@ class FLAIR(ContrastiveModel):
         return outputs
 
     def contrastive_loss(self, outputs, training=False):
+        return flair_loss(*self._loss_logits(outputs))
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's images, each pooled on its own captions and one drawn from every other image of
+        the global batch (the draw of one process on the whole batch), against all captions."""
+        conditioned, captions, overall = self._loss_logits(outputs, lambda x: take_rows(x, start, count))
+        return flair_loss_rows(conditioned, captions, start, overall)
+
+    def _loss_logits(self, outputs, rows=lambda x: x):
+        """`(conditioned, K, global)`: the logits of the images `rows` picks from the batch for
+        `flair_loss` (global None without `use_global_loss`)."""
         texts = outputs["text_embeds"]
         captions = texts.shape[1] if len(texts.shape) == 3 else 1
         texts = ops.reshape(texts, (-1, self.embed_dim))  # (B * K, D), image i's captions at rows i*K ..
@@ -156,11 +168,13 @@ class FLAIR(ContrastiveModel):
             offsets = ops.zeros((batch, batch - 1), "int32")
         else:
             offsets = keras.random.randint((batch, batch - 1), 0, captions, dtype="int32", seed=self.seed_generator)
-        sampled = ops.take(texts, flair_caption_indices(offsets, captions), axis=0)  # (B, B + K - 1, D)
+        sampled = ops.take(texts, rows(flair_caption_indices(offsets, captions)), axis=0)  # (rows, B + K - 1, D)
         scale, bias = outputs["logit_scale"], outputs["logit_bias"]
-        conditioned = flair_pair_logits(self.text_pooling(sampled, outputs["image_tokens"]), sampled, scale, bias)
-        overall = siglip_logits(outputs["image_embeds"], texts, scale, bias) if self.use_global_loss else None
-        return flair_loss(conditioned, captions, overall)
+        conditioned = flair_pair_logits(self.text_pooling(sampled, rows(outputs["image_tokens"])), sampled, scale, bias)
+        overall = None
+        if self.use_global_loss:
+            overall = siglip_logits(rows(outputs["image_embeds"]), texts, scale, bias)
+        return conditioned, captions, overall
 
     # --------------------------------------------------------------- scores
 

@@ -7,7 +7,7 @@ from keras import ops
 
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
-from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
+from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_loss_rows, llip_template_average
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import ClassTextsMethod
@@ -162,6 +162,14 @@ class Llip(ContrastiveModel):
         return llip_logits(
             text["queries"], image["keys"], image["values"], text["embeds"],
             self.logit_scale_value(), self.logit_bias, self._tau(temperature),
+            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+        )
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's images, each mixed by every caption of the global batch, chunked over the captions."""
+        return llip_loss_rows(
+            outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
+            outputs["logit_scale"], outputs["logit_bias"], self.temperature, start, count,
             chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
 

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
+from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss, sparc_loss_rows
 from vlzoo.models.token_level import TokenContrastiveModel
 
 TEXT_POOLS = ("masked_mean", "mean")
@@ -136,12 +136,20 @@ class SPARC(TokenContrastiveModel):
                                        threshold=self.threshold)
 
     def contrastive_loss(self, outputs, training=False):
-        return sparc_loss(
-            outputs["image_embeds"], outputs["text_embeds"], outputs["image_tokens"],
-            outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
-            lambda_global=self.lambda_global, lambda_fine=self.lambda_fine,
-            threshold=self.threshold, reduction=self.reduction, alignment=self.alignment,
-        )
+        return sparc_loss(*self._loss_inputs(outputs), **self._loss_options())
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """CLIP's share of this replica's rows, and the fine-grained loss of its own pairs."""
+        return sparc_loss_rows(*self._loss_inputs(outputs), start, count, **self._loss_options())
+
+    @staticmethod
+    def _loss_inputs(outputs):
+        keys = ("image_embeds", "text_embeds", "image_tokens", "text_tokens", "text_mask", "logit_scale")
+        return tuple(outputs[key] for key in keys)
+
+    def _loss_options(self):
+        return dict(lambda_global=self.lambda_global, lambda_fine=self.lambda_fine, threshold=self.threshold,
+                    reduction=self.reduction, alignment=self.alignment)
 
     def get_config(self):
         config = super().get_config()

@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
-from vlzoo.losses import clip_loss, l2_normalize
+from vlzoo.losses import clip_loss, clip_loss_rows, l2_normalize
 from vlzoo.losses._utils import check_embeds
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
@@ -274,6 +274,13 @@ class SPARO(ContrastiveModel):
         return clip_loss(
             self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
             outputs["logit_scale"],
+        )
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's rows of CLIP's loss on the SPARO encodings (open_clip's `local_loss`)."""
+        return clip_loss_rows(
+            self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
+            outputs["logit_scale"], start, count,
         )
 
     # ------------------------------------------------------ slot selection

@@ -8,7 +8,8 @@ from keras import ops
 
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
-from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_logits
+from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_contrastive_loss_rows
+from vlzoo.losses.stair import stair_logits
 from vlzoo.models import stair_stages
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, bundled_tokenizer
@@ -435,9 +436,19 @@ class STAIR(ContrastiveModel):
         return outputs["image_embeds"], text
 
     def contrastive_loss(self, outputs, training=False):
+        return self._loss(outputs, stair_contrastive_loss)
+
+    def replica_loss(self, outputs, start, count, training=False):
+        """This replica's rows of the contrastive term, and the FLOPs regularisers of the global batch
+        (not a mean over rows: every replica adds them whole). Its `contrastive` metric records the share."""
+        return self._loss(outputs, lambda image, text, scale, epsilon: stair_contrastive_loss_rows(
+            image, text, scale, start, count, epsilon))
+
+    def _loss(self, outputs, contrastive_loss):
+        """The stage's loss, its contrastive term from `contrastive_loss(image, text, scale, epsilon)`."""
         image, text = self.loss_embeddings(outputs)
         weight_img, weight_txt = self.flops_weights()
-        contrastive = stair_contrastive_loss(image, text, outputs["logit_scale"], self.cosine_epsilon)
+        contrastive = contrastive_loss(image, text, outputs["logit_scale"], self.cosine_epsilon)
         flops_img = flops_regularizer(image)
         flops_txt = flops_regularizer(text if self.stage1_flops_on == "masked" else outputs["text_embeds"])
         loss = contrastive + weight_txt * flops_txt

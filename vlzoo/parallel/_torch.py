@@ -190,4 +190,16 @@ def train_step(model, keras_step, data):
     weights = model.trainable_weights
     with torch.no_grad():
         model.optimizer.apply([v.value.grad for v in weights], weights)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return _mean_over_ranks(model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), loss.device)
+
+
+def _mean_over_ranks(logs, device):
+    """Each scalar log averaged over the ranks, in one all-reduce: every rank's metrics hold its own
+    updates (a share of the rows, e.g. STAIR's `contrastive`), over equal batches."""
+    names = [name for name, value in logs.items() if isinstance(value, (torch.Tensor, float)) and not
+             (isinstance(value, torch.Tensor) and value.ndim)]
+    if not names:
+        return logs
+    values = torch.stack([torch.as_tensor(logs[name], dtype=torch.float32, device=device) for name in names])
+    values = functional_collectives.all_reduce(values, "sum", dist.group.WORLD) / dist.get_world_size()
+    return {**logs, **dict(zip(names, values.unbind()))}

@@ -1,0 +1,102 @@
+"""One replica's share of each family's loss (`*_loss_rows`): the shares of a partition of the batch into
+equal row ranges average to the whole batch's loss, in value and in gradient, and differ from each other.
+
+The whole-batch losses are checked against independent references in their own test files; here they are
+the reference of their shares. CLIP's and SigLIP's shares are in test_contrastive_losses.py.
+"""
+
+import numpy as np
+import pytest
+
+from backend_utils import value_and_grad
+from conftest import to_numpy
+from vlzoo.losses import filip_loss
+from vlzoo.losses import filip_loss_rows
+from vlzoo.losses import flair_loss
+from vlzoo.losses import flair_loss_rows
+from vlzoo.losses import llip_loss
+from vlzoo.losses import llip_loss_rows
+from vlzoo.losses import sparc_loss
+from vlzoo.losses import sparc_loss_rows
+from vlzoo.losses import stair_contrastive_loss
+from vlzoo.losses import stair_contrastive_loss_rows
+
+BATCH = 8
+RNG_SEED = 3
+
+
+def _mask(rng, batch, length):
+    """Bool `(batch, length)` with 1 .. length real tokens per row, the first row all padding but one."""
+    lengths = rng.integers(1, length + 1, batch)
+    lengths[0] = 1
+    return np.arange(length)[None] < lengths[:, None]
+
+
+def _cases():
+    """`name -> (inputs, whole(*inputs), share(*inputs, start, count))`; the float inputs come first."""
+    rng = np.random.default_rng(RNG_SEED)
+    normal = lambda *shape: rng.normal(size=shape).astype("float32")  # noqa: E731
+    text_mask, token_mask = _mask(rng, BATCH, 6), _mask(rng, BATCH, 6)
+    cases = {
+        "llip": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8), normal(BATCH, 8)),
+                 lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5, chunk_size=3),
+                 lambda q, k, v, t, start, count: llip_loss_rows(q, k, v, t, 4.0, -2.0, 0.5, start, count,
+                                                                chunk_size=3)),
+        "llip_unchunked": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8),
+                            normal(BATCH, 8)),
+                           lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5),
+                           lambda q, k, v, t, start, count: llip_loss_rows(q, k, v, t, 4.0, -2.0, 0.5, start,
+                                                                          count)),
+        "stair": ((np.abs(normal(BATCH, 40)), np.abs(normal(BATCH, 40))),
+                  lambda i, t: stair_contrastive_loss(i, t, 6.0),
+                  lambda i, t, start, count: stair_contrastive_loss_rows(i, t, 6.0, start, count)),
+        "flair": ((normal(BATCH, BATCH + 1), normal(BATCH, 2 * BATCH)),
+                  lambda c, g: flair_loss(c, 2, g),
+                  lambda c, g, start, count: flair_loss_rows(c[start:start + count], 2, start,
+                                                             g[start:start + count])),
+    }
+    for keep_ratio, chunk_size in ((1.0, None), (0.5, 3)):
+        tokens = (normal(BATCH, 5, 16), normal(BATCH, 6, 16))
+        options = dict(keep_ratio=keep_ratio, chunk_size=chunk_size)
+        cases[f"filip_keep{keep_ratio}_chunk{chunk_size}"] = (
+            tokens,
+            lambda i, t, options=options: filip_loss(i, t, text_mask, 5.0, **options),
+            lambda i, t, start, count, options=options: filip_loss_rows(i, t, text_mask, 5.0, start, count,
+                                                                        **options))
+    for reduction in ("tokens", "samples"):
+        inputs = (normal(BATCH, 16), normal(BATCH, 16), normal(BATCH, 5, 16), normal(BATCH, 6, 16))
+        cases[f"sparc_{reduction}"] = (
+            inputs,
+            lambda a, b, v, t, reduction=reduction: sparc_loss(a, b, v, t, token_mask, 5.0, reduction=reduction),
+            lambda a, b, v, t, start, count, reduction=reduction: sparc_loss_rows(
+                a, b, v, t, token_mask, 5.0, start, count, reduction=reduction))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_replica_shares_average_to_the_whole_loss_in_value_and_gradient(name):
+    inputs, whole, share = CASES[name]
+    expected_value, expected_grads = value_and_grad(whole, *inputs)
+    for replicas in (2, 4):
+        count = BATCH // replicas
+        value, grads = value_and_grad(
+            lambda *x: sum(share(*x, r * count, count) for r in range(replicas)) / replicas, *inputs)
+        np.testing.assert_allclose(value, expected_value, rtol=2e-6)
+        for grad, expected in zip(grads, expected_grads):
+            np.testing.assert_allclose(grad, expected, atol=2e-6 * np.abs(expected).max())
+    shares = [float(to_numpy(share(*inputs, start, 2))) for start in range(0, BATCH, 2)]
+    assert max(shares) - min(shares) > 1e-2 * abs(float(expected_value))  # each replica its own rows
+
+
+def test_shares_check_their_row_count():
+    img = np.ones((4, 3, 8), "float32")
+    with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
+        filip_loss_rows(img, img, np.ones((4, 3), bool), 5.0, 0, 0)
+    with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
+        llip_loss_rows(np.ones((4, 2, 4)), np.ones((4, 3, 2, 4)), np.ones((4, 3, 2, 8)), np.ones((4, 8)),
+                       4.0, -2.0, 0.5, 0, 0)
+    with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
+        stair_contrastive_loss_rows(np.ones((4, 8)), np.ones((4, 8)), 5.0, 0, -1)
