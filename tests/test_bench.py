@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+
+import vlzoo
 from backend_utils import load_tool, run_once
 
 
@@ -38,6 +40,24 @@ def test_accelerator_cases_leave_out_the_cpu_runs(bench):
         assert any(c.get("retain_host_memory") for c in todo) != on_gpu
 
 
+def check_exchange_counts(rows):
+    """The `exchange` entry's counts against the tiny towers' widths: CLIP gathers its two embeddings; Llip
+    keeps each image's keys and folded values (K x M x (d_h + D) floats) local."""
+    load_tool("bench")  # puts tools/ on the path
+    import bench_steps
+
+    config = bench_steps.same_towers_config("clip", "clip_tiny")
+    width, batch, replicas = config["embed_dim"], 4, 2
+    clip, llip = rows["clip"]["result"], rows["llip"]["result"]
+    assert clip["gathered_per_row"] == 2 * width * 4 and clip["local_per_row"] == 0
+    assert clip["outputs_w2"] == (replicas - 1) * batch * 2 * clip["gathered_per_row"]  # the rows, their gradients
+    assert clip["gradients"] == vlzoo.CLIP(**config).count_params() * 4
+    assert clip["sent_w2"] == clip["outputs_w2"] + clip["gradients"]  # a ring all-reduce: 2 (W - 1) / W = 1
+    head = vlzoo.Llip(**bench_steps.same_towers_config("llip", "clip_tiny")).cross_attention
+    assert llip["local_per_row"] == head.num_tokens * head.num_heads * (head.head_dim + head.embed_dim) * 4
+    assert llip["outputs_w2"] == (replicas - 1) * batch * 2 * llip["gathered_per_row"]
+
+
 @run_once
 def test_bench_quick_run_writes_results(tmp_path, repo_root):
     result = subprocess.run(
@@ -48,9 +68,11 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert {row["backend"] for row in rows} == {"torch"}  # one backend keeps the smoke run short
     # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
-    assert all(row["result"]["median_s"] > 0 for row in rows if "skipped" not in row["result"])
+    assert all(row["result"]["median_s"] > 0 for row in rows
+               if "skipped" not in row["result"] and row["entry"] != "exchange")
     assert {row["entry"] for row in rows} == {"open_clip", "precision", "serving", "filip_loss", "train_step",
-                                              "stair_pool", "loss_memory", "grad_caching", "distributed"}
+                                              "stair_pool", "loss_memory", "share_memory", "exchange",
+                                              "grad_caching", "distributed"}
     caching = {(row["batch_size"], row["micro_batch_size"]) for row in rows if row["entry"] == "grad_caching"}
     assert caching == {(4, None), (4, 2), (8, None), (8, 2)}
     peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
@@ -63,7 +85,10 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         if only is None:  # converted weights, same batch: both frameworks compute the same outputs
             assert r["vs_open_clip"] > 0 and r["open_clip_median_s"] > 0 and r["max_abs_diff"] < 1e-4, (task, r)
     memory = {(row["loss"], row["B"]) for row in rows if row["entry"] == "loss_memory"}
-    assert memory == {(loss, b) for loss in ("clip", "clip_share", "filip", "llip") for b in (8, 16)}
+    assert memory == {(loss, b) for loss in ("clip", "filip", "llip") for b in (8, 16)}
+    shares = {(row["loss"], row["replicas"], row["B"]) for row in rows if row["entry"] == "share_memory"}
+    assert shares == {(loss, w, 4 * w) for loss in ("clip", "siglip", "filip", "llip") for w in (1, 2)}
+    check_exchange_counts({row["family"]: row for row in rows if row["entry"] == "exchange"})
     distributed = {row["processes"]: row["result"] for row in rows if row["entry"] == "distributed"}
     assert set(distributed) == {1, 2} and all(r["median_s"] > 0 for r in distributed.values())
     steps = {(row["family"], row["backend"]) for row in rows if row["entry"] == "train_step"}

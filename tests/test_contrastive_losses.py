@@ -563,7 +563,7 @@ def _share_reference(name, img, txt, start, count, scale=5.0, bias=-3.0):
 def _share(name, img, txt, start, count, num_chunks=None):
     if name == "clip":
         return clip_loss_rows(img, txt, 5.0, start, count)
-    return siglip_loss_rows(img, txt, 5.0, -3.0, start, count, num_chunks=num_chunks)
+    return siglip_loss_rows(img[start:start + count], txt, 5.0, -3.0, start, num_chunks=num_chunks)
 
 
 @pytest.mark.parametrize("name, num_chunks", [("clip", None), ("siglip", None), ("siglip", 3)])
@@ -591,4 +591,4 @@ def test_row_shares_check_their_arguments():
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
         clip_loss_rows(img, img, 5.0, 0, 0)
     with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
-        siglip_loss_rows(img, img, 5.0, -3.0, 0, 2, num_chunks=0)
+        siglip_loss_rows(img, img, 5.0, -3.0, 0, num_chunks=0)

@@ -40,13 +40,13 @@ def _cases():
     cases = {
         "llip": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8), normal(BATCH, 8)),
                  lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5, chunk_size=3),
-                 lambda q, k, v, t, start, count: llip_loss_rows(q, k, v, t, 4.0, -2.0, 0.5, start, count,
-                                                                chunk_size=3)),
+                 lambda q, k, v, t, start, count: llip_loss_rows(
+                     q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, start, chunk_size=3)),
         "llip_unchunked": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8),
                             normal(BATCH, 8)),
                            lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5),
-                           lambda q, k, v, t, start, count: llip_loss_rows(q, k, v, t, 4.0, -2.0, 0.5, start,
-                                                                          count)),
+                           lambda q, k, v, t, start, count: llip_loss_rows(
+                               q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, start)),
         "stair": ((np.abs(normal(BATCH, 40)), np.abs(normal(BATCH, 40))),
                   lambda i, t: stair_contrastive_loss(i, t, 6.0),
                   lambda i, t, start, count: stair_contrastive_loss_rows(i, t, 6.0, start, count)),
@@ -69,7 +69,8 @@ def _cases():
             inputs,
             lambda a, b, v, t, reduction=reduction: sparc_loss(a, b, v, t, token_mask, 5.0, reduction=reduction),
             lambda a, b, v, t, start, count, reduction=reduction: sparc_loss_rows(
-                a, b, v, t, token_mask, 5.0, start, count, reduction=reduction))
+                a, b, v[start:start + count], t[start:start + count], token_mask, 5.0, start, count,
+                reduction=reduction))
     return cases
 
 
@@ -95,8 +96,10 @@ def test_shares_check_their_row_count():
     img = np.ones((4, 3, 8), "float32")
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
         filip_loss_rows(img, img, np.ones((4, 3), bool), 5.0, 0, 0)
-    with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
-        llip_loss_rows(np.ones((4, 2, 4)), np.ones((4, 3, 2, 4)), np.ones((4, 3, 2, 8)), np.ones((4, 8)),
-                       4.0, -2.0, 0.5, 0, 0)
+    with pytest.raises(ValueError, match=r"`token_mask` must have the batch size B = 4 of `image_global`"):
+        sparc_loss_rows(np.ones((4, 8)), np.ones((4, 8)), img[:2], img[:2], np.ones((2, 3), bool), 5.0, 0, 2)
+    with pytest.raises(ValueError, match=r"`values` must have shape \(N_I, K, M, D\) = \(2, 3, 2, None\)"):
+        llip_loss_rows(np.ones((4, 2, 4)), np.ones((2, 3, 2, 4)), np.ones((4, 3, 2, 8)), np.ones((4, 8)),
+                       4.0, -2.0, 0.5, 0)
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
         stair_contrastive_loss_rows(np.ones((4, 8)), np.ones((4, 8)), 5.0, 0, -1)

@@ -174,15 +174,19 @@ def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
     outputs = model(batch, training=True)
     state = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]  # FLAIR's seed
 
-    def loss(fn, *args):
+    def loss(fn, outputs, *args):
         for variable, value in zip(model.non_trainable_variables, state):
             variable.assign(value)
         return float(keras.ops.convert_to_numpy(fn(outputs, *args, training=True)))
 
-    whole = loss(model.contrastive_loss)
+    def share(start, count):  # what compute_loss passes: the replica's own rows of `replica_local_outputs`
+        rows = {key: outputs[key][start:start + count] for key in model.replica_local_outputs}
+        return loss(model.replica_loss, {**outputs, **rows}, start, count)
+
+    whole = loss(model.contrastive_loss, outputs)
     for replicas in (2, 4):
         count = parallel_worker.GLOBAL_BATCH // replicas
-        shares = [loss(model.replica_loss, r * count, count) for r in range(replicas)]
+        shares = [share(r * count, count) for r in range(replicas)]
         assert abs(np.mean(shares) - whole) <= 2e-6 * abs(whole), (replicas, shares, whole)
     assert max(shares) - min(shares) > 1e-3 * abs(whole)  # the rows' own shares, not the whole loss four times
     assert type(model)._owner("replica_loss") is type(model)._owner("contrastive_loss")

@@ -53,11 +53,23 @@ Entries:
                process: time relative to CLIP's.
   loss_memory  peak memory against batch size B (32, 64, 128, 256) of each loss,
                forward + backward w.r.t. its inputs, one timed call after the
-               first: CLIP (D=512), one of 8 replicas' share of CLIP's loss of
-               the global batch B (`clip_loss_rows`: its B/8 rows against all B), FILIP chunked
-               by 8 captions (P=196, T=77, D=256) and Llip chunked by 8 captions
-               (K=64 mixture tokens, M=8 heads, D=512): the chunked paths grow
-               linearly in B, not with B^2.
+               first: CLIP (D=512), FILIP chunked by 8 captions (P=196, T=77,
+               D=256) and Llip chunked by 8 captions (K=64 mixture tokens, M=8
+               heads, D=512): the chunked paths grow linearly in B, not with B^2.
+  share_memory peak memory of one replica's share of each loss (`*_loss_rows`, what
+               a device computes in a step over W replicas, vlzoo.parallel) against
+               the world size W (1, 2, 4, 8) and the local batch b (16, 64), the
+               global batch W * b: forward + backward w.r.t. its inputs, which are
+               the gathered global batch's and this replica's own rows (the
+               family's `replica_local_outputs`); CLIP (D=512), SigLIP (texts in
+               W chunks of b), FILIP and Llip as in loss_memory. PyTorch only.
+  exchange     counted, not timed: megabytes one replica sends per training step
+               of each family on the clip_vit_b16 towers (Llip K = 32, SPARO
+               L = V = 64) at local batch 32, against the world size W (2, 8,
+               64): the all-gather of the outputs the loss reads across
+               replicas, the reduce-scatter of their gradients, and
+               DistributedDataParallel's ring all-reduce of the weights'
+               gradients (2 (W - 1) / W of their size).
   grad_caching one `train_on_batch` of CLIP on the clip_vit_b16 towers against the
                contrastive batch N (CPU: 16, 32, 64; accelerator: 64 ... 4096),
                without and with gradient caching (`micro_batch_size` 8 on the CPU,
@@ -100,18 +112,20 @@ import numpy as np
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no package (loaded from a path)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench_device import DevicePeakMemory, accelerator, wait_for  # noqa: E402
-from bench_steps import CASE_BUILDERS, block  # noqa: E402
+from bench_steps import CASE_BUILDERS, CASE_COUNTS, block  # noqa: E402
 from bench_report import (  # noqa: E402,F401  (the report tables; re-exported for scripts that read them here)
     BF16_USABLE, INFERENCE_TARGET, PEER_TARGETS, bf16_plan, describe, markdown, memory_table, not_run,
     open_clip_table, page, peer_target, precision_table, render_into, rooflines,
 )
 
 ENTRIES = ("open_clip", "precision", "serving", "filip_loss", "train_step", "stair_pool", "loss_memory",
-           "grad_caching", "distributed")
+           "share_memory", "exchange", "grad_caching", "distributed")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
-MEMORY_LOSSES = ("clip", "clip_share", "filip", "llip")
-REPLICAS = 8  # clip_share: one replica's rows of the global batch
+MEMORY_LOSSES = ("clip", "filip", "llip")
+SHARE_LOSSES = ("clip", "siglip", "filip", "llip")
+WORLD_SIZES = (1, 2, 4, 8)  # share_memory
+EXCHANGE_WORLD_SIZES = (2, 8, 64)
 PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_clip's (bfloat16: autocast)
 # vlzoo's dtype policies per task: inference in bfloat16 weights, training with float32 master weights.
 PRECISION_TASKS = {"encode_image": ("float32", "bfloat16"), "train_step": ("float32", "mixed_bfloat16")}
@@ -126,6 +140,10 @@ JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_cus
                  "--xla_cpu_use_xnnpack=true", "--xla_cpu_experimental_xnn_fusion_type=dot")
 GPU_MATMUL_SIZE = 8192  # the precision entry's roofline matmul on an accelerator (N = 2048 on the CPU)
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
+EXCHANGE_FAMILIES = ("clip", "llip", "siglip", "filip", "sparc", "sparo", "stair", "flair")
+# The shapes of the loss_memory and share_memory losses (--quick: smaller token counts).
+LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk_size=None),
+               "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8)}
 BACKENDS = ("jax", "tensorflow", "torch")
 # open_clip config of the --quick peer runs (the full runs use open_clip's ViT-B-16-quickgelu).
 TINY_OPEN_CLIP = dict(
@@ -221,6 +239,8 @@ def run_case(case):
     device, and `device_peak_mb` is the same peak in accelerator memory
     (`DevicePeakMemory`).
     """
+    if case["entry"] in CASE_COUNTS:  # figures counted, not timed
+        return CASE_COUNTS[case["entry"]](case)
     if case["entry"] not in CASE_BUILDERS:
         raise ValueError(f"Unknown entry {case['entry']!r}; expected one of {ENTRIES}.")
     steps = CASE_BUILDERS[case["entry"]](case)
@@ -292,6 +312,11 @@ def open_clip_flops(config, task, batch_size):
     return batch_size * per_item
 
 
+def _loss_shape(loss, quick):
+    shape = LOSS_SHAPES[loss]
+    return {**shape, **{k: v for k, v in dict(P=16, T=12, K=4).items() if k in shape}} if quick else shape
+
+
 def cases(entries, quick, on_accelerator=False):
     repeats = 2 if quick else 3
     for entry in entries:
@@ -337,15 +362,20 @@ def cases(entries, quick, on_accelerator=False):
             for family in STEP_FAMILIES[1:]:
                 yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + 2)
         elif entry == "loss_memory":
-            shapes = {"clip": dict(D=512, chunk_size=None),
-                      "clip_share": dict(D=512, chunk_size=None, replicas=REPLICAS),
-                      "filip": dict(P=196, T=77, D=256, chunk_size=8),
-                      "llip": dict(K=64, M=8, D=512, chunk_size=8)}
             for loss in MEMORY_LOSSES:
                 for b in (8, 16) if quick else (32, 64, 128, 256):
-                    small = {k: v for k, v in dict(P=16, T=12, K=4).items() if k in shapes[loss]}
-                    size = {**shapes[loss], **small} if quick else shapes[loss]
-                    yield dict(entry=entry, loss=loss, B=b, repeats=1, **size)  # a memory figure: one timed call
+                    yield dict(entry=entry, loss=loss, B=b, repeats=1, **_loss_shape(loss, quick))  # one timed call
+        elif entry == "share_memory":
+            for loss in SHARE_LOSSES:
+                for local in (4,) if quick else (16, 64):
+                    for replicas in WORLD_SIZES[:2] if quick else WORLD_SIZES:
+                        yield dict(entry=entry, loss=loss, B=replicas * local, replicas=replicas, repeats=1,
+                                   backends=("torch",), **_loss_shape(loss, quick))
+        elif entry == "exchange":
+            towers, local = ("clip_tiny", 4) if quick else ("clip_vit_b16", 32)
+            for family in EXCHANGE_FAMILIES[:2] if quick else EXCHANGE_FAMILIES:
+                yield dict(entry=entry, family=family, towers=towers, batch_size=local, backends=("torch",),
+                           world_sizes=EXCHANGE_WORLD_SIZES[:1] if quick else EXCHANGE_WORLD_SIZES)
         elif entry == "grad_caching":
             towers, micro = ("clip_tiny", 2) if quick else ("clip_vit_b16", 64 if on_accelerator else 8)
             sizes = (4, 8) if quick else (64, 256, 1024, 4096) if on_accelerator else (16, 32, 64)

@@ -46,6 +46,11 @@ def bf16_plan(case, backend, roofline):
     return case, None
 
 
+def _dims(row):
+    """A loss case's dimensions, e.g. `P=196, T=77, D=256`."""
+    return ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
+
+
 def describe(row):
     """Short human label of a case."""
     if row["entry"] == "open_clip":
@@ -54,9 +59,11 @@ def describe(row):
                 + (", host memory retained" if row.get("retain_host_memory") else ""))
     if row["entry"] == "filip_loss":
         return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
-    if row["entry"] == "loss_memory":
-        dims = ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D", "replicas") if k in row)
-        return f"{row['loss']} loss, B={row['B']} ({dims}), chunk {row['chunk_size'] or '-'}"
+    if row["entry"] in ("loss_memory", "share_memory"):
+        share = f"one of {row['replicas']} replicas' share, " if row["entry"] == "share_memory" else ""
+        return f"{row['loss']} loss, {share}B={row['B']} ({_dims(row)}), chunk {row['chunk_size'] or '-'}"
+    if row["entry"] == "exchange":
+        return f"{row['family']} on {row['towers']} towers, local batch {row['batch_size']}"
     if row["entry"] == "precision":
         if row["task"] == "matmul":
             return f"matmul {row['N']}x{row['N']}, {row['dtype']}" + (f", {row['xla_flags']}" if row.get("xla_flags") else "")
@@ -215,10 +222,49 @@ def serving_table(rows):
     return out + [""]
 
 
+def share_table(rows):
+    """Markdown rows of `share_memory`: peak MB of one replica's share per loss, backend and local batch (rows)
+    against the world size (columns)."""
+    shares = [row for row in rows if row["entry"] == "share_memory" and "error" not in row["result"]]
+    if not shares:
+        return []
+    sizes = sorted({row["replicas"] for row in shares})
+    out = [f"| one replica's share of the loss (forward + backward), peak {memory_kind(shares)}memory | backend "
+           "| local batch | " + " | ".join(f"W={w}" for w in sizes) + " |", "|---|---|---:|" + "---:|" * len(sizes)]
+    for key in dict.fromkeys((row["loss"], row["backend"], row["B"] // row["replicas"]) for row in shares):
+        group = [row for row in shares if (row["loss"], row["backend"], row["B"] // row["replicas"]) == key]
+        peaks = {row["replicas"]: peak_mb(row["result"]) for row in group}
+        label = f"{key[0]} loss ({_dims(group[0])}), chunk {group[0]['chunk_size'] or '-'}"
+        out.append(f"| {label} | {key[1]} | {key[2]} | " + " | ".join(f"{peaks.get(w, '')} MB" for w in sizes) + " |")
+    return out + [""]
+
+
+def exchange_table(rows):
+    """Markdown rows of `exchange`: what one replica sends per step, per family (rows) and world size (columns)."""
+    counted = [row for row in rows if row["entry"] == "exchange"]
+    if not counted:
+        return []
+    sizes = sorted({w for row in counted for w in row["world_sizes"]})
+    out = ["| sent by one replica per step (MB): outputs gathered + their gradients / with the weights' gradients "
+           "| gathered kB per row | not gathered kB per row | "
+           + " | ".join(f"W={w}" for w in sizes) + " |", "|---|---:|---:|" + "---:|" * len(sizes)]
+    for row in counted:
+        r = row["result"]
+        if "error" in r:
+            out.append(f"| {describe(row)} | error: {r['error']} | |" + " |" * len(sizes))
+            continue
+        cells = [f"{r[f'outputs_w{w}'] / 1e6:.2f} / {r[f'sent_w{w}'] / 1e6:.1f}" if f"sent_w{w}" in r else ""
+                 for w in sizes]
+        out.append(f"| {describe(row)} | {r['gathered_per_row'] / 1e3:.1f} | {r['local_per_row'] / 1e3:.1f} | "
+                   + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def markdown(rows, machine):
     out = ([f"Machine: {machine}", ""] + open_clip_table(rows) + precision_table(rows) + serving_table(rows)
-           + memory_table(rows))
-    others = [row for row in rows if row["entry"] not in ("open_clip", "precision", "serving")]
+           + memory_table(rows) + share_table(rows) + exchange_table(rows))
+    others = [row for row in rows if row["entry"] not in ("open_clip", "precision", "serving", "share_memory",
+                                                          "exchange")]
     if others:
         out += [f"| entry | backend | case | first call (s) | median (s) | peak {memory_kind(others)}memory (MB) "
                 "| CLIP median (s) | time / CLIP |",

@@ -110,7 +110,7 @@ def _loss_memory_step(case):
     """One loss of MEMORY_LOSSES at batch `B`, forward + backward w.r.t. its inputs: `(step, args)`."""
     import keras
 
-    from vlzoo.losses import clip_loss, clip_loss_rows, filip_loss
+    from vlzoo.losses import clip_loss, filip_loss
     from vlzoo.losses.llip import llip_loss
 
     b, rng = case["B"], np.random.default_rng(0)
@@ -120,10 +120,6 @@ def _loss_memory_step(case):
 
     if case["loss"] == "clip":
         return _grad_fn(lambda i, t: clip_loss(i, t, 100.0), 2), (normal(b, case["D"]), normal(b, case["D"]))
-    if case["loss"] == "clip_share":  # one of `replicas` replicas' rows of the global batch B (vlzoo.parallel)
-        count = b // case["replicas"]
-        return (_grad_fn(lambda i, t: clip_loss_rows(i, t, 100.0, 0, count), 2),
-                (normal(b, case["D"]), normal(b, case["D"])))
     if case["loss"] == "filip":
         mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
 
@@ -137,6 +133,80 @@ def _loss_memory_step(case):
         return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, chunk_size=case["chunk_size"])
 
     return _grad_fn(loss, 4), (normal(b, m, d // m), normal(b, k, m, d // m), normal(b, k, m, d), normal(b, d))
+
+
+def _share_memory_step(case):
+    """One replica's share (`*_loss_rows`) of a loss of SHARE_LOSSES in a step over `replicas` replicas of
+    the global batch `B`, forward + backward w.r.t. its inputs: those the share reads across replicas hold
+    the global batch, the others (the family's `replica_local_outputs`) this replica's rows. `(step, args)`."""
+    import keras
+
+    from vlzoo.losses import clip_loss_rows, filip_loss_rows, llip_loss_rows, siglip_loss_rows
+
+    b, replicas, rng = case["B"], case["replicas"], np.random.default_rng(0)
+    local = b // replicas
+
+    def normal(*shape):
+        return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+
+    if case["loss"] == "clip":
+        return _grad_fn(lambda i, t: clip_loss_rows(i, t, 100.0, 0, local), 2), (normal(b, case["D"]),
+                                                                                 normal(b, case["D"]))
+    if case["loss"] == "siglip":  # the texts in `replicas` chunks: blocks of local x local logits
+        return (_grad_fn(lambda i, t: siglip_loss_rows(i, t, 10.0, -10.0, 0, num_chunks=replicas), 2),
+                (normal(local, case["D"]), normal(b, case["D"])))
+    if case["loss"] == "filip":
+        mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
+
+        def loss(image_tokens, text_tokens):
+            return filip_loss_rows(image_tokens, text_tokens, mask, 100.0, 0, local, chunk_size=case["chunk_size"])
+
+        return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
+    k, m, d = case["K"], case["M"], case["D"]
+
+    def llip(queries, keys, values, text):
+        return llip_loss_rows(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, 0, chunk_size=case["chunk_size"])
+
+    return _grad_fn(llip, 4), (normal(b, m, d // m), normal(local, k, m, d // m), normal(local, k, m, d),
+                               normal(b, d))
+
+
+def exchange_counts(case):
+    """Megabytes one replica sends in a training step of `case["family"]` on the towers of `case["towers"]`
+    at local batch `case["batch_size"]`, for each world size W of `case["world_sizes"]`, counted from the
+    family's outputs and weights.
+
+    Per step, a replica sends its rows of every output the loss reads across replicas to each of the W - 1
+    others (the all-gather), the gradients of the others' rows back to them (the all-gather's backward, a
+    reduce-scatter; float outputs only), and 2 (W - 1) / W of the weights' gradients (a ring all-reduce,
+    as DistributedDataParallel's and NCCL's). Returns, in bytes, `gathered_per_row` and `local_per_row`
+    (the outputs read at the replica's own rows only, `replica_local_outputs`, never sent), `gradients`,
+    and per W `outputs_w{W}` (the outputs and their gradients) and `sent_w{W}` (and the weights' gradients).
+    """
+    import keras
+
+    model = _family_model(case["family"], case["towers"])
+    outputs = model(_random_batch(2, model.vision.image_size, model.text.sequence_length,
+                                  model.text.vocabulary_size), training=True)
+    local = set(model.replica_local_outputs)
+
+    def row_bytes(keys, floats_only=False):
+        total = 0
+        for key in keys:
+            value = outputs[key]
+            dtype = keras.backend.standardize_dtype(value.dtype)
+            if len(value.shape) and not (floats_only and "float" not in dtype):
+                total += int(np.prod(value.shape[1:])) * np.dtype(dtype).itemsize
+        return total
+
+    gathered = [key for key in outputs if key not in local]
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    result = {"gathered_per_row": row_bytes(gathered), "local_per_row": row_bytes(local), "gradients": weights}
+    for w in case["world_sizes"]:
+        rows = (w - 1) * case["batch_size"]
+        result[f"outputs_w{w}"] = rows * (row_bytes(gathered) + row_bytes(gathered, floats_only=True))
+        result[f"sent_w{w}"] = result[f"outputs_w{w}"] + 2 * (w - 1) * weights // w
+    return result
 
 
 def same_towers_config(family, towers):
@@ -178,16 +248,21 @@ def _random_batch(batch_size, image_size, context, vocabulary_size, seed=0):
     }
 
 
+def _family_model(family, towers):
+    """A `family` model on the towers of the CLIP preset `towers` (`same_towers_config`), randomly initialised."""
+    import vlzoo
+    from vlzoo import registry
+
+    classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in registry.definitions().values()}
+    return classes[family](**same_towers_config(family, towers))
+
+
 def _family_step(family, towers, batch_size, micro_batch_size=None):
     """One `train_on_batch` of `family` on the towers of the CLIP preset `towers` (gradient caching with
     `micro_batch_size`): `(step, args)`."""
     import keras
 
-    import vlzoo
-    from vlzoo import registry
-
-    classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in registry.definitions().values()}
-    model = classes[family](**same_towers_config(family, towers))
+    model = _family_model(family, towers)
     model.micro_batch_size = micro_batch_size
     model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
@@ -387,9 +462,13 @@ CASE_BUILDERS = {
     "train_step": _train_steps,
     "stair_pool": lambda case: [_stair_pool_step(case)],
     "loss_memory": lambda case: [_loss_memory_step(case)],
+    "share_memory": lambda case: [_share_memory_step(case)],
     "distributed": _distributed_steps,
     "grad_caching": lambda case: [_family_step("clip", case["towers"], case["batch_size"], case["micro_batch_size"])],
 }
+
+# Entries whose figures are counted, not timed: `CASE_COUNTS[entry](case)` returns the case's result.
+CASE_COUNTS = {"exchange": exchange_counts}
 
 
 if __name__ == "__main__":  # a helper rank of a `distributed` case (started by `_join`)

@@ -334,34 +334,37 @@ def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
     return -0.5 * (terms[0] + terms[1])
 
 
-def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, count, num_chunks=None,
-                     remat=True):
-    """The part of `siglip_loss` that image rows `start .. start + count - 1` contribute: one replica's share.
+def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, num_chunks=None, remat=True):
+    """One replica's share of `siglip_loss`: its images, rows `start .. start + R - 1` of the batch, against
+    every text.
 
-    `-(1/count) * sum_{i in rows} sum_j log_sigmoid(y_ij * (s * cos_ij + b))`
+    `-(1/R) * sum_{i in rows} sum_j log_sigmoid(y_ij * (s * cos_ij + b))`
     over every text `j` of the batch. Averaged over a partition of the batch
-    into equal row ranges, it is `siglip_loss`. With `num_chunks`, the texts
-    are taken `ceil(B / num_chunks)` at a time as in `siglip_loss_chunked`,
-    so that no `(count, B)` block is formed either (big_vision's chunked
-    sigmoid loss).
+    into equal row ranges, it is `siglip_loss`; a replica needs no other
+    replica's images. With `num_chunks`, the texts are taken
+    `ceil(B / num_chunks)` at a time as in `siglip_loss_chunked`, so that no
+    `(R, B)` block is formed either (big_vision's chunked sigmoid loss).
 
     Args:
-        image_embeds: `(B, D)` image embeddings of the whole batch.
+        image_embeds: `(R, D)` image embeddings of the replica's rows.
         text_embeds: `(B, D)` text embeddings of the whole batch.
         logit_scale: scalar multiplier `s`.
         logit_bias: scalar bias `b`.
-        start: first row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
-        num_chunks: number of text chunks, or None for one `(count, B)` block.
+        start: the batch row of the first image (python int or int scalar tensor).
+        num_chunks: number of text chunks, or None for one `(R, B)` block.
         remat: rematerialise each chunk in the backward pass.
 
     Returns:
         float32 scalar.
+
+    Example:
+
+    >>> img = np.random.randn(8, 64); txt = np.random.randn(8, 64)
+    >>> share = siglip_loss_rows(img[4:], txt, 10.0, -10.0, start=4)
     """
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds, paired=False)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-    check_row_range(count)
     check_positive_int(num_chunks, "num_chunks")
     plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
     if plan is None:
@@ -369,7 +372,6 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
         plan, pad = (1, n, n), 0
     else:
         pad = plan.pad
-    img = take_rows(l2_normalize(image_embeds), start, count)
-    total = _siglip_chunked_sum(img, l2_normalize(text_embeds), logit_scale, logit_bias, tuple(plan), pad,
-                                remat and num_chunks is not None, row_start=start)
-    return -total / ops.cast(count, "float32")
+    total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
+                                tuple(plan), pad, remat and num_chunks is not None, row_start=start)
+    return -total / ops.cast(ops.shape(image_embeds)[0], "float32")

@@ -40,13 +40,11 @@ from keras import ops
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_chunks
-from vlzoo.losses._chunking import check_row_range
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import put
 from vlzoo.losses._chunking import slice_chunk
 from vlzoo.losses._chunking import static_loop
-from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._chunking import unstack_columns
 from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_float_tensor
@@ -332,22 +330,25 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
 
 def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
-                   logit_bias, temperature, start, count, chunk_size=None,
-                   *, num_chunks=None, remat=True):
-    """The part of `llip_loss` that images `start .. start + count - 1`
-    contribute: one replica's share in a step over several replicas.
+                   logit_bias, temperature, start, chunk_size=None, *,
+                   num_chunks=None, remat=True):
+    """One replica's share of `llip_loss`: its images, rows
+    `start .. start + R - 1` of the batch, each mixed by every caption.
 
-    `-(1/count) sum_{i in rows} sum_j log_sigmoid(y_ij * (a * S_ij + b))`
-    over every caption `j` of the batch. Averaged over a partition of the
-    batch into equal row ranges it is `llip_loss`, and a replica forms
-    only its own `(count, C)` blocks of contextualised pairs, never the
-    `(N, N)` scores.
+    `-(1/R) sum_{i in rows} sum_j log_sigmoid(y_ij * (a * S_ij + b))` over
+    every caption `j` of the batch. Averaged over a partition of the batch
+    into equal row ranges it is `llip_loss`; a replica needs no other
+    replica's keys and values, and forms only its own `(R, C)` blocks of
+    contextualised pairs, never the `(N, N)` scores.
 
     Args:
-        queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature: the whole batch's, as for `llip_loss`.
-        start: first image row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
+        queries: `(N, M, d_h)` queries of the batch's captions.
+        keys: `(R, K, M, d_h)` keys of the replica's images.
+        values: `(R, K, M, D)` their folded values.
+        text_embeds: `(N, D)` the batch's caption embeddings.
+        logit_scale, logit_bias, temperature: as for `llip_loss`.
+        start: the batch row of the first image (python int or int scalar
+            tensor).
         chunk_size, num_chunks, remat: see `llip_logits`; the captions are
             chunked.
 
@@ -358,16 +359,14 @@ def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
 
     >>> q = np.random.randn(4, 2, 4); k = np.random.randn(4, 5, 2, 4)
     >>> v = np.random.randn(4, 5, 2, 8); t = np.random.randn(4, 8)
-    >>> share = llip_loss_rows(q, k, v, t, 1 / 0.07, -10.0, 5.0, 2, 2)
+    >>> share = llip_loss_rows(q, k[2:], v[2:], t, 1 / 0.07, -10.0, 5.0, 2)
     """
     chunks = (chunk_size, num_chunks)
-    check_row_range(count)
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature, True, chunks)
-    k, v = take_rows(k, start, count), take_rows(v, start, count)
+        temperature, False, chunks)
     total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
-    return -total / ops.cast(count, "float32")
+    return -total / ops.cast(ops.shape(k)[0], "float32")
 
 
 def _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, row_start):

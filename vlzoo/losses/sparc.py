@@ -142,9 +142,15 @@ def sparc_alignment_weights(
 
 def _masked_token_ce(logits, mask):
     """`(B, T)` cross-entropy of each query row `j` against key `j`, keys
-    outside `mask` removed (finite `_NEG`, by `where`)."""
+    outside `mask` removed (finite `_NEG`, by `where`).
+
+    The diagonal is read with `where` and a sum, not `ops.diagonal`: under
+    TensorFlow's MultiWorkerMirroredStrategy the gradient of a diagonal
+    whose batch size is traced fails TensorFlow's own shape check
+    (`MatrixDiagV3`)."""
     logits = ops.where(mask[:, None, :], logits, _NEG)
-    return -ops.diagonal(ops.log_softmax(logits, axis=-1), axis1=1, axis2=2)
+    own = ops.eye(ops.shape(logits)[-1], dtype="bool")
+    return -ops.sum(ops.where(own, ops.log_softmax(logits, axis=-1), 0.0), axis=-1)
 
 
 def sparc_fine_grained_loss(
@@ -324,15 +330,19 @@ def sparc_loss_rows(
     contribute: one replica's share in a step over several replicas.
 
     The global term is `clip_loss_rows`'s share; the fine-grained term,
-    within each pair, is computed on those pairs only. With
+    within each pair, needs the replica's own tokens only. With
     `reduction="tokens"` its sum over them is divided by the number of real
     tokens of the whole batch and multiplied by `B / count`; with
     "samples" it is their mean. Averaged over a partition of the batch into
     equal row ranges, the shares are `sparc_loss`.
 
     Args:
-        image_global, text_global, patch_embeds, token_embeds, token_mask,
-        logit_scale: the whole batch's, as for `sparc_loss`.
+        image_global, text_global: `(B, D)` the whole batch's global
+            embeddings.
+        patch_embeds: `(count, P, D)` the replica's patch embeddings.
+        token_embeds: `(count, T, D)` the replica's token embeddings.
+        token_mask: `(B, T)` the whole batch's token mask.
+        logit_scale: as for `sparc_loss`.
         start: first row (python int or int scalar tensor).
         count: number of rows (python int, or int scalar tensor).
         lambda_global, lambda_fine, threshold, reduction, fine_logit_scale,
@@ -345,21 +355,24 @@ def sparc_loss_rows(
 
     >>> g = np.random.randn(8, 64); v = np.random.randn(8, 49, 64)
     >>> t = np.random.randn(8, 16, 64); mask = np.ones((8, 16), bool)
-    >>> share = sparc_loss_rows(g, g, v, t, mask, 1 / 0.07, 4, 4)
+    >>> share = sparc_loss_rows(g, g, v[4:], t[4:], mask, 1 / 0.07, 4, 4)
     """
     check_row_range(count)
     global_share = clip_loss_rows(image_global, text_global, logit_scale, start, count)
-    patch_embeds, token_embeds, mask, fine_scale = _fine_grained_inputs(
-        patch_embeds, token_embeds, token_mask,
+    mask = ops.convert_to_tensor(token_mask)
+    batch, mask_batch = static_shape(to_float32(image_global))[0], static_shape(mask)[0]
+    if None not in (batch, mask_batch) and batch != mask_batch:
+        raise ValueError(f"`token_mask` must have the batch size B = {batch} of `image_global`; received shape "
+                         f"{format_shape(static_shape(mask))}.")
+    patch_embeds, token_embeds, rows_mask, fine_scale = _fine_grained_inputs(
+        patch_embeds, token_embeds, take_rows(mask, start, count),
         logit_scale if fine_logit_scale is None else fine_logit_scale,
         threshold, reduction, alignment, epsilon)
-    _check_batch(image_global, patch_embeds)
-    ce, tokens = _fine_grained_terms(
-        take_rows(patch_embeds, start, count), take_rows(token_embeds, start, count),
-        take_rows(mask, start, count), fine_scale, threshold, alignment, epsilon)
+    ce, tokens = _fine_grained_terms(patch_embeds, token_embeds, rows_mask, fine_scale, threshold, alignment,
+                                     epsilon)
     if reduction == "tokens":
         replicas = ops.cast(ops.shape(mask)[0], "float32") / ops.cast(count, "float32")
-        fine = ops.sum(ce) * replicas / ops.maximum(ops.sum(_token_counts(mask)), 1.0)
+        fine = ops.sum(ce) * replicas / ops.maximum(ops.sum(_token_counts(ops.cast(mask, "bool"))), 1.0)
     else:
         fine = ops.mean(ops.sum(ce, axis=1) / ops.maximum(tokens, 1.0))
     return (check_scalar(lambda_global, "lambda_global") * global_share

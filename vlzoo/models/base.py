@@ -390,12 +390,13 @@ class ContrastiveModel(keras.Model):
         every replica are gathered first, so that each image is compared with every caption of the step."""
         if y_pred is None:
             y_pred = self(x, training=training)
-        gathered = parallel.gather_batch(y_pred)
         if training and parallel.world_size() > 1 and self._owner("replica_loss") is self._owner("contrastive_loss"):
+            local = {key: y_pred[key] for key in self.replica_local_outputs}
+            outputs = {**parallel.gather_batch({k: v for k, v in y_pred.items() if k not in local}), **local}
             count = ops.shape(y_pred["image_embeds"])[0]  # a tensor where the batch size is traced (TensorFlow)
-            loss = self.replica_loss(gathered, parallel.replica_index() * count, count, training=training)
+            loss = self.replica_loss(outputs, parallel.replica_index() * count, count, training=training)
         else:
-            loss = self.contrastive_loss(gathered, training=training)
+            loss = self.contrastive_loss(parallel.gather_batch(y_pred), training=training)
         if self.losses:
             loss = loss + ops.cast(ops.sum(self.losses), "float32")
         return parallel.scale_loss(loss)
@@ -536,16 +537,20 @@ class ContrastiveModel(keras.Model):
         (True in `fit`'s train step, False in `evaluate`)."""
         raise NotImplementedError
 
+    # `call`'s outputs that `replica_loss` reads at this replica's own rows only (SigLIP's images against
+    # every caption): they are not gathered across replicas, which saves their exchange and memory.
+    replica_local_outputs = ()
+
     def replica_loss(self, outputs, start, count, training=False):
         """One replica's share of the global batch's loss in a step over several replicas (`vlzoo.parallel`).
 
         `outputs` are `call`'s outputs of the global batch, and this replica's own pairs are rows
-        `start .. start + count - 1`. The shares' mean over the replicas must be
-        `contrastive_loss(outputs)`: then the averaged gradients are the global loss's. Here every
-        replica computes the whole loss; a family whose loss is a mean over rows computes its own
-        rows against every column instead (CLIP, SigLIP), so that its memory per device is linear
-        in the global batch. A subclass that overrides `contrastive_loss` but not this method gets
-        the whole loss again.
+        `start .. start + count - 1`; the entries named in `replica_local_outputs` hold those rows
+        only. The shares' mean over the replicas must be `contrastive_loss(outputs)`: then the
+        averaged gradients are the global loss's. Here every replica computes the whole loss; every
+        family of vlzoo computes its own rows against every column instead (`vlzoo.losses`'
+        `*_loss_rows`), so that its memory per device is linear in the global batch. A subclass
+        that overrides `contrastive_loss` but not this method gets the whole loss again.
         """
         return self.contrastive_loss(outputs, training=training)
 

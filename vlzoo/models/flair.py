@@ -151,6 +151,8 @@ class FLAIR(ContrastiveModel):
     def contrastive_loss(self, outputs, training=False):
         return flair_loss(*self._loss_logits(outputs))
 
+    replica_local_outputs = ("image_embeds", "image_tokens")
+
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's images, each pooled on its own captions and one drawn from every other image of
         the global batch (the draw of one process on the whole batch), against all captions."""
@@ -158,22 +160,22 @@ class FLAIR(ContrastiveModel):
         return flair_loss_rows(conditioned, captions, start, overall)
 
     def _loss_logits(self, outputs, rows=lambda x: x):
-        """`(conditioned, K, global)`: the logits of the images `rows` picks from the batch for
-        `flair_loss` (global None without `use_global_loss`)."""
+        """`(conditioned, K, global)` for `flair_loss` (global None without `use_global_loss`): the logits
+        of the images in `outputs`, which are the batch's rows that `rows` picks."""
         texts = outputs["text_embeds"]
         captions = texts.shape[1] if len(texts.shape) == 3 else 1
+        batch = ops.shape(texts)[0]  # the global batch's
         texts = ops.reshape(texts, (-1, self.embed_dim))  # (B * K, D), image i's captions at rows i*K ..
-        batch = ops.shape(outputs["image_embeds"])[0]
         if captions == 1:
             offsets = ops.zeros((batch, batch - 1), "int32")
         else:
             offsets = keras.random.randint((batch, batch - 1), 0, captions, dtype="int32", seed=self.seed_generator)
         sampled = ops.take(texts, rows(flair_caption_indices(offsets, captions)), axis=0)  # (rows, B + K - 1, D)
         scale, bias = outputs["logit_scale"], outputs["logit_bias"]
-        conditioned = flair_pair_logits(self.text_pooling(sampled, rows(outputs["image_tokens"])), sampled, scale, bias)
+        conditioned = flair_pair_logits(self.text_pooling(sampled, outputs["image_tokens"]), sampled, scale, bias)
         overall = None
         if self.use_global_loss:
-            overall = siglip_logits(rows(outputs["image_embeds"]), texts, scale, bias)
+            overall = siglip_logits(outputs["image_embeds"], texts, scale, bias)
         return conditioned, captions, overall
 
     # --------------------------------------------------------------- scores

@@ -165,11 +165,13 @@ class Llip(ContrastiveModel):
             chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
 
+    replica_local_outputs = ("image_keys", "image_values")
+
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's images, each mixed by every caption of the global batch, chunked over the captions."""
         return llip_loss_rows(
             outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
-            outputs["logit_scale"], outputs["logit_bias"], self.temperature, start, count,
+            outputs["logit_scale"], outputs["logit_bias"], self.temperature, start,
             chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
 

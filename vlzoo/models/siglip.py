@@ -66,10 +66,12 @@ class SigLIP(ContrastiveModel):
             return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)
         return siglip_loss(*args)
 
+    replica_local_outputs = ("image_embeds",)
+
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's images against every text, in `loss_num_chunks` chunks of texts if set."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
-        return siglip_loss_rows(*args, start, count, num_chunks=self.loss_num_chunks)
+        return siglip_loss_rows(*args, start, num_chunks=self.loss_num_chunks)
 
     def get_config(self):
         config = super().get_config()

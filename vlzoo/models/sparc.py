@@ -138,6 +138,8 @@ class SPARC(TokenContrastiveModel):
     def contrastive_loss(self, outputs, training=False):
         return sparc_loss(*self._loss_inputs(outputs), **self._loss_options())
 
+    replica_local_outputs = ("image_tokens", "text_tokens")
+
     def replica_loss(self, outputs, start, count, training=False):
         """CLIP's share of this replica's rows, and the fine-grained loss of its own pairs."""
         return sparc_loss_rows(*self._loss_inputs(outputs), start, count, **self._loss_options())
