@@ -14,6 +14,7 @@ from bench_device import accelerator, to_accelerator
 STEP_FAMILY_ARGS = {
     "sparo": dict(embed_dim=None),  # the encoding is L * V = 64 * 64 (sparo_clip_vit_b16, docs/families/sparo.md §Presets)
     "llip": dict(vision=dict(num_prefix_tokens=32)),  # K = 32 mixture tokens (the target)
+    "stair": dict(embed_dim=None),  # the embedding is the vocabulary
 }
 
 def _grad_fn(loss, num_args):

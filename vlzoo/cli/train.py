@@ -201,12 +201,10 @@ def run(args, out):
     losses = history.history.get("loss", [])
     if losses:
         print(f"final loss: {losses[-1]:.4f}", file=out)
-    if not writer:
-        return 0
     if args.save_adapters is not None:
-        save_lora_weights(model, args.save_adapters)
+        parallel.write_once(lambda path: save_lora_weights(model, path), args.save_adapters)
         print(f"saved the LoRA adapters to {args.save_adapters}", file=out)
-    model.save_to_preset(os.path.abspath(args.out))  # Keras writes LoRA kernels merged
+    parallel.write_once(model.save_to_preset, os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0
 

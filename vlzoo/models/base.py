@@ -538,7 +538,8 @@ class ContrastiveModel(keras.Model):
         raise NotImplementedError
 
     # `call`'s outputs that `replica_loss` reads at this replica's own rows only (SigLIP's images against
-    # every caption): they are not gathered across replicas, which saves their exchange and memory.
+    # every caption), or not at all: they are not gathered across replicas, which saves their exchange and
+    # memory.
     replica_local_outputs = ()
 
     def replica_loss(self, outputs, start, count, training=False):

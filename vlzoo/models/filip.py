@@ -190,6 +190,8 @@ class FILIP(TokenContrastiveModel):
             **self._loss_options(training),
         )
 
+    replica_local_outputs = ("image_embeds", "text_embeds")  # the loss reads the tokens
+
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's images against every caption and its captions against every image, each late
         interaction chunked over the global batch (tokens dropped as on the whole batch)."""

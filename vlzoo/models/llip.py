@@ -165,7 +165,7 @@ class Llip(ContrastiveModel):
             chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
 
-    replica_local_outputs = ("image_keys", "image_values")
+    replica_local_outputs = ("image_keys", "image_values", "image_mixture_tokens", "image_embeds")
 
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's images, each mixed by every caption of the global batch, chunked over the captions."""

@@ -26,7 +26,9 @@ What a training script (and `vlzoo train`) calls:
 - `initialize()`: join the launch's other processes (torchrun's process group,
   `KERAS_DISTRIBUTION_*`, `TF_CONFIG`) and set the backend's data parallelism;
   `scope()`: where to build and compile the model; `is_writer()`: whether this
-  process writes presets and checkpoints (one process does).
+  process writes presets and checkpoints (one process does); `write_once(save,
+  path)`: a save that one process writes, joined by the others where saving is
+  collective (`saves_together()`: JAX processes, TensorFlow workers).
 - `data_processes()`: how many processes split a `vlzoo.data` pipeline, and
   which one this is.
 
@@ -50,6 +52,9 @@ the replica count and summed (TensorFlow), the update is the one of a single
 device holding the whole batch; see docs/distributed.md.
 """
 
+import os
+import tempfile
+
 import keras
 
 if keras.backend.backend() == "torch":
@@ -64,6 +69,7 @@ data_processes = _impl.data_processes
 gather_batch = _impl.gather_batch
 one_replica_batch = _impl.one_replica_batch
 replica_index = _impl.replica_index
+saves_together = _impl.saves_together
 initialize = _impl.initialize
 is_writer = _impl.is_writer
 scale_loss = _impl.scale_loss
@@ -72,5 +78,24 @@ step_logs = _impl.step_logs
 train_step = _impl.train_step
 world_size = _impl.world_size
 
+
+
+def write_once(save, path):
+    """`save(path)` in the writing process (`is_writer`). Where saving is collective (`saves_together`:
+    JAX's arrays span the processes, TensorFlow's workers save together), the other processes run `save`
+    too, into a scratch directory that is removed, so that they join its collectives.
+
+    Args:
+        save: a function of a path, e.g. `model.save_weights` or `model.save_to_preset`.
+        path: where the writing process saves.
+    """
+    if is_writer():
+        save(path)
+    elif saves_together():
+        with tempfile.TemporaryDirectory() as scratch:
+            save(os.path.join(scratch, os.path.basename(os.path.normpath(path))))
+
+
 __all__ = ["check_launch", "data_processes", "gather_batch", "initialize", "is_writer", "one_replica_batch",
-           "replica_index", "scale_loss", "scope", "step_logs", "train_step", "world_size"]
+           "replica_index", "saves_together", "scale_loss", "scope", "step_logs", "train_step", "world_size",
+           "write_once"]

@@ -41,7 +41,7 @@ def initialize():
     set yet, sets `keras.distribution.DataParallel` with `auto_shard_dataset = False`: each
     process feeds its own rows (`vlzoo.data` pipelines split themselves by process).
     """
-    if any(os.environ.get(name) for name in _LAUNCH_VARIABLES) and jax.process_count() == 1:
+    if any(os.environ.get(name) for name in _LAUNCH_VARIABLES) and not jax.distributed.is_initialized():
         keras.distribution.initialize()
     if keras.distribution.distribution() is None and jax.device_count() > 1:
         distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
@@ -57,6 +57,12 @@ def scope():
 def is_writer():
     """True in process 0: the process that writes presets and checkpoints."""
     return jax.process_index() == 0
+
+
+def saves_together():
+    """True with several processes: the weights are arrays spanning them, and reading one for a file is a
+    collective that every process joins."""
+    return jax.process_count() > 1
 
 
 def step_logs(logs):

@@ -69,6 +69,14 @@ def is_writer():
     return resolver is None or not resolver.task_type or resolver.task_id == 0
 
 
+def saves_together():
+    """True for a worker of a `TF_CONFIG` cluster: TensorFlow's multi-worker saving is collective (every
+    worker saves; the chief's files are the ones kept)."""
+    strategy = _STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is not None and bool(resolver.task_type)
+
+
 def gather_batch(outputs):
     """`call`'s outputs of every replica, concatenated on the batch axis in replica order."""
     context = _replica_context()

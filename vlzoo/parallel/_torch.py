@@ -74,6 +74,11 @@ def is_writer():
     return replica_index() == 0
 
 
+def saves_together():
+    """False: a rank holds its weights whole, so one rank saves alone."""
+    return False
+
+
 def initialize(backend=None):
     """`torch.distributed.init_process_group` from the launcher's variables, if not done already.
 

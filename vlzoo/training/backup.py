@@ -6,8 +6,10 @@ epoch (or every `save_freq` batches), and restores them when `fit` starts
 again. Launched over several processes (torchrun, JAX processes, TensorFlow
 workers), every process would write the same files at once. Here only the
 writing process (`vlzoo.parallel.is_writer()`: rank 0, process 0 or the chief)
-writes and deletes them, and every process reads them when `fit` starts, so a
-run resumes on the same number of processes where it stopped. In a single
+writes and deletes them (where saving is collective, JAX processes and
+TensorFlow workers, the others join the save into a scratch directory), and
+every process reads them when `fit` starts, so a run resumes on the same number
+of processes where it stopped. In a single
 process it is Keras' callback unchanged.
 
 Example:
@@ -28,13 +30,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     `double_checkpoint`, `delete_checkpoint`).
     """
 
-    def on_epoch_end(self, epoch, logs=None):
+    def _save_model(self):
+        """Keras' save (the weights, then the epoch reached) in the writing process; where saving is
+        collective, the others save the weights to a scratch directory (`vlzoo.parallel.write_once`)."""
         if parallel.is_writer():
-            super().on_epoch_end(epoch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        if parallel.is_writer():
-            super().on_train_batch_end(batch, logs)
+            super()._save_model()
+        else:
+            parallel.write_once(self.model.save_weights, self._weights_path)
 
     def on_train_end(self, logs=None):
         if parallel.is_writer():
