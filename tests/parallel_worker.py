@@ -63,9 +63,9 @@ ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
 
-def build(run, seed, micro_batches=True):
+def build(run, seed):
     """The tiny model of `run` (a family or one of `VARIANTS`) from `seed`, compiled with AdamW (made here: in a
-    strategy's scope); `micro_batches=False` leaves gradient caching out of the variant that has it."""
+    strategy's scope)."""
     family, _, variant = run.partition(":")
     keras.utils.set_random_seed(seed)
     model = tiny_family_model(family)
@@ -74,7 +74,7 @@ def build(run, seed, micro_batches=True):
     if variant == "lit-lora-micro":
         lock_tower(model, "image")
         enable_lora(model, rank=2, towers=("text",))
-        model.micro_batch_size = 2 if micro_batches else None
+        model.micro_batch_size = 2
     elif variant.startswith("stage"):
         model.set_stage(int(variant[len("stage"):]))
     model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
@@ -144,13 +144,10 @@ class Launch:
         # JAX places a replicated weight from every process's value and checks they are equal: its processes
         # must build the same weights (a preset's, or the same seed); the other launches broadcast worker 0's.
         seed = 1000 + (0 if self.name == "jax" else self.index)
-        # Under MultiWorkerMirroredStrategy, Keras' trainer traces the step with the replicas' batch size unknown,
-        # which gradient caching cannot split (docs/distributed.md, not supported yet): LiT and LoRA only there.
-        micro_batches = self.name != "tf_multiworker"
         if self.strategy is None:
-            return build(family, seed, micro_batches)
+            return build(family, seed)
         with self.strategy.scope():
-            return build(family, seed, micro_batches)
+            return build(family, seed)
 
     def rows(self, batch):
         if not self.own_rows:

@@ -234,13 +234,15 @@ def train_launch(argv):
 
 
 def test_vlzoo_train_trains_together_and_writes_once(tmp_path):
-    """`vlzoo train` unchanged under this backend's launch of 2 processes: one reports and writes the
-    preset and the backup; the others train silently."""
+    """`vlzoo train` unchanged under this backend's launch of 2 processes, with gradient caching (micro-batches
+    of 1 in each process's 2 pairs): one reports and writes the preset and the backup; the others train
+    silently."""
     data = caption_folder(tmp_path)
     out, backup = tmp_path / "out", tmp_path / "backup"
     outputs = parallel_worker.run_processes(train_launch([
         "--preset", "clip_tiny", "--data", str(data), "--batch-size", "4", "--epochs", "2", "--learning-rate",
-        "1e-3", "--warmup-steps", "0", "--verbose", "0", "--backup-dir", str(backup), "--out", str(out)]))
+        "1e-3", "--warmup-steps", "0", "--micro-batch-size", "1", "--verbose", "0", "--backup-dir", str(backup),
+        "--out", str(out)]))
     output = "\n".join(outputs)
     assert output.count("saved to") == 1 and output.count("final loss") == 1, output[-3000:]
     if keras.backend.backend() != "tensorflow":  # tf.distribute splits the batches itself

@@ -153,13 +153,22 @@ def run(args, out):
     keras.utils.set_random_seed(args.seed)
     with parallel.scope():  # a tf.distribute strategy's: the model and its optimizer are made in it
         model = _load_preset(args.preset, out, family=args.family)
-        train = vlzoo.data.image_text_dataset(
-            args.data, model.tokenizer, model.preprocessor, args.batch_size // processes, training=not cached_towers,
-            seed=args.seed,
-            image_key=args.image_key, caption_key=args.caption_key, repeat=args.steps_per_epoch is not None,
-            on_error=args.on_error, **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
-        )
-        stats = train.stats
+        def pipeline(batch_size, num_processes, process_index):
+            return vlzoo.data.image_text_dataset(
+                args.data, model.tokenizer, model.preprocessor, batch_size, training=not cached_towers,
+                seed=args.seed, image_key=args.image_key, caption_key=args.caption_key,
+                repeat=args.steps_per_epoch is not None, on_error=args.on_error, num_processes=num_processes,
+                process_index=process_index,
+                **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
+            )
+
+        endless = False
+        if cached_towers:  # one process (checked above): the tower outputs are cached from the whole data
+            train = pipeline(args.batch_size, 1, 0)
+            stats = train.stats
+        else:  # this process's share of each global batch (a TensorFlow strategy's: its replicas')
+            train, made = parallel.feed(pipeline, args.batch_size)
+            stats, endless = made.stats, train is not made
         if cached_towers:
             train = _cache(model, train, cached_towers, args, out)
             steps = len(train["token_ids"]) // args.batch_size
@@ -194,7 +203,7 @@ def run(args, out):
     # The dataset shuffles itself; the cached arrays are shuffled by `fit`, in whole batches.
     order = dict(batch_size=args.batch_size, shuffle=True) if cached_towers else dict(shuffle=False)
     callbacks = [BackupAndRestore(args.backup_dir)] if args.backup_dir else []
-    history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps if staged else args.steps_per_epoch,
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps if staged or endless else args.steps_per_epoch,
                         verbose=args.verbose if writer else 0, callbacks=callbacks, **order)
     if stats.num_skipped:
         print(f"note: {stats.summary()}", file=out)

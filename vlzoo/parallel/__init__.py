@@ -30,7 +30,8 @@ What a training script (and `vlzoo train`) calls:
   path)`: a save that one process writes, joined by the others where saving is
   collective (`saves_together()`: JAX processes, TensorFlow workers).
 - `data_processes()`: how many processes split a `vlzoo.data` pipeline, and
-  which one this is.
+  which one this is; `feed(make, global_batch)`: the training data of this
+  process, from a function that builds one pipeline.
 
 Per backend:
 
@@ -80,6 +81,25 @@ world_size = _impl.world_size
 
 
 
+def feed(make, global_batch):
+    """This process's training data for steps of `global_batch` pairs: `(data, pipeline)`, `data` for `fit`
+    and `pipeline` the one this process built (its `stats`, for instance).
+
+    `make(batch_size, num_processes, process_index)` builds a pipeline of `batch_size` pairs per batch that
+    reads only share `process_index` of `num_processes` (`vlzoo.data.image_text_dataset` takes these
+    arguments). On PyTorch and JAX each process builds its part of the global batch (`data_processes`);
+    under a TensorFlow strategy with several replicas, each worker builds its replicas' batches through
+    `distribute_datasets_from_function`, and `data` (then not `pipeline`) repeats without end: give `fit`
+    its `steps_per_epoch`.
+    """
+    distributed = _impl.distribute_pipelines(make, global_batch)
+    if distributed is not None:
+        return distributed
+    count, index = data_processes()
+    pipeline = make(global_batch // count, count, index)
+    return pipeline, pipeline
+
+
 def write_once(save, path):
     """`save(path)` in the writing process (`is_writer`). Where saving is collective (`saves_together`:
     JAX's arrays span the processes, TensorFlow's workers save together), the other processes run `save`
@@ -96,6 +116,6 @@ def write_once(save, path):
             save(os.path.join(scratch, os.path.basename(os.path.normpath(path))))
 
 
-__all__ = ["check_launch", "data_processes", "gather_batch", "initialize", "is_writer", "one_replica_batch",
+__all__ = ["check_launch", "data_processes", "feed", "gather_batch", "initialize", "is_writer", "one_replica_batch",
            "replica_index", "saves_together", "scale_loss", "scope", "step_logs", "train_step", "world_size",
            "write_once"]

@@ -25,6 +25,11 @@ def data_processes():
     return jax.process_count(), jax.process_index()
 
 
+def distribute_pipelines(make, global_batch):
+    """None: each process feeds its own pipeline (`data_processes`)."""
+    return None
+
+
 def check_launch():
     """Nothing to check: `keras.distribution.initialize` reads its own launch variables."""
 

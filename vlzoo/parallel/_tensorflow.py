@@ -37,6 +37,25 @@ def data_processes():
     return 1, 0
 
 
+def distribute_pipelines(make, global_batch):
+    """Under a strategy with several replicas, `(distributed dataset, this worker's pipeline)`: `make` builds
+    each worker's pipeline of per-replica batches (`distribute_datasets_from_function`), repeated without end,
+    so that the batch size stays static in the traced step (gradient caching needs it; Keras' own
+    distribution of a dataset, and a distributed dataset that can run out, leave it unknown). None
+    otherwise."""
+    strategy = _STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync == 1:
+        return None
+    made = []
+
+    def worker_pipeline(context):
+        made.append(make(context.get_per_replica_batch_size(global_batch), context.num_input_pipelines,
+                         context.input_pipeline_id))
+        return made[-1].repeat()
+
+    return strategy.distribute_datasets_from_function(worker_pipeline), made[0]
+
+
 def check_launch():
     """Nothing to check: a strategy reads `TF_CONFIG` itself."""
 

@@ -52,6 +52,11 @@ def _launched_processes():
     return None, 1
 
 
+def distribute_pipelines(make, global_batch):
+    """None: each process feeds its own pipeline (`data_processes`)."""
+    return None
+
+
 def check_launch():
     """Raises a `RuntimeError` when this process is one of several launched together but
     `torch.distributed` is not initialised: each would silently train a model of its own."""
