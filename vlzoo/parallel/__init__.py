@@ -80,7 +80,6 @@ train_step = _impl.train_step
 world_size = _impl.world_size
 
 
-
 def feed(make, global_batch):
     """This process's training data for steps of `global_batch` pairs: `(data, pipeline)`, `data` for `fit`
     and `pipeline` the one this process built (its `stats`, for instance).
