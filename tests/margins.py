@@ -159,7 +159,8 @@ def filip_margins(model, batch):
                          ("text token selection", sims.max(axis=(0, 2)))):
         k = filip_keep_count(scores.shape[1], model.keep_ratio)
         ordered = -np.sort(-scores, axis=1)
-        boundary = ordered[:, k - 1] - ordered[:, k] if k < scores.shape[1] else np.full(len(scores), np.inf)
+        with np.errstate(invalid="ignore"):  # -inf - -inf between padded tokens: nan, read as no boundary
+            boundary = ordered[:, k - 1] - ordered[:, k] if k < scores.shape[1] else np.full(len(scores), np.inf)
         margins[name] = np.nan_to_num(boundary, nan=np.inf, posinf=np.inf).min()
         kept.append(np.argsort(-scores, axis=1, kind="stable")[:, :k])
     image_kept, text_kept = kept

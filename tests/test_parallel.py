@@ -252,6 +252,75 @@ def test_vlzoo_train_trains_together_and_writes_once(tmp_path):
     assert isinstance(vlzoo.from_preset(str(out)), vlzoo.CLIP)
 
 
+_RESUME_TASK = """
+import os, sys
+import keras, numpy as np, torch.distributed as dist
+sys.path.insert(0, "tests")
+import vlzoo
+from conftest import tiny_batch
+from vlzoo import parallel
+from vlzoo.training import BackupAndRestore, configure
+
+parallel.initialize()
+rank, backup = dist.get_rank(), sys.argv[1]
+
+
+def model():
+    keras.utils.set_random_seed(11)
+    built = vlzoo.from_preset("clip_tiny")
+    configure(built, learning_rate=1e-3, total_steps=8, warmup_steps=2)  # resuming restores the step count too
+    return built
+
+
+class Crash(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("interrupted")
+
+
+def fit(built, callbacks):
+    text = built.text
+    pairs = tiny_batch(16, seed=3, vocabulary_size=text.vocabulary_size, sequence_length=text.sequence_length)
+    rows = {key: value[rank * 8:(rank + 1) * 8] for key, value in pairs.items()}  # this rank's share
+    built.fit(rows, batch_size=4, epochs=4, shuffle=False, verbose=0, callbacks=callbacks)
+
+
+whole = model()
+fit(whole, [])
+interrupted = model()
+try:
+    fit(interrupted, [BackupAndRestore(backup), Crash()])
+except RuntimeError:
+    pass
+dist.barrier()
+print("rank", rank, "backup after the interruption:", sorted(os.listdir(backup)))
+dist.barrier()  # both ranks have looked before either resumes
+resumed = model()
+fit(resumed, [BackupAndRestore(backup)])
+difference = max(float(np.max(np.abs(keras.ops.convert_to_numpy(a) - keras.ops.convert_to_numpy(b))))
+                 for a, b in zip(whole.weights + whole.optimizer.variables,
+                                 resumed.weights + resumed.optimizer.variables))
+print("rank", rank, "largest difference from the uninterrupted run:", difference)
+"""
+
+
+@TORCH_ONLY
+def test_two_ranks_resume_from_the_backup_one_wrote(tmp_path):
+    """2 torchrun ranks interrupted after epoch 2 of 4 resume from the backup rank 0 wrote, both reading it, and
+    end bit for bit where the uninterrupted run ends (as one process does, tests/test_resume.py)."""
+    backup = tmp_path / "backup"
+    (output,) = parallel_worker.run_processes([(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+         f"--master_port={parallel_worker.free_port()}", "--no-python", sys.executable, "-c", _RESUME_TASK,
+         str(backup)],
+        parallel_worker.worker_env("torch"))], timeout=600)
+    for rank in range(2):
+        assert f"rank {rank} backup after the interruption: ['latest.weights.h5', 'training_metadata.json']" in \
+            output, output[-3000:]
+        assert f"rank {rank} largest difference from the uninterrupted run: 0.0" in output, output[-3000:]
+    assert not backup.exists()  # the resumed run ended: deleted
+
+
 _SRUN_TASK = """
 import torch.distributed as dist
 import torch
