@@ -87,7 +87,7 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     memory = {(row["loss"], row["B"]) for row in rows if row["entry"] == "loss_memory"}
     assert memory == {(loss, b) for loss in ("clip", "filip", "llip") for b in (8, 16)}
     shares = {(row["loss"], row["replicas"], row["B"]) for row in rows if row["entry"] == "share_memory"}
-    assert shares == {(loss, w, 4 * w) for loss in ("clip", "siglip", "filip", "llip") for w in (1, 2)}
+    assert shares == {(loss, w, 4 * w) for loss in ("clip", "siglip", "filip", "llip", "flair") for w in (1, 2)}
     check_exchange_counts({row["family"]: row for row in rows if row["entry"] == "exchange"})
     distributed = {row["processes"]: row["result"] for row in rows if row["entry"] == "distributed"}
     assert set(distributed) == {1, 2} and all(r["median_s"] > 0 for r in distributed.values())

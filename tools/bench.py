@@ -62,7 +62,8 @@ Entries:
                global batch W * b: forward + backward w.r.t. its inputs, which are
                the gathered global batch's and this replica's own rows (the
                family's `replica_local_outputs`); CLIP (D=512), SigLIP (texts in
-               W chunks of b), FILIP and Llip as in loss_memory. PyTorch only.
+               W chunks of b), FILIP and Llip as in loss_memory, FLAIR with one
+               caption per image (P=196, M=8 heads, D=512). PyTorch only.
   exchange     counted, not timed: megabytes one replica sends per training step
                of each family on the clip_vit_b16 towers (Llip K = 32, SPARO
                L = V = 64) at local batch 32, against the world size W (2, 8,
@@ -123,7 +124,7 @@ ENTRIES = ("open_clip", "precision", "serving", "filip_loss", "train_step", "sta
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
 MEMORY_LOSSES = ("clip", "filip", "llip")
-SHARE_LOSSES = ("clip", "siglip", "filip", "llip")
+SHARE_LOSSES = ("clip", "siglip", "filip", "llip", "flair")
 WORLD_SIZES = (1, 2, 4, 8)  # share_memory
 EXCHANGE_WORLD_SIZES = (2, 8, 64)
 PRECISIONS = ("float32", "bfloat16")  # the matmul roofline's dtypes, and open_clip's (bfloat16: autocast)
@@ -143,7 +144,8 @@ STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the fir
 EXCHANGE_FAMILIES = ("clip", "llip", "siglip", "filip", "sparc", "sparo", "stair", "flair")
 # The shapes of the loss_memory and share_memory losses (--quick: smaller token counts).
 LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk_size=None),
-               "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8)}
+               "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8),
+               "flair": dict(P=196, M=8, D=512, chunk_size=None)}
 BACKENDS = ("jax", "tensorflow", "torch")
 # open_clip config of the --quick peer runs (the full runs use open_clip's ViT-B-16-quickgelu).
 TINY_OPEN_CLIP = dict(

@@ -142,7 +142,9 @@ def _share_memory_step(case):
     the global batch, the others (the family's `replica_local_outputs`) this replica's rows. `(step, args)`."""
     import keras
 
-    from vlzoo.losses import clip_loss_rows, filip_loss_rows, llip_loss_rows, siglip_loss_rows
+    from vlzoo.layers import TextConditionedPooling
+    from vlzoo.losses import clip_loss_rows, filip_loss_rows, flair_caption_indices, flair_loss_rows
+    from vlzoo.losses import flair_pair_logits, llip_loss_rows, siglip_loss_rows
 
     b, replicas, rng = case["B"], case["replicas"], np.random.default_rng(0)
     local = b // replicas
@@ -163,6 +165,17 @@ def _share_memory_step(case):
             return filip_loss_rows(image_tokens, text_tokens, mask, 100.0, 0, local, chunk_size=case["chunk_size"])
 
         return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
+    if case["loss"] == "flair":  # K = 1 caption per image: each image pooled on the B captions
+        pooling = TextConditionedPooling(case["D"], num_heads=case["M"])
+        indices = flair_caption_indices(np.zeros((b, b - 1), "int32"), 1)[:local]
+
+        def flair(texts, image_tokens, image_embeds):
+            sampled = keras.ops.take(texts, indices, axis=0)
+            conditioned = flair_pair_logits(pooling(sampled, image_tokens), sampled, 10.0, -10.0)
+            return flair_loss_rows(conditioned, 1, 0, keras.ops.matmul(image_embeds, keras.ops.transpose(texts)))
+
+        return _grad_fn(flair, 3), (normal(b, case["D"]), normal(local, case["P"], case["D"]),
+                                    normal(local, case["D"]))
     k, m, d = case["K"], case["M"], case["D"]
 
     def llip(queries, keys, values, text):
