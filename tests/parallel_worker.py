@@ -98,8 +98,9 @@ def gradients(model):
 
 def fit_one_step(model, batch, strategy=None):
     """One `fit` step on `batch`. Under a `tf.distribute` `strategy`, `batch` is the global batch and each
-    replica gets its rows from `distribute_datasets_from_function`, with a static batch size (gradient caching
-    needs it; Keras' own distribution of a dataset leaves the replicas' batch size unknown)."""
+    replica gets its rows from `distribute_datasets_from_function`, repeated, with a static batch size (gradient
+    caching needs it; Keras' own distribution of a dataset, and under MultiWorkerMirroredStrategy a distributed
+    dataset that can run out, leave the replicas' batch size unknown)."""
     rows = len(batch["token_ids"])
     if strategy is None or strategy.num_replicas_in_sync == 1:
         return float(model.fit(batch, batch_size=rows, epochs=1, shuffle=False, verbose=0).history["loss"][0])
@@ -109,7 +110,7 @@ def fit_one_step(model, batch, strategy=None):
         size = context.get_per_replica_batch_size(rows)
         per_pipeline = rows // context.num_input_pipelines
         data = tf.data.Dataset.from_tensor_slices(batch).skip(context.input_pipeline_id * per_pipeline)
-        return data.take(per_pipeline).batch(size, drop_remainder=True)
+        return data.take(per_pipeline).batch(size, drop_remainder=True).repeat()
 
     data = strategy.distribute_datasets_from_function(replica_rows)
     return float(model.fit(data, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0).history["loss"][0])
