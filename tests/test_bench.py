@@ -42,7 +42,7 @@ def test_accelerator_cases_leave_out_the_cpu_runs(bench):
 
 def check_exchange_counts(rows):
     """The `exchange` entry's counts against the tiny towers' widths: CLIP gathers its two embeddings; Llip
-    keeps each image's keys and folded values (K x M x (d_h + D) floats) local."""
+    keeps each image's keys and folded values (K x M x (d_h + D) floats), mixture tokens and embedding local."""
     load_tool("bench")  # puts tools/ on the path
     import bench_steps
 
@@ -54,7 +54,9 @@ def check_exchange_counts(rows):
     assert clip["gradients"] == vlzoo.CLIP(**config).count_params() * 4
     assert clip["sent_w2"] == clip["outputs_w2"] + clip["gradients"]  # a ring all-reduce: 2 (W - 1) / W = 1
     head = vlzoo.Llip(**bench_steps.same_towers_config("llip", "clip_tiny")).cross_attention
-    assert llip["local_per_row"] == head.num_tokens * head.num_heads * (head.head_dim + head.embed_dim) * 4
+    keys_values = head.num_tokens * head.num_heads * (head.head_dim + head.embed_dim)
+    mixture_tokens = head.num_tokens * head.vision_dim  # unread by the loss: kept local too, as the image embedding
+    assert llip["local_per_row"] == (keys_values + mixture_tokens + head.embed_dim) * 4
     assert llip["outputs_w2"] == (replicas - 1) * batch * 2 * llip["gathered_per_row"]
 
 
