@@ -72,9 +72,13 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     # Every case ran, except bfloat16 runs skipped for a slow bfloat16 matmul (checked below).
     assert all(row["result"]["median_s"] > 0 for row in rows
                if "skipped" not in row["result"] and row["entry"] != "exchange")
-    assert {row["entry"] for row in rows} == {"open_clip", "precision", "serving", "filip_loss", "train_step",
-                                              "stair_pool", "loss_memory", "share_memory", "exchange",
+    assert {row["entry"] for row in rows} == {"open_clip", "host_overhead", "precision", "serving", "filip_loss",
+                                              "train_step", "stair_pool", "loss_memory", "share_memory", "exchange",
                                               "grad_caching", "distributed"}
+    overhead = {row["task"]: row["result"] for row in rows if row["entry"] == "host_overhead"}
+    assert set(overhead) == {"encode_image", "encode_text", "predict_images", "predict_texts", "train_step"}
+    for task, r in overhead.items():  # the same converted weights: the same outputs
+        assert r["vs_open_clip"] > 0 and r["max_abs_diff"] < 1e-4, (task, r)
     caching = {(row["batch_size"], row["micro_batch_size"]) for row in rows if row["entry"] == "grad_caching"}
     assert caching == {(4, None), (4, 2), (8, None), (8, 2)}
     peer = {(row["task"], row.get("only")) + (("retained",) if row.get("retain_host_memory") else ()): row["result"]
@@ -134,8 +138,9 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
     assert "CPU flags: " in table.splitlines()[0]
     # The open_clip comparison's rows: task, backend, then vlzoo's items/s (a number; the precision
     # table's rows have a dtype there).
+    peer_table = table.split("| host overhead (")[0]  # the host_overhead table follows with the same tasks
     assert sum(bool(re.match(rf"\| ({'|'.join(tasks)}) \| torch \| [0-9]", line))
-               for line in table.splitlines()) == len(tasks)
+               for line in peer_table.splitlines()) == len(tasks)
     assert sum(bool(re.match(r"\| train_step \(host memory retained\) \| torch \| [0-9]", line))
                for line in table.splitlines()) == 1
     assert "| matmul (roofline) | backend | GFLOP/s |" in table
@@ -148,6 +153,8 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
                for line in table.splitlines()) == 4  # the precision table's rows
     assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory",
                                                      "grad_caching", "distributed"))
+    overhead_rows = table.split("| host overhead (12 + 12 blocks, width 32, batch 16) |")[1].split("\n\n")[0]
+    assert overhead_rows.count(" | torch | ") == 5 and overhead_rows.count("1.3x (") == 5  # met or short
     ratios = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines()
               if line.startswith("| train_step |") and " towers, batch " in line]
     assert len(ratios) == 3 and all(float(r) > 0 for r in ratios)

@@ -35,6 +35,12 @@ Entries:
                the median), agreement of the first outputs; peak memory of each
                framework alone, in processes of their own; the training step once
                more with `vlzoo.training.retain_host_memory()` in the process.
+  host_overhead the open_clip entry's five tasks, batch 16, float32, on a CLIP with
+               ViT-B/16's depth (12 + 12 blocks) but widths of 32 and 32 x 32 images
+               (DEEP_NARROW_CLIP), where the arithmetic is negligible: each step's
+               time is the framework's host work, which a GPU waits for. Time per
+               call of vlzoo and of open_clip, alternated; target on PyTorch
+               (issue 45): within 1.3x of open_clip's time.
   precision    bfloat16 against float32: each backend's own N x N matmul in
                float32 and bfloat16 (N = 2048; the roofline, as GFLOP/s; on JAX also
                with the XLA:CPU options of JAX_CPU_FLAGS), then, on the open_clip
@@ -119,8 +125,8 @@ from bench_report import (  # noqa: E402,F401  (the report tables; re-exported f
     open_clip_table, page, peer_target, precision_table, render_into, rooflines,
 )
 
-ENTRIES = ("open_clip", "precision", "serving", "filip_loss", "train_step", "stair_pool", "loss_memory",
-           "share_memory", "exchange", "grad_caching", "distributed")
+ENTRIES = ("open_clip", "host_overhead", "precision", "serving", "filip_loss", "train_step", "stair_pool",
+           "loss_memory", "share_memory", "exchange", "grad_caching", "distributed")
 # vlzoo's eager `encode_*` calls, its compiled `predict_on_batch` on one input kind, and a training step.
 PEER_TASKS = ("encode_image", "encode_text", "predict_images", "predict_texts", "train_step")
 MEMORY_LOSSES = ("clip", "filip", "llip")
@@ -147,6 +153,13 @@ LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk
                "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8),
                "flair": dict(P=196, M=8, D=512, chunk_size=None)}
 BACKENDS = ("jax", "tensorflow", "torch")
+# host_overhead's CLIP: ViT-B/16's depth (12 + 12 blocks) at widths and sizes where the arithmetic is negligible, so
+# that a step's time is the framework's host work (what a GPU waits for).
+DEEP_NARROW_CLIP = dict(
+    embed_dim=16, quick_gelu=True,
+    vision_cfg=dict(image_size=32, patch_size=16, width=32, layers=12, head_width=8),
+    text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=4, layers=12),
+)
 # open_clip config of the --quick peer runs (the full runs use open_clip's ViT-B-16-quickgelu).
 TINY_OPEN_CLIP = dict(
     embed_dim=24, quick_gelu=True,
@@ -217,7 +230,7 @@ def baselines(case):
     """Names of the baseline steps that follow a case's measured step."""
     if case["entry"] == "train_step":
         return ["clip"]
-    if case["entry"] == "open_clip":
+    if case["entry"] in ("open_clip", "host_overhead"):
         return ["open_clip"]
     if case["entry"] in ("precision", "serving") and case["task"] != "matmul":
         return [f"open_clip_{precision}" for precision in case["peer_precisions"]]
@@ -269,7 +282,7 @@ def run_case(case):
             f"{name}_compile_s": round(max(first[k][0] - medians[k], 0.0), 3),
             f"vs_{name}": round(statistics.median(ratios), 3),
         })
-    if case["entry"] in ("open_clip", "precision") and len(steps) > 1:
+    if case["entry"] in ("open_clip", "host_overhead", "precision") and len(steps) > 1:
         # Same weights and batch: the first outputs agree (to bfloat16 rounding in the precision runs).
         ours, theirs = (np.concatenate([np.ravel(x).astype(np.float32) for x in outputs]) for _, outputs in first[:2])
         result["max_abs_diff"] = float(np.max(np.abs(ours - theirs)))
@@ -334,6 +347,10 @@ def cases(entries, quick, on_accelerator=False):
                     yield dict(common, only="open_clip", repeats=1, once=True)
                 if task == "train_step" and not on_accelerator:  # again, with `retain_host_memory()` in the process
                     yield dict(common, repeats=repeats, retain_host_memory=True)
+        elif entry == "host_overhead":
+            for task in PEER_TASKS:
+                yield dict(entry=entry, task=task, peer=DEEP_NARROW_CLIP, batch_size=16,
+                           repeats=repeats + (2 if task == "train_step" else 10))
         elif entry == "precision":
             size = 256 if quick else GPU_MATMUL_SIZE if on_accelerator else 2048
             for dtype in PRECISIONS:

@@ -470,6 +470,7 @@ def _precision_steps(case):
 
 CASE_BUILDERS = {
     "open_clip": _open_clip_steps,
+    "host_overhead": _open_clip_steps,
     "precision": _precision_steps,
     "serving": _open_clip_steps,
     "filip_loss": lambda case: [_filip_loss_step(case)],
