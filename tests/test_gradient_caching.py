@@ -110,3 +110,11 @@ def test_margins_of_hand_made_choices():
     np.testing.assert_allclose(top_two_gap(values, axis=1), [0.01, 2.0])
     np.testing.assert_allclose(top_two_gap(values, axis=1, valid=np.array([[1, 1, 0], [1, 0, 0]], bool)), [0.3, np.inf])
     np.testing.assert_allclose(threshold_gap(values, 0.25), [[0.25, 0.05, 0.24], [0.75, 1.25, 2.75]])
+
+
+def test_an_unknown_batch_size_is_named_with_the_feeds_that_keep_it():
+    # A batch size unknown when the step is traced (TensorFlow under a tf.distribute strategy fed a dataset it
+    # distributes itself) cannot be split into micro-batches.
+    unknown = keras.KerasTensor((None, 4))
+    with pytest.raises(ValueError, match=r"needs a batch size known when the step is traced.*vlzoo\.parallel\.feed"):
+        micro_batched(lambda x: {"y": x}, unknown, 2)

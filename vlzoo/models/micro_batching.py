@@ -54,7 +54,8 @@ def micro_batched(compute, inputs, micro_batch_size):
         raise ValueError(
             f"Gradient caching (`micro_batch_size` {micro_batch_size}) needs a batch size known when the step is "
             "traced; it is not here (TensorFlow: feed a tf.data.Dataset batched with drop_remainder=True, as "
-            "vlzoo.data pipelines are in training).")
+            "vlzoo.data pipelines are in training; under a tf.distribute strategy, feed each replica its batches "
+            "with `vlzoo.parallel.feed`, or a repeating `distribute_datasets_from_function` and `steps_per_epoch`).")
     if batch % micro_batch_size:
         raise ValueError(f"The batch size ({batch}) must be a multiple of `micro_batch_size` ({micro_batch_size}) "
                          "for gradient caching; choose a batch size it divides.")
