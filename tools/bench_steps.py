@@ -107,22 +107,34 @@ def _stair_pool_step(case):
     return _grad_fn(loss, 3), (features, table, bias)
 
 
-def _loss_memory_step(case):
-    """One loss of MEMORY_LOSSES at batch `B`, forward + backward w.r.t. its inputs: `(step, args)`."""
+def _random_inputs(seed=0):
+    """`(normal(*shape), text_mask(batch, length))`: float32 normal tensors and bool masks of 5 .. length real
+    tokens, from one generator."""
     import keras
 
-    from vlzoo.losses import clip_loss, filip_loss
-    from vlzoo.losses.llip import llip_loss
-
-    b, rng = case["B"], np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
 
     def normal(*shape):
         return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
 
+    def text_mask(batch, length):
+        return keras.ops.convert_to_tensor(np.arange(length)[None] < rng.integers(5, length + 1, (batch, 1)))
+
+    return normal, text_mask
+
+
+def _loss_memory_step(case):
+    """One loss of MEMORY_LOSSES at batch `B`, forward + backward w.r.t. its inputs: `(step, args)`."""
+    from vlzoo.losses import clip_loss, filip_loss
+    from vlzoo.losses.llip import llip_loss
+
+    b = case["B"]
+    normal, text_mask = _random_inputs()
+
     if case["loss"] == "clip":
         return _grad_fn(lambda i, t: clip_loss(i, t, 100.0), 2), (normal(b, case["D"]), normal(b, case["D"]))
     if case["loss"] == "filip":
-        mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
+        mask = text_mask(b, case["T"])
 
         def loss(image_tokens, text_tokens):
             return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=case["chunk_size"])
@@ -146,11 +158,9 @@ def _share_memory_step(case):
     from vlzoo.losses import clip_loss_rows, filip_loss_rows, flair_caption_indices, flair_loss_rows
     from vlzoo.losses import flair_pair_logits, llip_loss_rows, siglip_loss_rows
 
-    b, replicas, rng = case["B"], case["replicas"], np.random.default_rng(0)
+    b, replicas = case["B"], case["replicas"]
     local = b // replicas
-
-    def normal(*shape):
-        return keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
+    normal, text_mask = _random_inputs()
 
     if case["loss"] == "clip":
         return _grad_fn(lambda i, t: clip_loss_rows(i, t, 100.0, 0, local), 2), (normal(b, case["D"]),
@@ -159,7 +169,7 @@ def _share_memory_step(case):
         return (_grad_fn(lambda i, t: siglip_loss_rows(i, t, 10.0, -10.0, 0, num_chunks=replicas), 2),
                 (normal(local, case["D"]), normal(b, case["D"])))
     if case["loss"] == "filip":
-        mask = keras.ops.convert_to_tensor(np.arange(case["T"])[None] < rng.integers(5, case["T"] + 1, (b, 1)))
+        mask = text_mask(b, case["T"])
 
         def loss(image_tokens, text_tokens):
             return filip_loss_rows(image_tokens, text_tokens, mask, 100.0, 0, local, chunk_size=case["chunk_size"])

@@ -17,7 +17,8 @@ recomputes it instead of storing it.
   the stack back as the columns of a `(R, n)` matrix.
 * `siglip_labels`, `block_labels`: the +1 / -1 pair labels and the 0/1
   validity of a block of columns (padding excluded); `own_log_likelihood`:
-  the cross-entropy terms of a block of rows.
+  the cross-entropy terms of a block of rows, `symmetric_rows_loss` a
+  replica's share of a symmetric InfoNCE.
 * `cached_remat`: one `keras.remat`-wrapped function per configuration.
 
 `keras.ops` only; runs on JAX, TensorFlow and PyTorch.
@@ -225,6 +226,15 @@ def own_log_likelihood(logits, start):
     targets = ops.cast(start, "int32") + ops.arange(rows, dtype="int32")
     picked = ops.take_along_axis(ops.log_softmax(logits, axis=1), ops.expand_dims(targets, 1), axis=1)
     return ops.squeeze(picked, 1)
+
+
+def symmetric_rows_loss(logits, image_embeds, text_embeds, start, count):
+    """One replica's share of a symmetric InfoNCE (CLIP's form): `-0.5 * (mean
+    CE_i2t + mean CE_t2i)` over rows `start .. start + count - 1`, each row
+    against every column; `logits(rows, columns)` scores a block."""
+    terms = [ops.mean(own_log_likelihood(logits(take_rows(rows, start, count), columns), start))
+             for rows, columns in ((image_embeds, text_embeds), (text_embeds, image_embeds))]
+    return -0.5 * (terms[0] + terms[1])
 
 
 # ----------------------------------------------------------------- remat

@@ -27,12 +27,11 @@ from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses._chunking import check_row_range
 from vlzoo.losses._chunking import chunking
-from vlzoo.losses._chunking import own_log_likelihood
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import siglip_labels
 from vlzoo.losses._chunking import slice_chunk
 from vlzoo.losses._chunking import static_loop
-from vlzoo.losses._chunking import take_rows
+from vlzoo.losses._chunking import symmetric_rows_loss
 from vlzoo.losses._utils import check_pair
 from vlzoo.losses._utils import check_scalar
 
@@ -326,12 +325,8 @@ def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     check_row_range(count)
-    img, txt = l2_normalize(image_embeds), l2_normalize(text_embeds)
-    terms = []
-    for rows, columns in ((img, txt), (txt, img)):
-        logits = logit_scale * ops.matmul(take_rows(rows, start, count), ops.transpose(columns))
-        terms.append(ops.mean(own_log_likelihood(logits, start)))
-    return -0.5 * (terms[0] + terms[1])
+    return symmetric_rows_loss(lambda rows, columns: logit_scale * ops.matmul(rows, ops.transpose(columns)),
+                               l2_normalize(image_embeds), l2_normalize(text_embeds), start, count)
 
 
 def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, num_chunks=None, remat=True):

@@ -245,13 +245,14 @@ def _token_counts(mask):
     return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=1), "float32")
 
 
-def _check_batch(image_global, patch_embeds):
+def _check_batch(image_global, x, name):
+    """Raises unless `x` (`name`) has the batch size of `image_global` where both are known."""
     b_global = static_shape(to_float32(image_global))[0]
-    local_shape = static_shape(to_float32(patch_embeds))
-    if None not in (b_global, local_shape[0]) and b_global != local_shape[0]:
+    shape = static_shape(ops.convert_to_tensor(x))
+    if None not in (b_global, shape[0]) and b_global != shape[0]:
         raise ValueError(
-            f"`patch_embeds` must have the batch size B = {b_global} of "
-            f"`image_global`; received shape {format_shape(local_shape)}."
+            f"`{name}` must have the batch size B = {b_global} of "
+            f"`image_global`; received shape {format_shape(shape)}."
         )
 
 
@@ -299,7 +300,7 @@ def sparc_loss(
         float32 scalar.
     """
     global_loss = clip_loss(image_global, text_global, logit_scale)
-    _check_batch(image_global, patch_embeds)
+    _check_batch(image_global, patch_embeds, "patch_embeds")
     fine_loss = sparc_fine_grained_loss(
         patch_embeds, token_embeds, token_mask,
         logit_scale if fine_logit_scale is None else fine_logit_scale,
@@ -360,10 +361,7 @@ def sparc_loss_rows(
     check_row_range(count)
     global_share = clip_loss_rows(image_global, text_global, logit_scale, start, count)
     mask = ops.convert_to_tensor(token_mask)
-    batch, mask_batch = static_shape(to_float32(image_global))[0], static_shape(mask)[0]
-    if None not in (batch, mask_batch) and batch != mask_batch:
-        raise ValueError(f"`token_mask` must have the batch size B = {batch} of `image_global`; received shape "
-                         f"{format_shape(static_shape(mask))}.")
+    _check_batch(image_global, mask, "token_mask")
     patch_embeds, token_embeds, rows_mask, fine_scale = _fine_grained_inputs(
         patch_embeds, token_embeds, take_rows(mask, start, count),
         logit_scale if fine_logit_scale is None else fine_logit_scale,

@@ -35,8 +35,7 @@ import keras
 from keras import ops
 
 from vlzoo.losses._chunking import check_row_range
-from vlzoo.losses._chunking import own_log_likelihood
-from vlzoo.losses._chunking import take_rows
+from vlzoo.losses._chunking import symmetric_rows_loss
 from vlzoo.losses._utils import check_float_tensor
 from vlzoo.losses._utils import check_mask
 from vlzoo.losses._utils import check_pair
@@ -304,12 +303,8 @@ def stair_contrastive_loss_rows(image_embeds, text_embeds, logit_scale, start, c
     """
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     check_row_range(count)
-    terms = [
-        ops.mean(own_log_likelihood(stair_logits(take_rows(rows, start, count), columns, logit_scale, epsilon),
-                                    start))
-        for rows, columns in ((image_embeds, text_embeds), (text_embeds, image_embeds))
-    ]
-    return -0.5 * (terms[0] + terms[1])
+    return symmetric_rows_loss(lambda rows, columns: stair_logits(rows, columns, logit_scale, epsilon),
+                               image_embeds, text_embeds, start, count)
 
 
 def stair_loss(image_embeds, text_embeds, logit_scale, image_flops_weight=0.0, text_flops_weight=0.0,

@@ -83,17 +83,20 @@ def scope():
 def is_writer():
     """True in the chief (worker 0 of a `TF_CONFIG` cluster) or when there is one worker: the process
     that writes presets and checkpoints."""
-    strategy = _STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
+    resolver = _cluster_resolver()
     return resolver is None or not resolver.task_type or resolver.task_id == 0
 
 
 def saves_together():
     """True for a worker of a `TF_CONFIG` cluster: TensorFlow's multi-worker saving is collective (every
     worker saves; the chief's files are the ones kept)."""
-    strategy = _STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
+    resolver = _cluster_resolver()
     return resolver is not None and bool(resolver.task_type)
+
+
+def _cluster_resolver():
+    """The cluster resolver of `initialize`'s (or the current) strategy; None without one."""
+    return getattr(_STRATEGY[0] if _STRATEGY else tf.distribute.get_strategy(), "cluster_resolver", None)
 
 
 def gather_batch(outputs):
