@@ -440,8 +440,8 @@ class STAIR(ContrastiveModel):
 
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's rows of the contrastive term, and the FLOPs regularisers of the global batch
-        (not a mean over rows: every replica adds them whole). Its `contrastive` metric records the share; the
-        logged value averages the replicas'."""
+        (not a mean over rows: every replica adds them whole). Its `contrastive` metric records the replica's
+        share: averaged over the replicas under tf.distribute, rank 0's own on PyTorch."""
         return self._loss(outputs, lambda image, text, scale, epsilon: stair_contrastive_loss_rows(
             image, text, scale, start, count, epsilon))
 

@@ -193,23 +193,12 @@ def train_step(model, keras_step, data):
     model.zero_grad(set_to_none=True)
     y_pred, loss = _replicated(model)(x, y, sample_weight)
     batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-    # The logged loss is the global batch's: the mean of the ranks' shares (`replica_loss`).
+    # The logged loss is the global batch's: the mean of the ranks' shares (`replica_loss`). Keras' epoch logs
+    # read the tracker's state, so the mean goes into it.
     logged = functional_collectives.all_reduce(loss.detach(), "sum", dist.group.WORLD) / dist.get_world_size()
     model._loss_tracker.update_state(logged, sample_weight=batch)  # as Keras' train step does
     model.optimizer.scale_loss(loss).backward()
     weights = model.trainable_weights
     with torch.no_grad():
         model.optimizer.apply([v.value.grad for v in weights], weights)
-    return _mean_over_ranks(model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), loss.device)
-
-
-def _mean_over_ranks(logs, device):
-    """Each scalar log averaged over the ranks, in one all-reduce: every rank's metrics hold its own
-    updates (a share of the rows, e.g. STAIR's `contrastive`), over equal batches."""
-    names = [name for name, value in logs.items() if isinstance(value, (torch.Tensor, float)) and not
-             (isinstance(value, torch.Tensor) and value.ndim)]
-    if not names:
-        return logs
-    values = torch.stack([torch.as_tensor(logs[name], dtype=torch.float32, device=device) for name in names])
-    values = functional_collectives.all_reduce(values, "sum", dist.group.WORLD) / dist.get_world_size()
-    return {**logs, **dict(zip(names, values.unbind()))}
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
