@@ -10,6 +10,7 @@ from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
+from vlzoo._keras import _calls_directly
 from vlzoo.layers import embedding, heads, llip, sparo, sparse_vocab, text, transformer, vision
 from vlzoo.layers.transformer import _flash_attention, _scannable, apply_blocks, scan_by_default, transformer_stack
 
@@ -103,6 +104,59 @@ def test_blocks_scan_by_default_only_in_jax_training_on_the_cpu(monkeypatch):
     assert not scan_by_default(training=False) and not scan_by_default(training=None)
     monkeypatch.setattr(keras.distribution, "list_devices", lambda *a: ["gpu:0", "gpu:1"])
     assert not scan_by_default(training=True)
+
+
+def _block_through_every_call(block, x):
+    """`block(x)` with every sublayer entered through `Layer.__call__` (what `call_sublayer` skips)."""
+    attention = block.attention
+
+    def dense(layer, y):
+        return layer(y)
+
+    h = block.ln_1(x)
+    b, n = h.shape[0], h.shape[1]
+    heads = [keras.ops.reshape(dense(d, h), (b, n, attention.num_heads, attention.head_dim))
+             for d in (attention.query, attention.key, attention.value)]
+    if keras.backend.backend() == "tensorflow" and heads[0].dtype != "float32":
+        heads[:2] = [keras.ops.cast(t, "float32") for t in heads[:2]]
+    out = keras.ops.dot_product_attention(*heads, scale=attention.head_dim**-0.5)
+    x = x + attention.output_dense(keras.ops.reshape(out, (b, n, attention.hidden_dim)))
+    return x + block.mlp.fc2(block.mlp._act(block.mlp.fc1(block.ln_2(x))))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "bfloat16"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_block_skipping_sublayer_calls_matches_every_call(policy, lora):
+    # `call_sublayer` runs a sublayer's `call` directly only where `__call__` would change nothing: the block's
+    # output is bit for bit the one of its sublayers each entered through `__call__`, under every dtype policy
+    # (LayerNorm keeps float32 weights under mixed_bfloat16, so it goes through `__call__` there) and with LoRA.
+    block = layers.TransformerBlock(16, 4, 32, activation="quick_gelu", dtype=policy)
+    block.build((None, 5, 16))
+    _randomise(block)
+    if lora:
+        for dense in (block.attention.query, block.attention.value, block.mlp.fc1):
+            dense.enable_lora(2)
+            dense.lora_kernel_b.assign(0.1 * np.ones(dense.lora_kernel_b.shape, "float32"))
+    x = keras.ops.cast(np.random.default_rng(1).normal(size=(2, 5, 16)).astype("float32"), block.compute_dtype)
+    got = to_numpy(keras.ops.cast(block(x), "float32"))
+    want = to_numpy(keras.ops.cast(_block_through_every_call(block, x), "float32"))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_sublayers_are_called_directly_only_where_call_changes_nothing():
+    dense = keras.layers.Dense(4)
+    dense.build((None, 3))
+    x = keras.ops.ones((2, 3))
+    assert _calls_directly(dense, (x,))
+    assert not _calls_directly(dense, (keras.ops.cast(x, "float16"),))  # `__call__` would cast it
+    assert not _calls_directly(dense, (keras.KerasTensor((2, 3)),))  # symbolic: `__call__` records a node
+    assert not _calls_directly(dense, (np.ones((2, 3), "float32"),))  # `__call__` converts it
+    assert not _calls_directly(keras.layers.Dense(4), (x,))  # not built
+    mixed = keras.layers.LayerNormalization(dtype="mixed_bfloat16")
+    mixed.build((None, 3))
+    assert not _calls_directly(mixed, (keras.ops.cast(x, "bfloat16"),))  # `__call__` opens an autocast scope
+    dense.quantize("int8")
+    assert not _calls_directly(dense, (x,))  # `__call__` takes the quantized call
 
 
 def test_layer_norm_epsilon_is_used():

@@ -6,6 +6,8 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._keras import call_sublayer
+
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
 
@@ -114,9 +116,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, x, context=None, attention_mask=None, is_causal=False):
         context = x if context is None else context
-        q = self._split_heads(self.query(x))
-        k = self._split_heads(self.key(context))
-        v = self._split_heads(self.value(context))
+        q = self._split_heads(call_sublayer(self.query, x))
+        k = self._split_heads(call_sublayer(self.key, context))
+        v = self._split_heads(call_sublayer(self.value, context))
         if attention_mask is not None and len(attention_mask.shape) == 3:
             attention_mask = ops.expand_dims(attention_mask, 1)
         if keras.backend.backend() == "tensorflow" and q.dtype != "float32":
@@ -126,7 +128,7 @@ class MultiHeadAttention(keras.layers.Layer):
             scale=1.0 / math.sqrt(self.head_dim), flash_attention=_flash_attention(q, k),
         )
         b, n = ops.shape(out)[0], ops.shape(out)[1]
-        return self.output_dense(ops.reshape(out, (b, n, self.hidden_dim)))
+        return call_sublayer(self.output_dense, ops.reshape(out, (b, n, self.hidden_dim)))
 
     def get_config(self):
         config = super().get_config()
@@ -172,7 +174,7 @@ class MLP(keras.layers.Layer):
         self.built = True
 
     def call(self, x):
-        return self.fc2(self._act(self.fc1(x)))
+        return call_sublayer(self.fc2, self._act(call_sublayer(self.fc1, x)))
 
     def get_config(self):
         config = super().get_config()
@@ -240,8 +242,11 @@ class TransformerBlock(keras.layers.Layer):
         self.built = True
 
     def call(self, x, attention_mask=None, is_causal=False):
-        x = x + self.attention(self.ln_1(x), attention_mask=attention_mask, is_causal=is_causal)
-        return x + self.mlp(self.ln_2(x))
+        attended = call_sublayer(
+            self.attention, call_sublayer(self.ln_1, x), attention_mask=attention_mask, is_causal=is_causal,
+        )
+        x = x + attended
+        return x + call_sublayer(self.mlp, call_sublayer(self.ln_2, x))
 
     def get_config(self):
         config = super().get_config()
@@ -310,7 +315,7 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
     if scan and _scannable(blocks):
         return _scan_blocks(blocks, x, remat, **kwargs)
     for block in blocks:
-        call = functools.partial(block, **kwargs)
+        call = functools.partial(call_sublayer, block, **kwargs)
         x = keras.remat(call)(x) if remat else call(x)
     return x
 
