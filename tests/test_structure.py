@@ -24,6 +24,7 @@ FORBIDDEN = {
     "vlzoo.layers": ("vlzoo.models",),
     "vlzoo.losses": ("vlzoo.models", "vlzoo.layers"),
     "vlzoo.data": ("vlzoo.models", "vlzoo.evaluation", "vlzoo.cli"),
+    "vlzoo.compiled": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
     "vlzoo.parallel": ("vlzoo.models", "vlzoo.presets", "vlzoo.data", "vlzoo.training", "vlzoo.cli"),
 }
 # Modules that must import without Keras (what listing and checking names reads).

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from vlzoo import parallel
+from vlzoo import compiled, parallel
 from vlzoo import preset_files
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
@@ -107,6 +107,7 @@ class ContrastiveModel(keras.Model):
         self.built = True
         self._tokenizer = None
         self._preprocessor = None
+        self._inference_functions = {}
 
     # ------------------------------------------------------------------ API
 
@@ -178,8 +179,7 @@ class ContrastiveModel(keras.Model):
         (2, 24)
         """
         self._check_image_inputs(images)
-        embeds = self._image_features(images)
-        return self.normalize_embeds(embeds) if normalize else embeds
+        return self._inference_function("image", normalize)(images)
 
     def encode_text(self, texts, normalize=False):
         """Text embeddings: a dict with the global embedding under `"embeds"`.
@@ -198,8 +198,21 @@ class ContrastiveModel(keras.Model):
         """
         inputs = self._tokenize(texts)
         self._check_text_inputs(inputs)
-        embeds = self._text_features(inputs)
-        return self.normalize_embeds(embeds) if normalize else embeds
+        return self._inference_function("text", normalize)(inputs)
+
+    def _inference_function(self, side, normalize):
+        """`_image_features` or `_text_features` (`side`), normalised or not, as one compiled program on JAX
+        and TensorFlow (`vlzoo.compiled`); made once per side and `normalize`."""
+        key = (side, normalize)
+        if key not in self._inference_functions:
+            features = self._image_features if side == "image" else self._text_features
+
+            def encode(inputs):
+                embeds = features(inputs)
+                return self.normalize_embeds(embeds) if normalize else embeds
+
+            self._inference_functions[key] = compiled.inference_function(encode, lambda: self.variables)
+        return self._inference_functions[key]
 
     def predict_step(self, *args):
         """`model.predict` / `predict_on_batch`: the embeddings of whichever inputs are given.

@@ -1,0 +1,61 @@
+"""Eager inference calls that run as one compiled program: what differs per backend.
+
+A notebook's first call, `model.encode_image(x)`, is eager. On JAX and
+TensorFlow an eager call dispatches every operation from Python, one by one:
+on a CLIP ViT-B/16 that is 17 to 30 times slower than open_clip
+(docs/benchmarks.md, `host_overhead`), while the same computation compiled
+(`predict`) is on par. `inference_function(fn, variables)` (`variables`: a
+function returning the variables `fn` reads) returns `fn` run as a compiled
+program, with the same results up to the compiler's rounding:
+
+- JAX: `jax.jit` of `fn`, with the variables' current values passed in (a
+  `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled
+  once per input shape and dtype. Inside a JAX transform (`jax.grad`,
+  `jax.jit`, Keras' own steps) it is traced into the caller's program, and
+  differentiating through it differentiates `fn`.
+- TensorFlow: a `tf.function` of `fn` when executing eagerly (its graph is
+  traced once per input signature and set of variables, and reads their
+  values at each call); inside a graph `fn` runs as called. A `tf.function`
+  is differentiable under a `tf.GradientTape`.
+- PyTorch: `fn` itself. Eager is PyTorch's compiled path: the operations run
+  as they are called, and `torch.compile` of Keras' layers costs more to
+  compile than it saves (docs/benchmarks.md).
+
+Example:
+
+>>> encode = inference_function(lambda x: model.vision(x)["pooled"], lambda: model.vision.variables)
+>>> encode(np.zeros((2, 224, 224, 3), "float32")).shape
+(2, 512)
+"""
+
+import keras
+
+if keras.backend.backend() == "jax":
+    from vlzoo.compiled import _jax as _impl
+elif keras.backend.backend() == "tensorflow":
+    from vlzoo.compiled import _tensorflow as _impl
+else:
+    from vlzoo.compiled import _torch as _impl
+
+
+def inference_function(fn, variables):
+    """`fn` as one compiled program on JAX and TensorFlow, `fn` itself on PyTorch and for symbolic inputs.
+
+    Args:
+        fn: a function of tensors (or dicts of them) that reads Keras variables.
+        variables: a function returning the variables `fn` reads.
+
+    Returns:
+        A function with `fn`'s arguments and outputs.
+    """
+    program = _impl.inference_function(fn, variables)
+
+    def call(*args):
+        if any(keras.backend.is_keras_tensor(x) for x in keras.tree.flatten(args)):
+            return fn(*args)  # building a functional model or counting shapes: nothing runs
+        return program(*args)
+
+    return call
+
+
+__all__ = ["inference_function"]
