@@ -42,6 +42,18 @@ def test_an_int8_model_round_trips_through_a_preset(tmp_path):
         loaded.quantize("int8")
 
 
+def test_int8_warns_where_it_is_slower_than_float32():
+    # Keras' int8 products run below float32 speed on the CPU on PyTorch and TensorFlow (docs/serving.md):
+    # the user is told so, with the fast route (ONNX Runtime's int8), when quantizing; JAX's int8 is faster.
+    model = vlzoo.from_preset("clip_tiny")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.quantize("int8")
+    slow = [w for w in caught if "slower than float32" in str(w.message)]
+    assert len(slow) == (1 if keras.backend.backend() in ("torch", "tensorflow") else 0)
+    assert all("quantize_onnx" in str(w.message) for w in slow)
+
+
 @run_once  # seven models' scores twice; the int8 kernels of each backend round-trip above
 @pytest.mark.parametrize("family", FAMILIES)
 def test_int8_stays_close_to_float32_on_the_shapes_models(family):

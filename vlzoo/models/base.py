@@ -3,6 +3,7 @@
 import functools
 import gc
 import math
+import warnings
 
 import keras
 from keras import ops
@@ -43,6 +44,16 @@ class ClampLogitScale(keras.constraints.Constraint):
 
     def get_config(self):
         return {"max_value": self.max_value}
+
+
+# Backends whose Keras int8 inference is slower than float32 on the CPU (docs/serving.md: ViT-B/16 on a 2-core
+# AVX-512 EPYC, 0.15x open_clip float32 on PyTorch, 0.37x on TensorFlow, 1.38x on JAX): `quantize` warns there.
+SLOW_INT8_BACKENDS = ("torch", "tensorflow")
+
+
+def _computes_on_the_cpu():
+    """Whether a new tensor lands on the CPU ("cpu", "/job:localhost/.../device:CPU:0", "TFRT_CPU_0", ...)."""
+    return "cpu" in str(keras.ops.zeros(()).device).lower()
 
 
 def _prefixed(side, embeds):
@@ -591,6 +602,14 @@ class ContrastiveModel(keras.Model):
         """
         if self.weight_quantization is not None:
             raise ValueError(f"This model is already quantized ({self.weight_quantization!r}).")
+        if mode == "int8" and keras.backend.backend() in SLOW_INT8_BACKENDS and _computes_on_the_cpu():
+            warnings.warn(
+                f"Keras' int8 on {keras.backend.backend()} runs slower than float32 on the CPU (its int8 products do "
+                "not reach the CPU's int8 kernels; docs/serving.md): `quantize('int8')` saves memory, not time "
+                "here. For fast int8 inference, export the towers to ONNX and quantize them with ONNX Runtime: "
+                "`vlzoo.serving.quantize_onnx(vlzoo.serving.export(model, path, format='onnx')['image'])`.",
+                stacklevel=2,
+            )
         # Keras runs a full garbage collection each time a layer drops its float kernel: 0.24 s per layer
         # with a framework loaded (12 s for clip_shapes' 50 dense layers). The objects that exist are frozen
         # out of those collections, and one collection afterwards frees the float kernels.
