@@ -104,9 +104,10 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
             r = row["result"]
             assert r["vs_clip"] > 0 and r["clip_median_s"] > 0
     precision = {(row["task"], row["dtype"]): row["result"] for row in rows if row["entry"] == "precision"}
-    assert set(precision) == {("matmul", "float32"), ("matmul", "bfloat16"), ("encode_image", "float32"),
-                              ("encode_image", "bfloat16"), ("train_step", "float32"), ("train_step", "mixed_bfloat16")}
-    roofline = {dtype: precision[("matmul", dtype)]["gflops"] for dtype in ("float32", "bfloat16")}
+    assert set(precision) == {("matmul", "float32"), ("matmul", "bfloat16"), ("matmul", "int8"),
+                              ("encode_image", "float32"), ("encode_image", "bfloat16"), ("train_step", "float32"),
+                              ("train_step", "mixed_bfloat16")}
+    roofline = {dtype: precision[("matmul", dtype)]["gflops"] for dtype in ("float32", "bfloat16", "int8")}
     assert min(roofline.values()) > 0
     bf16_usable = roofline["bfloat16"] >= 0.1 * roofline["float32"]  # not on CPUs without AVX512-BF16 / AMX
     for (task, dtype), r in precision.items():
@@ -125,7 +126,7 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
         if "skipped" in r:  # vlzoo's bfloat16 weights, on a CPU whose bfloat16 matmul is unusable
             assert path == "bfloat16" and not bf16_usable, (path, r)
             continue
-        assert r["median_s"] > 0 and r["vs_open_clip_float32"] > 0, (path, r)
+        assert r["median_s"] > 0 and r["vs_open_clip_float32"] > 0 and r["gflops"] > 0, (path, r)
         # Same weights and batch as open_clip float32: the float32 paths agree to rounding (relative error of
         # float32 sums, ~1e-6); bfloat16 weights and Keras' int8 (per-channel weight scales, per-call
         # activation scales) carry relative errors near 2**-9 and 2**-8 per element: a cosine above 0.999
@@ -149,6 +150,9 @@ def test_bench_quick_run_writes_results(tmp_path, repo_root):
                                 "| ONNX Runtime int8 (exported from torch) | - | "))
                for line in table.splitlines()) == len(serving)
     assert "Best path with a cosine of at least 0.99: " in table
+    assert "| GFLOP/s | % of host roofline |" in table  # each path's share of the roofline of its products' dtype
+    assert sum("% of bfloat16 |" in line or "% of float32 |" in line or "% of int8 |" in line
+               for line in table.splitlines()) == sum("skipped" not in r for r in serving.values())
     assert sum(line.startswith(("| encode_image | torch | ", "| train_step | torch | ")) and "float" in line
                for line in table.splitlines()) == 4  # the precision table's rows
     assert all(f"| {entry} |" in table for entry in ("filip_loss", "train_step", "stair_pool", "loss_memory",

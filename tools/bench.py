@@ -43,7 +43,8 @@ Entries:
                (issue 45): within 1.3x of open_clip's time.
   precision    bfloat16 against float32: each backend's own N x N matmul in
                float32 and bfloat16 (N = 2048; the roofline, as GFLOP/s; on JAX also
-               with the XLA:CPU options of JAX_CPU_FLAGS), then, on the open_clip
+               with the XLA:CPU options of JAX_CPU_FLAGS) and PyTorch's int8 product
+               (`torch._int_mm`, int32 sums: the host's int8 roofline), then, on the open_clip
                entry's model and batch, vlzoo's `encode_image` (float32 and
                bfloat16 weights) and training step (float32 and mixed_bfloat16)
                alternated with open_clip's in float32 and under bfloat16 autocast:
@@ -91,8 +92,11 @@ Entries:
                first backend that exports it) in float32 and in ONNX Runtime's own
                dynamic int8 (`vlzoo.serving.quantize_onnx`); each alternated with
                open_clip's `encode_image` in float32 and under bfloat16 autocast
-               (inference mode): embeddings/s, ratios, and the smallest cosine per
-               embedding against open_clip's float32 embeddings of the same batch.
+               (inference mode): embeddings/s, ratios, the smallest cosine per
+               embedding against open_clip's float32 embeddings of the same batch,
+               and the path's achieved GFLOP/s as a share of the host's roofline for
+               its products' dtype (the fastest matmul of the precision entry in that
+               dtype over the backends; int8: PyTorch's `torch._int_mm`).
   distributed  PyTorch: CLIP's `train_on_batch` on the clip_vit_b16 towers with a global batch of 16,
                in 1 process and over 2 processes of 8 pairs each (torch.distributed with gloo on the
                CPU: DistributedDataParallel's all-reduce and the outputs' all-gather, `vlzoo.parallel`;
@@ -286,7 +290,7 @@ def run_case(case):
         # Same weights and batch: the first outputs agree (to bfloat16 rounding in the precision runs).
         ours, theirs = (np.concatenate([np.ravel(x).astype(np.float32) for x in outputs]) for _, outputs in first[:2])
         result["max_abs_diff"] = float(np.max(np.abs(ours - theirs)))
-    if case["entry"] == "precision":
+    if case["entry"] in ("precision", "serving"):
         result["gflops"] = round(case["flops"] / medians[0] / 1e9, 1)
     if case["entry"] == "serving":  # each path's embeddings, and open_clip's bfloat16 ones, against its float32
         reference = first[1][1][0]
@@ -355,6 +359,9 @@ def cases(entries, quick, on_accelerator=False):
             size = 256 if quick else GPU_MATMUL_SIZE if on_accelerator else 2048
             for dtype in PRECISIONS:
                 yield dict(entry=entry, task="matmul", N=size, dtype=dtype, flops=2 * size**3, repeats=repeats + 2)
+            # The host's int8 roofline: PyTorch's own int8 product (int32 sums), which Keras' int8 does not reach.
+            yield dict(entry=entry, task="matmul", N=size, dtype="int8", flops=2 * size**3, repeats=repeats + 2,
+                       backends=("torch",))
             for flags in ([] if quick or on_accelerator else JAX_CPU_FLAGS):
                 yield dict(entry=entry, task="matmul", N=size, dtype="bfloat16", flops=2 * size**3,
                            repeats=repeats + 2, xla_flags=flags, backends=("jax",))
@@ -371,6 +378,8 @@ def cases(entries, quick, on_accelerator=False):
                 exported = path.startswith("onnx")  # ONNX Runtime's speed: the exporting backend is no matter
                 yield dict(entry=entry, task="serve_image", path=path, dtype="bfloat16" if path == "bfloat16" else
                            "float32", peer=peer, batch_size=batch_size, peer_precisions=list(PRECISIONS),
+                           flops=open_clip_flops(_open_clip_config(peer) if isinstance(peer, str) else peer,
+                                                 "encode_image", batch_size),
                            repeats=repeats + 2, **(dict(backends=EXPORTERS, once=True) if exported else {}))
         elif entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)

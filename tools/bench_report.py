@@ -16,6 +16,8 @@ running. Nothing here runs a benchmark or imports a framework.
 # Throughput targets on the CPU machine, as vlzoo's images/s over open_clip's, per (task, backend).
 PEER_TARGETS = {"train_step": {"jax": 1.0, "tensorflow": 0.9, "torch": 0.9}}
 INFERENCE_TARGET = 0.95
+BF16_ROOFLINE_TARGET = 0.5  # serving: vlzoo's best bfloat16 path at half the host's bfloat16 matmul rate (issue 45)
+BF16_COSINE = 0.999  # ... at this cosine to open_clip's float32 embeddings
 HOST_OVERHEAD_TARGET = 1.3  # host_overhead on PyTorch: vlzoo's time within 1.3x open_clip's (issue 45)
 # The serving entry's target: the best vlzoo path's embeddings/s over open_clip float32's, at a smallest
 # cosine to open_clip's float32 embeddings of at least SERVING_COSINE (issue 31, a CPU with AVX-512 BF16).
@@ -155,6 +157,19 @@ def rooflines(rows):
             and "gflops" in row["result"]}
 
 
+def host_rooflines(rows):
+    """`{dtype: GFLOP/s}`: the host's roofline per dtype, the fastest plain matmul in that dtype over the backends."""
+    best = {}
+    for (_, dtype), gflops in rooflines(rows).items():
+        best[dtype] = max(best.get(dtype, 0.0), gflops)
+    return best
+
+
+# The dtype of a serving path's matrix products, whose host roofline its share is taken of.
+SERVING_PRODUCT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8", "onnx_float32": "float32",
+                          "onnx_int8": "int8"}
+
+
 def precision_table(rows):
     """Markdown rows of `precision`: the matmul roofline per backend and dtype, then vlzoo's encode_image
     and training step in each precision against open_clip in float32 and in bfloat16 (autocast)."""
@@ -187,15 +202,18 @@ def precision_table(rows):
 
 def serving_table(rows):
     """Markdown rows of `serving`: embeddings/s of each path against open_clip float32 and bfloat16 autocast
-    measured beside it, the smallest cosine to open_clip float32's embeddings, and the best path that keeps
-    a cosine of `SERVING_COSINE` against `SERVING_TARGET`."""
+    measured beside it, the path's GFLOP/s and its share of the host's roofline for its products' dtype
+    (`host_rooflines`, from the precision entry's matmul rows of the same run), the smallest cosine to
+    open_clip float32's embeddings, the best path that keeps a cosine of `SERVING_COSINE` against
+    `SERVING_TARGET`, and each backend's bfloat16 share against `BF16_ROOFLINE_TARGET`."""
     done = [row for row in rows if row["entry"] == "serving"]
     if not done:
         return []
+    host = host_rooflines(rows)
     out = ["| path | backend | vlzoo embeddings/s | open_clip float32 /s | open_clip bf16 autocast /s "
-           "| / open_clip float32 | / open_clip bf16 | smallest cosine | compile (s) |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    best, peer_cosine = None, []
+           "| / open_clip float32 | / open_clip bf16 | GFLOP/s | % of host roofline | smallest cosine | compile (s) |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    best, peer_cosine, bf16_shares = None, [], {}
     for row in done:
         r, b = row["result"], row["batch_size"]
         path = ("ONNX Runtime " + row["path"][len("onnx_"):] + f" (exported from {row['backend']})"
@@ -203,13 +221,18 @@ def serving_table(rows):
         backend = "-" if row["path"].startswith("onnx") else row["backend"]
         if "error" in r or "skipped" in r:
             what = f"error: {r['error']}" if "error" in r else f"not run: {r['skipped']}"
-            out.append(f"| {path} | {backend} | {what} | | | | | | |")
+            out.append(f"| {path} | {backend} | {what} | | | | | | | | |")
             continue
         bf16 = f"{b / r['open_clip_bfloat16_median_s']:.2f}" if "open_clip_bfloat16_median_s" in r else "not run"
+        dtype = SERVING_PRODUCT_DTYPES[row["path"]]
+        share = f"{100 * r['gflops'] / host[dtype]:.0f}% of {dtype}" if "gflops" in r and host.get(dtype) else ""
         vs_bf16 = f"{1 / r['vs_open_clip_bfloat16']:.2f}x" if "vs_open_clip_bfloat16" in r else ""
         ratio = 1 / r["vs_open_clip_float32"]
         out.append(f"| {path} | {backend} | {b / r['median_s']:.2f} | {b / r['open_clip_float32_median_s']:.2f} "
-                   f"| {bf16} | {ratio:.2f}x | {vs_bf16} | {r['cosine']:.4f} | {r['compile_s']} |")
+                   f"| {bf16} | {ratio:.2f}x | {vs_bf16} | {r.get('gflops', '')} | {share} | {r['cosine']:.4f} "
+                   f"| {r['compile_s']} |")
+        if dtype == "bfloat16" and share and r["cosine"] >= BF16_COSINE:
+            bf16_shares[backend] = max(bf16_shares.get(backend, 0.0), r["gflops"] / host[dtype])
         if r["cosine"] >= SERVING_COSINE and (best is None or ratio > best[0]):
             best = (ratio, f"{path}{'' if backend == '-' else ' on ' + backend}")
         if "open_clip_bfloat16_cosine" in r:
@@ -219,6 +242,11 @@ def serving_table(rows):
         met = "met" if best[0] >= SERVING_TARGET else "short"
         out.append(f"Best path with a cosine of at least {SERVING_COSINE}: {best[1]}, {best[0]:.2f}x open_clip "
                    f"float32 (target {SERVING_TARGET}x: {met}).")
+    if bf16_shares:
+        shares = ", ".join(f"{backend} {100 * share:.0f}% ({'met' if share >= BF16_ROOFLINE_TARGET else 'short'})"
+                           for backend, share in bf16_shares.items())
+        out.append(f"bfloat16 weights with a cosine of at least {BF16_COSINE}, share of the host's bfloat16 roofline "
+                   f"(target {100 * BF16_ROOFLINE_TARGET:.0f}% on each backend): {shares}.")
     if peer_cosine:
         out.append(f"open_clip's bfloat16 autocast embeddings against its float32 ones: smallest cosine "
                    f"{min(peer_cosine):.4f}.")

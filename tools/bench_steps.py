@@ -466,10 +466,17 @@ def _serving_step(model, path, images):
 
 
 def _matmul_step(case):
-    """`N x N @ N x N` in `case["dtype"]` with the active backend's own matmul: `(step, args)`."""
+    """`N x N @ N x N` in `case["dtype"]` with the active backend's own matmul: `(step, args)`; int8 (PyTorch):
+    `torch._int_mm`, the int8 product with int32 sums that PyTorch runs on the CPU's int8 units (VNNI, AMX)."""
     import keras
 
     rng = np.random.default_rng(0)
+    if case["dtype"] == "int8":
+        import torch
+
+        a, b = (torch.from_numpy(rng.integers(-128, 128, size=(case["N"],) * 2).astype(np.int8)) for _ in range(2))
+        device = "cuda" if accelerator() and torch.cuda.is_available() else "cpu"
+        return torch._int_mm, (a.to(device), b.to(device))
     a, b = (keras.ops.cast(rng.normal(size=(case["N"],) * 2).astype("float32"), case["dtype"]) for _ in range(2))
     return keras.ops.matmul, (a, b)
 
