@@ -80,9 +80,13 @@ def test_token_projections_are_clips_projections(clip, family):
     clip_image = to_numpy(clip.vision.projection(image[:, 1:]))  # the CLS token is not a patch
     clip_text = to_numpy(clip.text.projection(text))
     encoded_image, encoded_text = model.encode_image(batch["images"]), model.encode_text(batch)
-    np.testing.assert_allclose(to_numpy(encoded_image["tokens"]), clip_image, rtol=0, atol=1e-6)
+    # The reference runs operation by operation; `encode_*` runs one compiled program on JAX and TensorFlow,
+    # whose fused LayerNorms and sums round differently: a few float32 ulps of values up to ~3 (measured
+    # 1.2e-6 relative on JAX), far below the change a wrong projection would make.
+    tolerance = dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(encoded_image["tokens"]), clip_image, **tolerance)
     np.testing.assert_allclose(_real(to_numpy(encoded_text["tokens"]), batch["padding_mask"]),
-                               _real(clip_text, batch["padding_mask"]), rtol=0, atol=1e-6)
+                               _real(clip_text, batch["padding_mask"]), **tolerance)
 
 
 def test_sparo_towers_are_clip_without_its_last_block(clip):

@@ -8,8 +8,9 @@ def inference_function(fn, variables):
 
     A traced graph holds the variables it read: one graph is kept per set of variables (`variables()`,
     called at each call), so that after `enable_lora` or `quantize` replace some, the call traces
-    again instead of reading the old ones. `reduce_retracing` lets a new batch size reuse a graph
-    traced for unknown sizes instead of tracing one per size.
+    again instead of reading the old ones. Each input shape gets its own trace: the towers read static
+    sizes (the image's height and width, the text's length), which a trace for unknown sizes
+    (`reduce_retracing`) would not have.
     """
     graphs = {}
 
@@ -19,7 +20,7 @@ def inference_function(fn, variables):
         key = tuple(id(v) for v in variables())
         if key not in graphs:
             graphs.clear()
-            graphs[key] = tf.function(fn, reduce_retracing=True)
+            graphs[key] = tf.function(fn)
         return graphs[key](*args)
 
     return call
