@@ -91,20 +91,32 @@ def call_sublayer(layer, *args, **kwargs):
     return layer(*args, **kwargs)
 
 
+# Keras' name of each backend dtype met (`standardize_dtype` parses it anew at every call).
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = backend.standardize_dtype(dtype)
+    return name
+
+
 def _calls_directly(layer, values):
     """Whether `layer.call` does exactly what `layer.__call__` would on these argument `values` (`call_sublayer`)."""
     if not layer.built or getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
         return False
-    if keras.distribution.distribution() is not None:
-        return False
+    input_dtype = layer.input_dtype
     for value in values:
         if value is None or isinstance(value, (bool, int, float, str)):
             continue
         if not backend.is_tensor(value):
             return False  # symbolic or foreign inputs `__call__` converts or records
-        dtype = backend.standardize_dtype(value.dtype)
-        if backend.is_float_dtype(dtype) and dtype != layer.input_dtype:
+        dtype = _dtype_name(value.dtype)
+        if dtype != input_dtype and backend.is_float_dtype(dtype):
             return False  # inputs `__call__` would cast
+    if keras.distribution.distribution() is not None:
+        return False
     scope = backend.get_autocast_scope()
     current = None if scope is None else scope.dtype
     compute = layer.compute_dtype
