@@ -235,7 +235,7 @@ class ContrastiveModel(keras.Model):
         `call` uses: `{"image_embeds": ...}` for CLIP, with `image_tokens`
         for FILIP and SPARC) as numpy, `model.predict(tokens)` (the
         tokenizer's dict) those of `encode_text` prefixed with `text_`, both
-        when both inputs are given. `encode_image` / `encode_text` remain the eager,
+        when both inputs are given. `encode_image` / `encode_text` remain the per-call,
         differentiable calls.
 
         Keras' JAX trainer calls `predict_step(state, data)` with the
