@@ -208,3 +208,6 @@ def test_non_finite_pixels_are_rejected(tiny, family, value):
         model.encode_image(images)
     with pytest.raises(ValueError, match="`images` contains non-finite values"):
         model.similarity(images, ["a cat", "a dog"])
+    # A backend tensor on the CPU is read as well (only a tensor on an accelerator is left unread).
+    with pytest.raises(ValueError, match="`images` contains non-finite values"):
+        model.encode_image(keras.ops.convert_to_tensor(images))

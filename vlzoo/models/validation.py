@@ -1,10 +1,12 @@
 """Input checks shared by the public model methods.
 
 Static shapes are checked everywhere (they are known while tracing). Values
-(token ids in range, finite pixels) are checked by the eager user-facing
-calls (`encode_image`, `encode_text`, `similarity`) when the input is
-concrete, never in `call`: reading them copies the batch to the host, which
-inside `fit`'s step (eager on PyTorch) would cost a device round trip each step.
+(token ids in range, finite pixels) are checked by the user-facing calls
+(`encode_image`, `encode_text`, `similarity`) when the input's values are
+already on the host (numpy data, tensors on the CPU: `host_values`), never in
+`call`: reading a tensor on an accelerator copies the batch to the host and
+waits for the device, a round trip at every call (each `fit` step and each
+`predict` batch on PyTorch, whose steps run eagerly).
 """
 
 import numpy as np
@@ -23,6 +25,28 @@ def concrete_numpy(x):
         return ops.convert_to_numpy(x)
     except Exception:  # a symbolic or traced tensor: values unknown.
         return None
+
+
+def host_values(x):
+    """`x` as numpy when its values are on the host (numpy data, a tensor on the CPU), else None.
+
+    A tensor on an accelerator (or a traced or symbolic one) gives None: reading it would copy it
+    to the host and wait for the device.
+    """
+    if isinstance(x, (np.ndarray, list, tuple, int, float)):
+        return np.asarray(x)
+    return concrete_numpy(x) if _on_the_cpu(x) else None
+
+
+def _on_the_cpu(x):
+    """Whether a backend tensor lives in host memory: JAX's devices' platform, else its `device` name
+    (PyTorch's "cpu", TensorFlow's ".../device:CPU:0"). False where that cannot be told (traced values)."""
+    try:
+        if callable(getattr(x, "devices", None)):  # a JAX array
+            return all(device.platform == "cpu" for device in x.devices())
+        return "cpu" in str(x.device).lower()
+    except Exception:  # a traced or symbolic tensor
+        return False
 
 
 # Tower arguments that must be positive integers (None allowed where a tower accepts it).
@@ -124,7 +148,7 @@ def check_patch_batch(batch, patch_size, num_channels=3, name="images"):
 
 
 def check_images_values(images, name="images"):
-    values = concrete_numpy(images)
+    values = host_values(images)
     if values is None:
         return
     if not np.issubdtype(values.dtype, np.floating):
@@ -160,7 +184,7 @@ def check_text(inputs, vocabulary_size, sequence_length, name="texts", values=Tr
             f"`padding_mask` must have the shape of `token_ids` {shape}; "
             f"received {tuple(_static_shape(mask))}."
         )
-    values = concrete_numpy(ids) if values else None
+    values = host_values(ids) if values else None
     if values is not None:
         if not np.issubdtype(values.dtype, np.integer):
             raise TypeError(f"`token_ids` must be integers; received dtype {values.dtype}.")
