@@ -51,11 +51,6 @@ class ClampLogitScale(keras.constraints.Constraint):
 SLOW_INT8_BACKENDS = ("torch", "tensorflow")
 
 
-def _computes_on_the_cpu():
-    """Whether a new tensor lands on the CPU ("cpu", "/job:localhost/.../device:CPU:0", "TFRT_CPU_0", ...)."""
-    return "cpu" in str(keras.ops.zeros(()).device).lower()
-
-
 def _prefixed(side, embeds):
     """`{"embeds": x, "tokens": y}` -> `{"image_embeds": x, "image_tokens": y}` (`side="image"`)."""
     return {f"{side}_{key}": value for key, value in embeds.items()}
@@ -602,7 +597,7 @@ class ContrastiveModel(keras.Model):
         """
         if self.weight_quantization is not None:
             raise ValueError(f"This model is already quantized ({self.weight_quantization!r}).")
-        if mode == "int8" and keras.backend.backend() in SLOW_INT8_BACKENDS and _computes_on_the_cpu():
+        if mode == "int8" and keras.backend.backend() in SLOW_INT8_BACKENDS and validation.on_the_cpu(ops.zeros(())):
             warnings.warn(
                 f"Keras' int8 on {keras.backend.backend()} runs slower than float32 on the CPU (its int8 products do "
                 "not reach the CPU's int8 kernels; docs/serving.md): `quantize('int8')` saves memory, not time "

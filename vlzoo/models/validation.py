@@ -35,10 +35,10 @@ def host_values(x):
     """
     if isinstance(x, (np.ndarray, list, tuple, int, float)):
         return np.asarray(x)
-    return concrete_numpy(x) if _on_the_cpu(x) else None
+    return concrete_numpy(x) if on_the_cpu(x) else None
 
 
-def _on_the_cpu(x):
+def on_the_cpu(x):
     """Whether a backend tensor lives in host memory: JAX's devices' platform, else its `device` name
     (PyTorch's "cpu", TensorFlow's ".../device:CPU:0"). False where that cannot be told (traced values)."""
     try:
