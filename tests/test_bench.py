@@ -31,6 +31,12 @@ def test_peak_memory_is_measured_from_its_baseline(bench):
     assert 384 - 16 <= growing.peak_mb <= 384 + 64, growing.peak_mb
 
 
+def test_times_keep_their_significant_digits(bench):
+    # A 256 x 256 int8 matmul on an AMX host takes ~20 us: four decimals of a second rounded it to 0.
+    assert bench.significant(2.3456e-5) == pytest.approx(2.346e-5, rel=1e-12)
+    assert bench.significant(1.23456) == 1.235 and bench.significant(0.0) == 0.0
+
+
 def test_accelerator_cases_leave_out_the_cpu_runs(bench):
     # On a GPU: the roofline matmul at N = 8192 (2048 on the CPU), no XLA:CPU option or retained host memory.
     for on_gpu, size in ((False, 2048), (True, 8192)):

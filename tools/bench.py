@@ -241,6 +241,12 @@ def baselines(case):
     return []
 
 
+def significant(seconds, digits=4):
+    """`seconds` to `digits` significant digits: a fixed number of decimals would
+    round a fast case (a small matmul on an AMX host takes tens of microseconds) to 0."""
+    return float(f"{seconds:.{digits}g}")
+
+
 def run_case(case):
     """Runs one case in this process; returns its measurements.
 
@@ -276,7 +282,7 @@ def run_case(case):
     result = {
         "first_call_s": round(first[0][0], 3),
         "compile_s": round(max(first[0][0] - medians[0], 0.0), 3),
-        "median_s": round(medians[0], 4),
+        "median_s": significant(medians[0]),
         "peak_mb": round(memory.peak_mb, 1),
     }
     if device_memory.peak_mb is not None:
@@ -284,7 +290,7 @@ def run_case(case):
     for k, name in enumerate(baselines(case)[:len(steps) - 1], start=1):
         ratios = [a / b for a, b in zip(times[0], times[k])]
         result.update({
-            f"{name}_median_s": round(medians[k], 4),
+            f"{name}_median_s": significant(medians[k]),
             f"{name}_compile_s": round(max(first[k][0] - medians[k], 0.0), 3),
             f"vs_{name}": round(statistics.median(ratios), 3),
         })
