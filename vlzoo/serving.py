@@ -31,6 +31,7 @@ Example:
 import importlib.util
 import json
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -162,7 +163,9 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
         encoder = ImageEncoder(model) if tower == "image" else TextEncoder(model)
         signature = encoder.input_signature(batch_size)
         target = os.path.join(path, tower + FORMATS[format])
-        encoder.export(target, format=format, input_signature=signature, verbose=False)
+        with warnings.catch_warnings():  # torch.export's own pytree deprecation, nothing a caller can act on
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+            encoder.export(target, format=format, input_signature=signature, verbose=False)
         outputs = list(model.image_embedding_keys if tower == "image" else model.text_embedding_keys)
         if format == "onnx":
             _fix_onnx(target, outputs)

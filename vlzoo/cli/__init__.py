@@ -58,14 +58,15 @@ One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve
 import no backend at module level: each `run` imports what it needs.
 
 Framework C++ logs that read as errors but are not ("failed call to cuInit", "oneDNN custom
-operations are on") stay hidden unless `VLZOO_VERBOSE=1` or the user's own `TF_CPP_MIN_LOG_LEVEL`
-is set (`_logs`).
+operations are on", "Could not find cuda drivers") stay hidden unless `VLZOO_VERBOSE=1` or the
+user's own `TF_CPP_MIN_LOG_LEVEL` is set (`_logs`): every command but `list` and `info` imports
+TensorFlow first with its load-time lines filtered out of stderr.
 """
 
 import argparse
 import sys
 
-from vlzoo.cli._logs import QUIET_NATIVE_LOGS  # first: sets the C++ log level before a framework loads
+from vlzoo.cli._logs import QUIET_NATIVE_LOGS, import_tensorflow_quietly  # first: the C++ log level
 from vlzoo.cli import catalogue, convert, demo, evaluate, export, interpolate, retrieve, train, zeroshot
 from vlzoo.cli._common import UsageError
 from vlzoo.cli.demo import DEMO_TEMPLATE
@@ -100,6 +101,8 @@ def main(argv=None):
     validate = getattr(args, "validate", None)
     if validate is not None:
         validate(parser, args)
+    if getattr(args, "loads_frameworks", True):
+        import_tensorflow_quietly()
     try:
         return args.func(args, sys.stdout)
     except _USER_ERRORS as error:

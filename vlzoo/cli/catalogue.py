@@ -16,7 +16,7 @@ def register(sub):
                    help="only presets of this family, e.g. clip or siglip (default: all)")
     p.add_argument("--pretrained", action="store_true",
                    help="list the pretrained presets: their source, licence and download size")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, loads_frameworks=False)
 
     p = _add_command(sub, "download", "fetch and convert weights into the cache",
                      "Download a pretrained preset or a hub handle, check every file, convert it\n"
@@ -33,7 +33,7 @@ def register(sub):
                      "weights_available, description, directory.",
                      ["vlzoo info clip_vit_b16", "vlzoo info ./my_preset"])
     p.add_argument("name", metavar="NAME", help="a registered preset name or a preset directory")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, loads_frameworks=False)
 
 
 def run(args, out):

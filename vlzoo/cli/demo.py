@@ -1,19 +1,15 @@
 """`vlzoo demo`: the whole workflow on a bundled shapes model (the `make demo` job)."""
 
 import contextlib
-import importlib.util
 import math
 import os
-import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from vlzoo.cli._common import _add_command, _format_metrics, _load
-from vlzoo.cli._logs import QUIET_NATIVE_LOGS
 
 # `vlzoo demo` teaches the bundled shapes model a prompt wording it never saw in training.
 DEMO_TEMPLATE = "a photo of a {}."
@@ -25,13 +21,6 @@ _SIMILARITY_SCRIPT = (
     "texts = {'token_ids': data['token_ids'], 'padding_mask': data['padding_mask']}\n"
     "np.save(sys.argv[3], keras.ops.convert_to_numpy(model.similarity(data['images'], texts)))\n"
 )
-# What TensorFlow's shared libraries log while they load, before TF_CPP_MIN_LOG_LEVEL applies: absl's
-# preamble, its `I0000 00:00:1795586393.834920    2481 port.cc:153] ...` lines (I, W or E), the older
-# `2025-01-01 00:00:00.000000: I path/file.cc:12] ...` form, and cpu_feature_guard's second line.
-_LOAD_LOG_LINE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)"
-                            r"|[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] "
-                            r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] \S+:\d+\] "
-                            r"|To enable the following instructions: ")
 
 
 def register(sub):
@@ -91,49 +80,6 @@ def _single_threaded_torch(backend):
         torch.set_num_threads(previous)
 
 
-@contextlib.contextmanager
-def _load_logs_hidden():
-    """File descriptor 2 sent to a temporary file for the block, then what is not a framework's load-time
-    log (`_LOAD_LOG_LINE`) written back to stderr; everything when the block raises."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no stderr to hide
-        yield
-        return
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        failed = True
-        try:
-            yield
-            failed = False
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            lines = capture.read().decode(errors="replace").splitlines(keepends=True)
-            kept = "".join(line for line in lines if failed or not _LOAD_LOG_LINE.match(line))
-            if kept:
-                sys.stderr.write(kept)
-                sys.stderr.flush()
-
-
-def _import_tensorflow_quietly():
-    """Imports TensorFlow (Keras's `set_random_seed` does, on every backend, when it is installed) with
-    its load-time C++ logs hidden: "oneDNN custom operations are on", "Could not find cuda drivers",
-    absl's "All log messages before absl::InitializeLog()", twice (two shared libraries). Not when the
-    user asked for the logs (`vlzoo.cli._logs.QUIET_NATIVE_LOGS`) or TensorFlow is already imported (Keras's
-    TensorFlow backend: by `import vlzoo`)."""
-    if not QUIET_NATIVE_LOGS or "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is None:
-        return
-    try:
-        with _load_logs_hidden():
-            import tensorflow  # noqa: F401
-    except ImportError:  # a broken install: Keras goes on without it, as it would have; its output was shown
-        pass
-
-
 def _second_backend(choice, backend):
     if choice == "auto":
         return "torch" if backend != "torch" else "jax"
@@ -189,7 +135,6 @@ def run(args, out):
     from vlzoo.training import training_optimizer
 
     backend = keras.backend.backend()
-    _import_tensorflow_quietly()
     with _single_threaded_torch(backend):
         start = time.perf_counter()
         print(f"vlzoo {vlzoo.__version__} demo | Keras {keras.__version__} | backend: {backend}", file=out)
