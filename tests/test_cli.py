@@ -215,8 +215,9 @@ def test_retrieve_equals_retrieval_recall(preset_dir, caption_file, tmp_path, ca
 
     model = vlzoo.from_preset(preset_dir)
     pixels = caption_pixels(model, tmp_path, 5)
-    expected = retrieval_recall(model, pixels, captions, image_ids=image_ids, ks=(1, 2, 5), batch_size=BATCH)
-    assert report["metrics"] == pytest.approx(expected, abs=1e-12)
+    expected = retrieval_recall(model, pixels, captions, image_ids=image_ids, ks=(1, 2, 5), batch_size=BATCH,
+                                ties="expected")
+    assert report["metrics"] == pytest.approx(expected, abs=1e-12) and report["ties"] == "expected"
     assert set(expected) == {f"{d}_r@{k}" for d in ("i2t", "t2i") for k in (1, 2, 5)}
     for name, value in expected.items():
         assert f"{name}: {value:.4f}" in out
@@ -237,8 +238,26 @@ def test_retrieve_tar_shards(preset_dir, caption_file, tmp_path, capsys):
                          "--ks", "1", "3", "--batch-size", BATCH, "--json", out_json)
     assert status == 0, err
     model = vlzoo.from_preset(preset_dir)
-    expected = retrieval_recall(model, caption_pixels(model, tmp_path, 4), texts, ks=(1, 3), batch_size=BATCH)
+    expected = retrieval_recall(model, caption_pixels(model, tmp_path, 4), texts, ks=(1, 3), batch_size=BATCH,
+                                ties="expected")
     assert json.loads(out_json.read_text())["metrics"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_retrieve_counts_repeated_captions_expected_by_default(preset_dir, caption_file, tmp_path, capsys):
+    """Four images all captioned "a red square": each image's caption ties with the three others (the same
+    tokens give the same embedding), so the pessimistic rule ranks it 4th and the expected one gives R@K = K/4
+    (`vlzoo eval`'s default too)."""
+    del caption_file  # used for its images in tmp_path/img
+    path = tmp_path / "same.csv"
+    path.write_text("image,caption\n" + "".join(f"img/{i}.png,a red square\n" for i in range(4)))
+    results = {}
+    for ties in (None, "pessimistic"):
+        status, out, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", path, "--ks", "1", "2", "3",
+                               "--json", tmp_path / f"{ties}.json", *(["--ties", ties] if ties else []))
+        assert status == 0, err
+        results[ties] = json.loads((tmp_path / f"{ties}.json").read_text())["metrics"]
+    assert [results[None][f"i2t_r@{k}"] for k in (1, 2, 3)] == pytest.approx([0.25, 0.5, 0.75], abs=1e-12)
+    assert [results["pessimistic"][f"i2t_r@{k}"] for k in (1, 2, 3)] == [0.0, 0.0, 0.0]
 
 
 def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_path, capsys):

@@ -147,6 +147,14 @@ def _add_report_options(p, json_help):
     p.add_argument("--verbose", action="store_true", help="show progress bars while encoding")
 
 
+def _add_ties(p, applies_to=""):
+    """`--ties`: one default for every command that ranks (`vlzoo retrieve`, `vlzoo eval`)."""
+    p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
+                   help=f"{applies_to}tied scores count their expected value under a random order (default; "
+                   "chance for a constant model, and repeated captions of different images share their hits), "
+                   "as failed (the benchmarks' own scripts; retrieval_recall's default) or as passed")
+
+
 def _add_preset(p, required=True):
     p.add_argument("--preset", required=required, metavar="NAME_OR_DIR",
                    help="a registered or pretrained preset name (see `vlzoo list [--pretrained]`), a "

@@ -4,7 +4,7 @@ import argparse
 
 from vlzoo import pretrained
 from vlzoo.cli._common import (
-    UsageError, _add_command, _add_preset, _add_report_options, _check_file, _check_preset, _load_preset,
+    UsageError, _add_command, _add_preset, _add_report_options, _add_ties, _check_file, _check_preset, _load_preset,
     _naming, _non_negative_int, _positive_int, _probability, _write_json,
 )
 
@@ -108,10 +108,7 @@ def register(sub):
                    "(default: the folder names, underscores read as spaces)")
     p.add_argument("--templates", default="imagenet", metavar="imagenet|simple|default|FILE",
                    help="classification and voc2012: prompt templates (default: CLIP's 80 ImageNet ones)")
-    p.add_argument("--ties", default="expected", choices=("expected", "pessimistic", "optimistic"),
-                   help="selection, retrieval, ARO, shapes: tied scores count their expected value under a random "
-                   "order (default; chance for a constant model), as failed (the benchmarks' own scripts) or as "
-                   "passed")
+    _add_ties(p, "selection, retrieval, ARO, shapes: ")
     p.add_argument("--background", default="ignore", type=_background, metavar="ignore|prompts|P",
                    help="voc2012: background pixels ignored (default; 20 classes, SPARC's protocol), scored "
                    "with background prompts, or where no class's probability reaches P (both 21 classes)")

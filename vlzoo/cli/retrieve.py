@@ -3,8 +3,8 @@
 import numpy as np
 
 from vlzoo.cli._common import (
-    UsageError, _add_caption_keys, _add_command, _add_preset, _add_report_options, _check_preset, _load_preset,
-    _naming, _positive_int, _write_json,
+    UsageError, _add_caption_keys, _add_command, _add_preset, _add_report_options, _add_ties, _check_preset,
+    _load_preset, _naming, _positive_int, _write_json,
 )
 
 
@@ -12,7 +12,7 @@ def register(sub):
     p = _add_command(
         sub, "retrieve", "image-text retrieval recall@K, or the best images for a text query",
         "Image -> text and text -> image retrieval recall@K (vlzoo.evaluation.retrieval_recall,\n"
-        "pessimistic ties) on the image-caption pairs of\n"
+        "--ties, expected by default as in `vlzoo eval`) on the image-caption pairs of\n"
         "  * a caption file (.csv/.tsv/.jsonl, read with vlzoo.data.read_caption_file): rows\n"
         "    naming the same image are several captions of that image;\n"
         "  * webdataset tar shards (one .tar, a glob, a {000..009} brace range or a directory of\n"
@@ -36,6 +36,7 @@ def register(sub):
                    help="print the best-matching images for this text instead of recall (repeatable)")
     p.add_argument("--top", type=_positive_int, default=5, metavar="N",
                    help="with --query: how many images to print per query (default: %(default)s)")
+    _add_ties(p)
     _add_caption_keys(p, "column/key of the caption (caption files), or field of a tar sample's .json when it "
                          "has no .txt (default: the first present of caption, text, title)")
     _add_report_options(p, "also write the metrics (or the query results) to this JSON file")
@@ -96,9 +97,10 @@ def run(args, out):
         payload["queries"] = _print_queries(args.query, scores, args.top, items, sources, captions, image_ids, out)
     else:
         print(f"retrieval: {len(items)} images, {len(captions)} captions, preset {args.preset}, "
-              f"backend {backend}", file=out)
+              f"backend {backend}, {args.ties} ties", file=out)
+        payload["ties"] = args.ties
         metrics = retrieval_recall(model, images, captions, image_ids=image_ids, ks=args.ks,
-                                   batch_size=args.batch_size, verbose=args.verbose)
+                                   batch_size=args.batch_size, ties=args.ties, verbose=args.verbose)
         for name, value in metrics.items():
             print(f"{name}: {value:.4f}", file=out)
         payload["metrics"] = metrics
