@@ -456,13 +456,37 @@ def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, 
     out_dir = tmp_path / "sparc"
     status, out, err = run(capsys, "train", "--preset", preset_dir, "--family", "sparc", "--data", path,
                            "--steps-per-epoch", "2", "--batch-size", "4", "--learning-rate", "0.01",
-                           "--out", out_dir)
+                           "--new-params-steps", "1", "--out", out_dir)
     assert status == 0, err
     assert "sparc from CLIP:" in out and f"saved to {out_dir}" in out
     start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
     assert trained.family == "sparc" and trained.vision.num_prefix_tokens == start.vision.num_prefix_tokens
     before = keras.ops.convert_to_numpy(start.vision.patch_embedding.conv.kernel)
     assert not np.array_equal(keras.ops.convert_to_numpy(trained.vision.patch_embedding.conv.kernel), before)
+
+
+def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_dir, caption_file, tmp_path,
+                                                                         capsys):
+    """SPARC's h_v (new) trains alone first; a main phase at lr 1e-12 then leaves every weight where it was:
+    the towers are CLIP's, and h_v differs from the same run's without the first phase."""
+    path, _, _ = caption_file
+    heads = {}
+    for steps in (2, 0):
+        out_dir = tmp_path / f"sparc{steps}"
+        status, out, err = run(capsys, "train", "--preset", preset_dir, "--family", "sparc", "--data", path,
+                               "--steps-per-epoch", "1", "--batch-size", "4", "--learning-rate", "1e-12",
+                               "--new-params-steps", steps, "--out", out_dir)
+        assert status == 0, err
+        width = vlzoo.from_preset(preset_dir).vision_config["hidden_dim"]  # h_v: a Dense(width) on the pooled patches
+        assert (f"training the {width * width + width:,} new parameters first: 2 steps" in out) == (steps == 2), out
+        trained = vlzoo.from_preset(str(out_dir))
+        heads[steps] = keras.ops.convert_to_numpy(trained.vision_head.kernel)
+    start = vlzoo.from_preset(preset_dir)
+    for ours, clips in ((trained.vision.patch_embedding.conv.kernel, start.vision.patch_embedding.conv.kernel),
+                        (trained.image_projection.kernel, start.vision.projection.kernel)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(clips), atol=1e-9)
+    # Two AdamW steps at 3e-3 move each weight by up to 6e-3; lr 1e-12 moves none by more than 1e-11.
+    assert np.abs(heads[2] - heads[0]).max() > 1e-3
 
 
 def test_train_family_must_be_a_transfer_family(preset_dir, caption_file, tmp_path, capsys):

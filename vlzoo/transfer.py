@@ -98,6 +98,22 @@ class TransferReport:
                 f"({', '.join(_groups(self.left_out)) or 'none'}).")
 
 
+def new_variables(model, report):
+    """The trainable variables of `model` that `report` (`from_clip`'s) lists as new, in model order.
+
+    Training them alone first, on the frozen towers, is what `vlzoo train --family` does before
+    fine-tuning (linear-probe-then-fine-tune): a new head that starts random scrambles the
+    transferred features until it has learnt something (docs/transfer.md).
+
+    Example:
+    >>> sparc, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "sparc")
+    >>> [v.path for v in new_variables(sparc, report)]
+    ['vision_head/kernel', 'vision_head/bias']
+    """
+    new = set(report.new)
+    return [variable for path, variable in _variables(model).items() if path in new and variable.trainable]
+
+
 def transfer_config(clip, family):
     """The constructor arguments of `family` on `clip`'s towers (before any override).
 

@@ -1,5 +1,6 @@
 """`vlzoo train`: fine-tune a preset on image-caption pairs with `model.fit` and save it as a preset."""
 
+import functools
 import io
 import math
 import os
@@ -31,6 +32,13 @@ def register(sub):
     p.add_argument("--family", default=None, metavar="FAMILY",
                    help="train this family (filip, sparc, sparo, llip, stair or flair) built on the towers of "
                    "--preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
+    p.add_argument("--new-params-steps", type=_non_negative_int, default=100, metavar="N",
+                   help="with --family: first train the parameters the family adds (SPARC's h_v, SPARO's read-outs, "
+                   "Llip's mixture tokens and cross-attention, FLAIR's pooling) alone for N steps, everything else "
+                   "held, so that a random head does not scramble what the towers know (linear probe, then fine-tune; "
+                   "0: no such phase; not for STAIR, whose stages schedule its heads; default: %(default)s)")
+    p.add_argument("--new-params-learning-rate", type=_positive_float, default=3e-3, metavar="LR",
+                   help="the constant AdamW learning rate of that first phase (default: %(default)s)")
     p.add_argument("--data", required=True, metavar="SOURCE",
                    help="caption file (.csv, .tsv, .jsonl), a directory holding one, or tar shards "
                    "(path, glob, brace range or directory)")
@@ -152,15 +160,19 @@ def run(args, out):
 
     keras.utils.set_random_seed(args.seed)
     with parallel.scope():  # a tf.distribute strategy's: the model and its optimizer are made in it
-        model = _load_preset(args.preset, out, family=args.family)
-        def pipeline(batch_size, num_processes, process_index):
+        model, new = _load_model(args, out)
+
+        def pipeline(batch_size, num_processes, process_index, repeat=args.steps_per_epoch is not None):
             return vlzoo.data.image_text_dataset(
                 args.data, model.tokenizer, model.preprocessor, batch_size, training=not cached_towers,
                 seed=args.seed, image_key=args.image_key, caption_key=args.caption_key,
-                repeat=args.steps_per_epoch is not None, on_error=args.on_error, num_processes=num_processes,
+                repeat=repeat, on_error=args.on_error, num_processes=num_processes,
                 process_index=process_index,
                 **(dict(shuffle=False, drop_remainder=False) if cached_towers else {}),
             )
+
+        if new:
+            _train_new_parameters(model, new, functools.partial(pipeline, repeat=True), args, writer, out)
 
         endless = False
         if cached_towers:  # one process (checked above): the tower outputs are cached from the whole data
@@ -216,6 +228,53 @@ def run(args, out):
     parallel.write_once(model.save_to_preset, os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0
+
+
+def _load_model(args, out):
+    """The model to train and, with --family, the new variables to train first (`_train_new_parameters`)."""
+    # heavy: imports a backend
+    from vlzoo import transfer
+
+    model = _load_preset(args.preset, out)
+    if args.family is None or args.family == model.family:
+        return model, []
+    with _naming("--family"):
+        model, report = transfer.from_clip(model, args.family, verbose=False)
+    print(report.summary(args.family), file=out)
+    new = transfer.new_variables(model, report)
+    if not new or args.new_params_steps == 0:
+        return model, []
+    if args.family == "stair" or args.cache_locked:
+        reason = "STAIR's stages schedule them" if args.family == "stair" else "--cache-locked trains on cached towers"
+        print(f"note: the new parameters are not trained first ({reason}); they start at the family's "
+              "initialisation", file=out)
+        return model, []
+    return model, new
+
+
+def _train_new_parameters(model, new, pipeline, args, writer, out):
+    """Trains the variables `new` alone for --new-params-steps steps at a constant
+    --new-params-learning-rate, every other variable held; then makes the others trainable again."""
+    # heavy: imports a backend
+    from vlzoo import parallel
+    from vlzoo.training import configure
+
+    held = [variable for variable in model.trainable_variables if all(variable is not v for v in new)]
+    count = sum(math.prod(variable.shape) for variable in new)
+    print(f"training the {count:,} new parameters first: {args.new_params_steps} steps at lr "
+          f"{args.new_params_learning_rate} (constant), the other {model.count_params() - count:,} held", file=out)
+    for variable in held:
+        variable.trainable = False
+    try:
+        configure(model, learning_rate=args.new_params_learning_rate, total_steps=args.new_params_steps,
+                  alpha=1.0, weight_decay=args.weight_decay, micro_batch_size=args.micro_batch_size)
+        data, _ = parallel.feed(pipeline, args.batch_size)
+        history = model.fit(data, epochs=1, steps_per_epoch=args.new_params_steps, shuffle=False,
+                            verbose=args.verbose if writer else 0)
+    finally:
+        for variable in held:
+            variable.trainable = True
+    print(f"new parameters trained: loss {history.history['loss'][-1]:.4f}", file=out)
 
 
 def _run_length(args, steps):
