@@ -198,6 +198,39 @@ def _transformers_siglip(hf, torch, directory, inputs):
             "texts": getattr(texts, "pooler_output", texts).numpy()}
 
 
+def _transformers_siglip2(hf, torch, directory, inputs):
+    """A SigLIP 2 repository as the Hub holds them: SiglipModel `save_pretrained`, Gemma's `tokenizer.model`
+    (a SentencePiece BPE model with Gemma's pieces, trained here by sentencepiece: no dummy prefix, identity
+    normalisation) and transformers' GemmaTokenizer of it, no start piece and `<eos>` last, as SigLIP 2's
+    repositories configure it, `save_pretrained`; its peer outputs on `inputs` and on that tokenizer's ids."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    torch.manual_seed(5)
+    model = hf.SiglipModel(hf.SiglipConfig(
+        text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
+        vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
+    )).eval()
+    model.save_pretrained(directory)
+    corpus = directory.parent / "gemma-corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} and two dogs in the snow" for c in ("red", "blue", "green")
+                                for s in ("circle", "square", "cat", "dog")) * 20)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(directory / "tokenizer"), model_type="bpe", vocab_size=64,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+        unk_piece="<unk>", add_dummy_prefix=False, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, hard_vocab_limit=False, minloglevel=2)
+    (directory / "tokenizer.vocab").unlink()
+    tokenizer = hf.GemmaTokenizer.from_pretrained(directory, add_bos_token=False, add_eos_token=True,
+                                                  padding_side="right")
+    tokenizer.save_pretrained(directory)
+    ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(inputs["token_ids"]).long(),
+                    pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
+        texts = model.get_text_features(input_ids=ids)
+    return {"images": out.image_embeds.numpy(), "token_ids": out.text_embeds.numpy(), "ids": ids.numpy(),
+            "texts": getattr(texts, "pooler_output", texts).numpy()}
+
+
 def _open_clip(open_clip, torch, hf, directory, inputs):
     """An open_clip CLIP written by open_clip's `save_for_hf` (hub layout); its peer outputs."""
     torch.manual_seed(2)
@@ -270,10 +303,11 @@ def peer_repos(tmp_path_factory):
     written = {
         "openai/clip-tiny": ("transformers", _transformers_clip(transformers, torch, root / "clip")),
         "google/siglip-tiny": ("transformers", _transformers_siglip(transformers, torch, root / "siglip", inputs)),
+        "google/siglip2-tiny": ("transformers", _transformers_siglip2(transformers, torch, root / "siglip2", inputs)),
         "laion/open-clip-tiny": ("open_clip", _open_clip(open_clip, torch, transformers, root / "open-clip", inputs)),
         "keras/clip-tiny": ("keras_hub", _keras_hub_clip(root / "keras-hub", inputs)),
     }
-    names = dict(zip(written, ("clip", "siglip", "open-clip", "keras-hub")))
+    names = dict(zip(written, ("clip", "siglip", "siglip2", "open-clip", "keras-hub")))
     repos = {repo: (_directory_files(root / names[repo]), fmt, want) for repo, (fmt, want) in written.items()}
     return repos, root / "inputs.npz"
 

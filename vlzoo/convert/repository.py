@@ -13,7 +13,7 @@
 
 `convert_repository(directory)` converts the last three with vlzoo's converters,
 with the tokenizer and image preprocessing read from the repository's own files
-(`vocab.json`/`merges.txt` or `spiece.model`, `preprocessor_config.json`,
+(`vocab.json`/`merges.txt`, `spiece.model` or SigLIP 2's Gemma `tokenizer.model`, `preprocessor_config.json`,
 open_clip's `preprocess_cfg`), so `model.tokenizer` gives the source library's ids.
 safetensors files load without torch; pickled `.bin` files load with torch's
 weights-only unpickler, so nothing in a downloaded file runs code.
@@ -105,10 +105,16 @@ def weight_files(directory, names):
     return [next(n for n in candidates if n in names)]
 
 
-def _token_id(vocabulary, token, default):
-    if isinstance(token, dict):  # an AddedToken serialised by transformers
+def _piece(token, default):
+    """A special token of `tokenizer_config.json`: a string, or an AddedToken serialised as a dict."""
+    if isinstance(token, dict):
         token = token.get("content")
-    return vocabulary.get(token, default) if isinstance(token, str) else default
+    return token if isinstance(token, str) else default
+
+
+def _token_id(vocabulary, token, default):
+    token = _piece(token, None)
+    return vocabulary.get(token, default) if token is not None else default
 
 
 def _clip_bpe(directory):
@@ -138,7 +144,52 @@ def transformers_tokenizer(directory, config):
         return SentencePieceTokenizer(
             str(directory / "spiece.model"), sequence_length=text.get("max_position_embeddings", 64),
         )
+    if config["model_type"] in ("siglip", "siglip2") and (directory / "tokenizer.model").is_file():
+        return _gemma_tokenizer(directory, settings, text.get("max_position_embeddings", 64))
     return None
+
+
+# transformers' tokenizer classes of SigLIP 2 repositories (Gemma's SentencePiece model, `tokenizer.model`)
+# and their text cleaning: GemmaTokenizer's none, Siglip2Tokenizer's lowercasing.
+_GEMMA_CLEANING = {"GemmaTokenizer": "none", "GemmaTokenizerFast": "none", "Siglip2Tokenizer": "lower"}
+
+
+def _gemma_special_pieces(directory, settings):
+    """`(start, end)` pieces a Gemma tokenizer puts around a text (None: none). `tokenizer_config.json`'s
+    `add_bos_token` / `add_eos_token` where it has them (transformers 4 writes them); else the single-text
+    template of `tokenizer.json`'s post-processor (transformers 5 writes only that); else Gemma's
+    defaults, a start piece and no end piece."""
+    bos = _piece(settings.get("bos_token"), "<bos>")
+    eos = _piece(settings.get("eos_token"), "<eos>")
+    if "add_bos_token" in settings or "add_eos_token" in settings:
+        return (bos if settings.get("add_bos_token", True) else None,
+                eos if settings.get("add_eos_token", False) else None)
+    template = ((_json(directory / "tokenizer.json") or {}).get("post_processor") or {})
+    if template.get("type") == "TemplateProcessing":
+        items = [next(iter(item.items())) for item in template.get("single", ())]
+        text = next((k for k, (kind, _) in enumerate(items) if kind == "Sequence"), None)
+        if text is not None and all(kind in ("Sequence", "SpecialToken") for kind, _ in items) and len(items) <= 3:
+            before = [value["id"] for kind, value in items[:text]]
+            after = [value["id"] for kind, value in items[text + 1:]]
+            if len(before) <= 1 and len(after) <= 1:
+                return (before or [None])[0], (after or [None])[0]
+    return bos, None
+
+
+def _gemma_tokenizer(directory, settings, sequence_length):
+    """A SigLIP 2 repository's tokenizer: Gemma's `tokenizer.model`, with the start and end pieces the
+    repository's tokenizer adds (`_gemma_special_pieces`; SigLIP 2's: none, then `<eos>`), padded with its
+    pad piece, cleaned as the class `tokenizer_config.json` names cleans (`_GEMMA_CLEANING`)."""
+    class_name = settings.get("tokenizer_class") or "GemmaTokenizer"
+    if class_name not in _GEMMA_CLEANING:
+        raise ValueError(f"{directory / 'tokenizer_config.json'} names tokenizer_class {class_name!r}; vlzoo reads "
+                         f"`tokenizer.model` for {sorted(_GEMMA_CLEANING)}.")
+    start, end = _gemma_special_pieces(directory, settings)
+    options = dict(sequence_length=sequence_length, proto_file="tokenizer.model", clean=_GEMMA_CLEANING[class_name],
+                   start_token=start, end_token=end)
+    proto = str(directory / "tokenizer.model")
+    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
+    return SentencePieceTokenizer(proto, pad_value=pad, **options)
 
 
 def transformers_preprocessor(directory, config):
