@@ -29,6 +29,7 @@ BENCHMARKS = {
     "flickr30k_order": ("optional", "aro"),
     "voc2012": ("unused", "segmentation"),
     "shapes": ("unused", "shapes"),
+    "shapes_grounding": ("unused", "shapes_grounding"),
 }
 
 
@@ -85,6 +86,11 @@ def register(sub):
         "              segmentation mIoU of the patch embeddings (FILIP, SPARC), --background, --candidates\n"
         "  shapes      no --data: SugarCrepe's and ARO's hard-negative types on held-out synthetic\n"
         "              shapes scenes (vlzoo.evaluation.shapes_compositional; --seed, default 0)\n"
+        "  shapes_grounding  no --data: where each caption word's map over the patches lands on\n"
+        "              held-out shapes scenes with exact object masks: the pointing game and the mass\n"
+        "              inside per kind of word (noun, color, relation) with chance beside them\n"
+        "              (vlzoo.evaluation.shapes_grounding; FILIP, SPARC, and CLIP and FLAIR by their\n"
+        "              patch-text cosine; --seed, default 0)\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
         "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).\n"
@@ -95,6 +101,7 @@ def register(sub):
          "--images coco/val2017",
          "vlzoo eval --preset sparc_shapes --benchmark winoground --data winoground/data --json wino.json",
          "vlzoo eval --preset sparo_shapes --benchmark shapes",
+         "vlzoo eval --preset sparc_shapes --benchmark shapes_grounding",
          "vlzoo eval --preset clip_shapes --finetuned runs/clip_ft --alphas 0,0.5,1 --benchmark shapes"],
     )
     _add_preset(p)
@@ -175,9 +182,9 @@ def run(args, out):
     elif args.alphas is not None:
         raise UsageError("--alphas", "the WiSE-FT shares need --finetuned")
     images, task = BENCHMARKS[args.benchmark]
-    if task == "shapes":
+    if task.startswith("shapes"):
         if args.data is not None:
-            raise UsageError("--data", "shapes builds its scenes itself; it reads no files")
+            raise UsageError("--data", f"{args.benchmark} builds its scenes itself; it reads no files")
     elif args.data is None:
         raise UsageError("--data", f"{args.benchmark} needs the folder of its files")
     else:
@@ -194,13 +201,13 @@ def run(args, out):
             ("--templates", args.templates != "imagenet", task in ("classification", "segmentation")),
             ("--background", args.background != "ignore", task == "segmentation"),
             ("--candidates", args.candidates != "all", task == "segmentation"),
-            ("--seed", args.seed is not None, task == "shapes" or args.benchmark.endswith("_order"))):
+            ("--seed", args.seed is not None, task.startswith("shapes") or args.benchmark.endswith("_order"))):
         if given and not readers:
             raise UsageError(argument, f"{args.benchmark} does not use it")
     with _naming("--data"):
-        chosen = [None] if task == "shapes" else _read(args)
+        chosen = [None] if task.startswith("shapes") else _read(args)
     # heavy: imports a backend
-    from vlzoo.evaluation import results, segmentation
+    from vlzoo.evaluation import grounding, results, segmentation
     from vlzoo.evaluation.templates import read_templates
     from vlzoo.models.sparo import SPARO
 
@@ -213,6 +220,11 @@ def run(args, out):
         try:
             segmentation.check_family(model)
         except TypeError as error:
+            raise UsageError("--preset", str(error)) from None
+    if task == "shapes_grounding":
+        try:
+            grounding.grounding_method(model)
+        except NotImplementedError as error:
             raise UsageError("--preset", str(error)) from None
     source = pretrained.catalogue().get(args.preset, {}).get("handle")
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
@@ -255,7 +267,7 @@ def _score(model, benchmark, task, templates, args, options, out):
     """The results of `model` on `benchmark` (a list: shapes gives one per group); the benchmark's size is
     printed to `out` unless it is None."""
     # heavy: imports a backend
-    from vlzoo.evaluation import aro, benchmarks, segmentation, shapes_compositional
+    from vlzoo.evaluation import aro, benchmarks, segmentation, shapes_compositional, shapes_grounding
 
     def say(text):
         if out is not None:
@@ -263,6 +275,10 @@ def _score(model, benchmark, task, templates, args, options, out):
 
     if task == "shapes":
         return shapes_compositional.evaluate(model, seed=args.seed or 0, ties=args.ties, **options)
+    if task == "shapes_grounding":
+        result = shapes_grounding.evaluate(model, seed=args.seed or 0, **options)
+        say(f"{result['dataset']}: words mapped by {result['method']}")
+        return [result]
     if task == "classification":
         say(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
             f"{len(benchmark.class_names)} classes, {len(templates)} template(s)")

@@ -18,6 +18,9 @@
 * `slots` (SPARO's per-slot zero-shot accuracy and post-hoc slot selection),
   `shapes_benchmark` (what the bundled `*_shapes` presets report) and
   `shapes_compositional` (SugarCrepe's and ARO's negative types on shapes scenes): modules.
+* `grounding` (the pointing game and the mass inside of each word's map over the
+  patches, from the family's own alignment) and `shapes_grounding` (those per kind
+  of word on shapes scenes with exact object masks): modules.
 * `IMAGENET_TEMPLATES` (CLIP's 80), `SIMPLE_TEMPLATES` (CLIP's 7),
   `DEFAULT_TEMPLATES`, `build_prompts`.
 

@@ -1,0 +1,239 @@
+"""Grounding: does a word's map over the image's patches land on the object it names?
+
+Two scores per word, each against the object's region given as its coverage of
+each patch (`patch_coverage`: the fraction of the patch's pixels inside the
+object, in [0, 1]):
+
+* **pointing game** (Zhang et al., 2016, at patch resolution): the word's
+  highest-weighted patch, scored by its coverage, as if the pointed pixel were
+  drawn uniformly within that patch. Tied highest patches share the point
+  (their mean coverage), so a map that says nothing (all weights equal) scores
+  exactly the object's share of the image, the chance level.
+* **mass inside**: the share of the map's weight on the object,
+  `sum_p w_p c_p / sum_p w_p` (a map of zeros counts as uniform). Chance is
+  again the object's share of the image.
+
+The word maps come from the family's own alignment (`word_maps`):
+
+* families with a token-to-patch alignment (`model.has_token_alignment`:
+  SPARC's sparse weights, FILIP's best match per token) give each caption
+  token a map over its image's patches; a word's map is the mean of its
+  tokens' (`word_token_positions`).
+* CLIP and FLAIR are scored by the baseline the papers compare with, CLIP's
+  patch-text cosine: each patch token of the image tower in the joint space
+  (FLAIR's own projected patch tokens; CLIP's final-LayerNorm'd patch tokens
+  through its image projection, as its CLS token is), its cosine with the word
+  encoded alone as a text, and a softmax over the patches at the model's own
+  temperature `exp(logit_scale)`.
+
+SigLIP, Llip, SPARO and STAIR put no patch in the joint space: `word_maps`
+refuses them, naming why (`grounding_method`).
+
+Example:
+>>> maps = word_maps(model, pixels, ["a red circle above a blue square"], [[1, 2]])  # "red", "circle"
+>>> pointing_game(maps[0], coverage[0, [0, 0]])
+"""
+
+import numpy as np
+from keras import ops
+
+from vlzoo.evaluation._common import batches, check_positive_int, num_rows
+
+__all__ = ["grounding_method", "mass_inside", "patch_coverage", "pointing_game", "word_maps", "word_token_positions"]
+
+
+def patch_coverage(masks, patch_size):
+    """Each patch's share inside a region: float32 `(..., P)`, patches in the towers' row-major order.
+
+    Args:
+        masks: float `(..., S, S)` per-pixel coverage in [0, 1] (1: inside).
+        patch_size: the side of a patch in pixels; `S` must be a multiple of it.
+
+    Example:
+    >>> patch_coverage(np.eye(4)[None], 2)  # two patches on the diagonal, half covered each
+    array([[0.5, 0. , 0. , 0.5]], dtype=float32)
+    """
+    masks = np.asarray(masks, np.float32)
+    patch_size = check_positive_int(patch_size, "patch_size")
+    if masks.ndim < 2 or masks.shape[-1] != masks.shape[-2] or masks.shape[-1] % patch_size:
+        raise ValueError(f"`masks` must be (..., S, S) with S a multiple of `patch_size` {patch_size}; received "
+                         f"shape {masks.shape}.")
+    grid = masks.shape[-1] // patch_size
+    cells = masks.reshape(masks.shape[:-2] + (grid, patch_size, grid, patch_size)).mean(axis=(-3, -1))
+    return cells.reshape(masks.shape[:-2] + (grid * grid,))
+
+
+def _check_maps(maps, coverage):
+    maps, coverage = np.asarray(maps, np.float64), np.asarray(coverage, np.float64)
+    if maps.shape != coverage.shape or maps.ndim < 1:
+        raise ValueError(f"`maps` and `coverage` must have the same shape (..., P); received {maps.shape} and "
+                         f"{coverage.shape}.")
+    if not np.all(np.isfinite(maps)) or np.any(maps < 0):
+        raise ValueError("`maps` must be finite and non-negative (weights over the patches).")
+    if np.any((coverage < 0) | (coverage > 1)):
+        raise ValueError("`coverage` must be in [0, 1] (each patch's share inside the object).")
+    return maps, coverage
+
+
+def pointing_game(maps, coverage):
+    """The pointing game per map: the coverage of its highest-weighted patch, tied patches averaged.
+
+    Args:
+        maps: non-negative weights `(..., P)` over the patches.
+        coverage: the object's share of each patch `(..., P)` (`patch_coverage`).
+
+    Returns:
+        float64 `(...)` in [0, 1]; a constant map scores `coverage.mean(-1)`, the chance level.
+
+    Example:
+    >>> pointing_game([0.1, 0.7, 0.7, 0.0], [0.0, 1.0, 0.5, 1.0])  # two tied maxima: (1.0 + 0.5) / 2
+    0.75
+    """
+    maps, coverage = _check_maps(maps, coverage)
+    top = maps == maps.max(axis=-1, keepdims=True)
+    return (coverage * top).sum(axis=-1) / top.sum(axis=-1)
+
+
+def mass_inside(maps, coverage):
+    """The share of each map's weight on the object, `sum w c / sum w` (a zero map counts as uniform).
+
+    Args:
+        maps: non-negative weights `(..., P)` over the patches.
+        coverage: the object's share of each patch `(..., P)` (`patch_coverage`).
+
+    Returns:
+        float64 `(...)` in [0, 1]; a constant map scores `coverage.mean(-1)`, the chance level.
+
+    Example:
+    >>> mass_inside([0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 0.5, 1.0])  # (3 * 1 + 1 * 0.5) / 4
+    0.875
+    """
+    maps, coverage = _check_maps(maps, coverage)
+    total = maps.sum(axis=-1)
+    inside = (maps * coverage).sum(axis=-1)
+    return np.where(total > 0, inside / np.where(total > 0, total, 1.0), coverage.mean(axis=-1))
+
+
+def word_token_positions(tokenizer, caption):
+    """The token positions of each whitespace-separated word of `caption`, as `tokenizer` encodes it.
+
+    Read from the tokenization of the caption's prefixes: word `k` holds the
+    positions the first `k + 1` words' tokens add to the first `k`'s (start
+    token included in the count, end token excluded), so it follows any
+    tokenizer that encodes words apart (CLIP's BPE, WordPiece, SentencePiece).
+
+    Returns:
+        a list with one list of int positions per word (empty for a word
+        truncated away).
+
+    Example:
+    >>> word_token_positions(model.tokenizer, "a red circle")
+    [[1], [2], [3]]
+    """
+    words = caption.split()
+    if not words:
+        raise ValueError("`caption` has no words.")
+    encoded = tokenizer([" ".join(words[:k]) for k in range(len(words) + 1)])
+    ids = np.asarray(ops.convert_to_numpy(encoded["token_ids"]))
+    lengths = np.asarray(ops.convert_to_numpy(encoded["padding_mask"])).sum(axis=1)
+    full = ids[-1]
+    # The leading positions each prefix shares with the whole caption: its start token and words, not its end.
+    shared = [int(np.argmax(np.append(row[:n] != full[:n], True))) for row, n in zip(ids[:-1], lengths[:-1])]
+    end_tokens = int(lengths[0]) - shared[0]
+    bounds = shared + [int(lengths[-1]) - end_tokens]
+    return [list(range(bounds[k], max(bounds[k], bounds[k + 1]))) for k in range(len(words))]
+
+
+def _token_alignment_maps(model, images, captions, positions):
+    """`(N, W, P)`: each word's mean token weights from `token_patch_alignment` (caption `i` on image `i`)."""
+    weights = np.asarray(ops.convert_to_numpy(model.token_patch_alignment(images, model.tokenizer(captions))),
+                         np.float64)
+    maps = np.zeros((len(captions), max(len(p) for p in positions), weights.shape[-1]))
+    for i, words in enumerate(positions):
+        for w, tokens in enumerate(words):
+            if tokens:
+                maps[i, w] = weights[i, tokens].mean(axis=0)
+    return maps
+
+
+def _patch_embeddings(model, images):
+    """`(B, P, D)` unit patch embeddings in the joint space: the family's own projected patch tokens
+    (`encode_image`'s `"tokens"` where the family projects them: FLAIR), else the image tower's final
+    patch tokens through the tower's projection (CLIP's, which projects the CLS token so)."""
+    if getattr(model, "image_projection", None) is not None:
+        tokens = model.encode_image(images)["tokens"]
+    else:
+        vision = model.vision
+        tokens = vision.projection(vision(images)["tokens"][:, vision.num_prefix_tokens:])
+    return ops.normalize(ops.cast(tokens, "float32"), axis=-1)
+
+
+def _cosine_maps(model, images, captions, positions):
+    """`(N, W, P)`: softmax over the patches of `exp(logit_scale) *` the cosine of each patch with each word
+    encoded alone as a text."""
+    words = [caption.split() for caption in captions]
+    vocabulary = sorted({word for caption in words for word in caption})
+    texts = model.encode_text(model.tokenizer(vocabulary))["embeds"]
+    texts = ops.normalize(ops.cast(texts, "float32"), axis=-1)
+    scale = ops.exp(ops.cast(model.logit_scale, "float32"))
+    cosines = ops.einsum("bpd,wd->bwp", _patch_embeddings(model, images), texts)
+    weights = np.asarray(ops.convert_to_numpy(ops.softmax(scale * cosines, axis=-1)), np.float64)
+    index = {word: k for k, word in enumerate(vocabulary)}
+    maps = np.zeros((len(captions), max(len(w) for w in words), weights.shape[-1]))
+    for i, caption in enumerate(words):
+        maps[i, :len(caption)] = weights[i, [index[word] for word in caption]]
+    return maps
+
+
+def grounding_method(model):
+    """How `word_maps` maps `model`'s words: `"token_alignment"` (FILIP, SPARC) or `"patch_text_cosine"`
+    (CLIP, FLAIR: patch tokens projected into the joint space).
+
+    Raises:
+        NotImplementedError: for a model with neither, naming why (SigLIP pools with an attention head and
+            projects nothing; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse
+            vocabulary).
+    """
+    if getattr(model, "has_token_alignment", False):
+        return "token_alignment"
+    if getattr(model, "image_projection", None) is not None or getattr(model.vision, "projection", None) is not None:
+        return "patch_text_cosine"
+    raise NotImplementedError(
+        f"{type(model).__name__} has no word-to-patch map: no token-to-patch alignment, and no projection of "
+        "its patch tokens into the joint space to take a patch-text cosine with (SigLIP pools with an attention "
+        "head; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse vocabulary).")
+
+
+def word_maps(model, images, captions, batch_size=32, verbose=False):
+    """Each caption word's map over its own image's patches, from the family's alignment.
+
+    Args:
+        model: a vlzoo model (see the module docstring for which families and how).
+        images: float `(N, H, W, 3)` preprocessed pixels, image `i` described by caption `i`.
+        captions: `N` strings; words are whitespace-separated.
+        batch_size: pairs per forward pass.
+        verbose: a progress bar over the batches.
+
+    Returns:
+        `(maps, method)`: float64 `(N, W, P)` non-negative, `W` the most words of a caption (rows past a
+        caption's words are zeros), and `grounding_method(model)`.
+
+    Example:
+    >>> maps, method = word_maps(vlzoo.from_preset("sparc_shapes"), pixels, ["a red circle"])
+    """
+    method = grounding_method(model)
+    count = num_rows(images)
+    captions = list(captions)
+    if len(captions) != count:
+        raise ValueError(f"`captions` must hold one caption per image ({count}); received {len(captions)}.")
+    parts = []
+    for start, stop in batches(count, batch_size, verbose):
+        chunk, pixels = captions[start:stop], images[start:stop]
+        if method == "token_alignment":
+            positions = [word_token_positions(model.tokenizer, caption) for caption in chunk]
+            parts.append(_token_alignment_maps(model, pixels, chunk, positions))
+        else:
+            parts.append(_cosine_maps(model, pixels, chunk, [caption.split() for caption in chunk]))
+    width = max(part.shape[1] for part in parts)
+    maps = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]), (0, 0))) for p in parts])
+    return maps, method

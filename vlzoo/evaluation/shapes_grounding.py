@@ -1,0 +1,93 @@
+"""Grounding on synthetic shapes scenes, whose objects' pixels are known exactly: nothing to download.
+
+Each held-out scene (`vlzoo.data.shapes.generate("test", ...)`: one or two
+objects, captions such as "a yellow cross to the right of a red circle") gives
+its caption's words maps over the patches (`vlzoo.evaluation.grounding.word_maps`,
+from the family's own alignment), scored against the drawn objects
+(`vlzoo.data.shapes.object_masks`) by kind of word:
+
+* `noun` (the shape word) and `color` (its colour word): the object they name;
+* `relation` ("above", "below", "left", "right"): the two objects together,
+  the pair the relation is about.
+
+For each kind: the pointing game (`pointing_<kind>`), the mass inside
+(`mass_<kind>`) and chance, the target's share of the image (`chance_<kind>`),
+averaged over the words of that kind; `grounding.pointing_game` and
+`grounding.mass_inside` define the scores (a map that says nothing scores
+chance on both).
+
+Example:
+>>> record = evaluate(vlzoo.from_preset("sparc_shapes"))
+>>> record["metrics"]["pointing_noun"], record["metrics"]["chance_noun"]
+"""
+
+import numpy as np
+
+from vlzoo.data.shapes import RELATIONS, generate, object_masks
+from vlzoo.evaluation._common import check_positive_int
+from vlzoo.evaluation.grounding import mass_inside, patch_coverage, pointing_game, word_maps
+
+__all__ = ["KINDS", "evaluate", "word_targets"]
+
+KINDS = ("noun", "color", "relation")
+DATASET = "shapes/grounding"
+# The content word of each relation: the one a relation's map is read from.
+_RELATION_WORDS = {relation: relation.split()[-2] if relation.startswith("to ") else relation
+                   for relation in RELATIONS}
+
+
+def word_targets(caption):
+    """`[(word index, kind, objects)]` of a shapes caption's grounded words; `objects` the indices of the
+    objects (0: the caption's first) the word is about.
+
+    Example:
+    >>> word_targets("a red circle above a blue square")
+    [(1, 'color', (0,)), (2, 'noun', (0,)), (3, 'relation', (0, 1)), (5, 'color', (1,)), (6, 'noun', (1,))]
+    """
+    words = caption.split()
+    targets = [(1, "color", (0,)), (2, "noun", (0,))]
+    if len(words) > 3:
+        relation = " ".join(words[3:-3])
+        if relation in _RELATION_WORDS:
+            targets.append((3 + relation.split().index(_RELATION_WORDS[relation]), "relation", (0, 1)))
+        targets += [(len(words) - 2, "color", (1,)), (len(words) - 1, "noun", (1,))]
+    return targets
+
+
+def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verbose=False):
+    """The pointing game and mass inside, per kind of word, on held-out shapes scenes.
+
+    Args:
+        model: a vlzoo model with a word-to-patch map (`grounding.grounding_method`).
+        num_scenes: scenes of the test split (one and two objects, half and half on average).
+        seed: the scenes' seed.
+        image_size: the scenes' side; default the model's image size (a multiple of its patch size).
+        batch_size: scenes per forward pass.
+        verbose: a progress bar over the batches.
+
+    Returns:
+        `{"dataset": "shapes/grounding", "task": "word_grounding", "method": ..., "metrics": {...}}` with
+        `pointing_<kind>`, `mass_<kind>`, `chance_<kind>` for each kind of `KINDS` and `words_<kind>`, how
+        many words were scored.
+    """
+    num_scenes = check_positive_int(num_scenes, "num_scenes")
+    size = image_size or model.vision.image_size
+    patch = model.vision.patch_size
+    if size % patch:
+        raise ValueError(f"`image_size` {size} is not a multiple of the model's patch size {patch}.")
+    scenes = generate("test", num_scenes, image_size=size, seed=seed)
+    coverage = patch_coverage(object_masks(scenes), patch)  # (N, 2, P)
+    maps, method = word_maps(model, model.preprocessor(scenes["images"]), scenes["captions"],
+                             batch_size=batch_size, verbose=verbose)
+    scores = {kind: {"pointing": [], "mass": [], "chance": []} for kind in KINDS}
+    for i, caption in enumerate(scenes["captions"]):
+        for word, kind, objects in word_targets(caption):
+            target = coverage[i, list(objects)].sum(axis=0)
+            scores[kind]["pointing"].append(pointing_game(maps[i, word], target))
+            scores[kind]["mass"].append(mass_inside(maps[i, word], target))
+            scores[kind]["chance"].append(target.mean())
+    metrics = {}
+    for name in ("pointing", "mass", "chance"):
+        metrics.update({f"{name}_{kind}": float(np.mean(scores[kind][name])) for kind in KINDS})
+    metrics.update({f"words_{kind}": float(len(scores[kind]["chance"])) for kind in KINDS})
+    return {"dataset": DATASET, "task": "word_grounding", "method": method, "metrics": metrics}
