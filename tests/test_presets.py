@@ -292,9 +292,9 @@ def test_unbundled_tokenizer_survives_save_and_loads_once_supplied(tmp_path):
     assert out["token_ids"].shape == (1, 16) and out["padding_mask"][0, 0]
 
 
-def test_readme_preset_table_lists_every_preset_with_its_count(repo_root):
+def test_presets_doc_table_lists_every_preset_with_its_count(repo_root):
     rows = {}
-    with open(f"{repo_root}/README.md") as f:
+    with open(f"{repo_root}/docs/presets.md") as f:
         for line in f:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) >= 3 and cells[0].startswith("`") and cells[2].replace(",", "").isdigit():
@@ -302,7 +302,7 @@ def test_readme_preset_table_lists_every_preset_with_its_count(repo_root):
     for name in vlzoo.list_presets():
         with open(f"{repo_root}/presets/{name}/metadata.json") as f:
             metadata = json.load(f)
-        assert name in rows, f"README's preset table lacks {name}"
+        assert name in rows, f"docs/presets.md's preset table lacks {name}"
         assert rows[name][1] == metadata["parameter_count"], name
 
 

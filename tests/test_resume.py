@@ -5,7 +5,7 @@ An interrupted run resumed from Keras' own checkpoints (`keras.callbacks.BackupA
 weights, optimizer state and step counters, bit for bit, as the same run without interruption;
 measured bit-exact on all three backends on CPU, so the tests ask for that. Resumption is per
 epoch (Keras restarts an interrupted epoch from its first batch) and needs a dataset that yields
-the same batches per epoch; see the README's "Resuming training".
+the same batches per epoch; see docs/finetuning.md, "Resuming training".
 
 With a fixed seed, two runs of `fit` (seeded random initialisation, shuffled batches) give
 identical weights.

@@ -4,7 +4,7 @@
 metrics of `shapes_benchmark.evaluate` (held-out compositions) to `training.json`; here the
 shipped weights are loaded on the current backend, the same metrics are computed again from
 their scores (within the share of decisions those scores take within rounding), and the
-README's table is compared with those files.
+shapes table of docs/presets.md is compared with those files.
 """
 
 import importlib.util
@@ -116,10 +116,10 @@ def test_shipped_weights_reproduce_the_recorded_metrics(name):
     assert metrics["t2i_r@1"] > 0.1 and metrics["i2t_r@1"] > 0.1  # chance 1/120
 
 
-def test_readme_table_is_the_training_records():
+def test_presets_doc_table_is_the_training_records():
     table = _train_shapes().table(presets.presets_root())
     assert len(table.splitlines()) == 2 + len(NAMES)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "presets.md"), encoding="utf-8") as f:
         assert table in f.read()
 
 

@@ -9,12 +9,12 @@ image tower frozen, then both) over half, a quarter and a quarter of the steps.
 
 The weights go to `presets/<name>/model.weights.h5`, the settings and the held-out
 metrics of `vlzoo.evaluation.shapes_benchmark.evaluate` (on compositions never seen in training) to
-`presets/<name>/training.json`; the README's shapes table is made from those files
+`presets/<name>/training.json`; the shapes table of docs/presets.md is made from those files
 (`--table`), and tests check both against the shipped weights.
 
     python tools/train_shapes.py                      # every family, one after another
     python tools/train_shapes.py --family sparc llip  # some of them
-    python tools/train_shapes.py --table              # print the README table
+    python tools/train_shapes.py --table              # print the shapes table of docs/presets.md
     python tools/train_shapes.py --family clip --steps 50 --out /tmp/shapes   # a smoke run
 
 Runs on the backend of `KERAS_BACKEND` (the shipped weights were trained on jax).
@@ -30,7 +30,7 @@ import time
 
 FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 METRICS_FILE = "training.json"
-# (column title, key of `shapes_benchmark.evaluate`) of the README table.
+# (column title, key of `shapes_benchmark.evaluate`) of the shapes table of docs/presets.md.
 TABLE_COLUMNS = (
     ("i2t R@1", "i2t_r@1"), ("t2i R@1", "t2i_r@1"), ("binding: colour", "binding_color"),
     ("shape", "binding_shape"), ("relation", "binding_relation"), ("zero-shot (24 classes)", "zero_shot_accuracy"),
@@ -50,7 +50,8 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the initialisation")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the preset directories go (default: the repository's presets/)")
-    parser.add_argument("--table", action="store_true", help="print the README table from training.json files")
+    parser.add_argument("--table", action="store_true",
+                        help="print the shapes table of docs/presets.md from training.json files")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "examples"):
         if getattr(args, name) < 1:
@@ -146,7 +147,7 @@ def train(family, args, root):
 
 
 def table(root):
-    """The README's Markdown table of the shapes presets' held-out metrics."""
+    """The shapes presets' held-out metrics as the Markdown table of docs/presets.md."""
     lines = [
         "| preset | " + " | ".join(title for title, _ in TABLE_COLUMNS) + " | training |",
         "|---" * (len(TABLE_COLUMNS) + 2) + "|",
