@@ -177,6 +177,42 @@ class ImagePreprocessor:
         scale = max(th / h, tw / w)  # cover the target, then crop
         return max(th, round(h * scale)), max(tw, round(w * scale))
 
+    def region_mask(self, boxes, image_shape):
+        """Where boxes of an original image land in its preprocessed pixels: float32 `(S, S)` coverage.
+
+        Args:
+            boxes: `(K, 4)` boxes `(x0, y0, x1, y1)` in the original image's pixels (the box
+                covers `[x0, x1) x [y0, y1)`).
+            image_shape: the original image's `(height, width)`.
+
+        Returns:
+            Each output pixel's share covered by the boxes (the largest over the boxes), after the
+            same resize and centre crop as `__call__`; parts cropped away are dropped.
+
+        Example:
+        >>> ImagePreprocessor(4, crop="none").region_mask([[0, 0, 8, 2]], (8, 8))[:, 0]  # the top row
+        array([1., 0., 0., 0.], dtype=float32)
+        """
+        boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+        if not np.all(np.isfinite(boxes)) or np.any(boxes[:, 2:] < boxes[:, :2]):
+            raise ValueError(f"`boxes` must be finite (x0, y0, x1, y1) with x0 <= x1 and y0 <= y1; received "
+                             f"{boxes.tolist()}.")
+        h, w = (int(v) for v in image_shape)
+        rh, rw = self._target_size(h, w)
+        th, tw = self._size
+        top, left = (int(round((rh - th) / 2.0)), int(round((rw - tw) / 2.0))) if self.crop == "center" else (0, 0)
+        mask = np.zeros((th, tw), np.float32)
+
+        def cover(start, stop, count):  # each pixel's share of [start, stop)
+            edges = np.arange(count, dtype=np.float64)
+            return np.clip(np.minimum(stop, edges + 1) - np.maximum(start, edges), 0.0, 1.0)
+
+        for x0, y0, x1, y1 in boxes:
+            rows = cover(y0 * rh / h - top, y1 * rh / h - top, th)
+            cols = cover(x0 * rw / w - left, x1 * rw / w - left, tw)
+            mask = np.maximum(mask, np.outer(rows, cols).astype(np.float32))
+        return mask
+
     def _one(self, image):
         from PIL import Image
 

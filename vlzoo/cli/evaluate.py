@@ -30,6 +30,10 @@ BENCHMARKS = {
     "voc2012": ("unused", "segmentation"),
     "shapes": ("unused", "shapes"),
     "shapes_grounding": ("unused", "shapes_grounding"),
+    "flickr30k_entities": ("optional", "phrase_grounding"),
+    "refcoco": ("optional", "phrase_grounding"),
+    "refcoco+": ("optional", "phrase_grounding"),
+    "refcocog": ("optional", "phrase_grounding"),
 }
 
 
@@ -91,6 +95,13 @@ def register(sub):
         "              inside per kind of word (noun, color, relation) with chance beside them\n"
         "              (vlzoo.evaluation.shapes_grounding; FILIP, SPARC, and CLIP and FLAIR by their\n"
         "              patch-text cosine; --seed, default 0)\n"
+        "  flickr30k_entities  --data: the folder of Annotations/, Sentences/ and <split>.txt; --images:\n"
+        "              the Flickr30k images (default: DATA/flickr30k-images); --split (default test): the\n"
+        "              pointing game of each phrase with boxes (vlzoo.evaluation.phrase_grounding)\n"
+        "  refcoco, refcoco+, refcocog  --data: the refer folder (<dataset>/refs(unc|umd).p and\n"
+        "              instances.json); --images: COCO train2014 (default:\n"
+        "              DATA/images/mscoco/images/train2014); --split (default val): each expression's\n"
+        "              pointing game on its referent's box\n"
         "Prints a Markdown table; --json writes the records in clip_benchmark's result schema\n"
         "(dataset, model, pretrained, task, metrics, language) plus the metrics per group and the\n"
         "towers' dtype (--dtype bfloat16 runs them in bfloat16; scores stay float32).\n"
@@ -109,7 +120,8 @@ def register(sub):
     p.add_argument("--data", default=None, metavar="DIR", help="the benchmark's folder (see above; all but shapes)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
-                   "images' root (required); coco_order, flickr30k_order: the images' root (default: DATA)")
+                   "images' root (required); coco_order, flickr30k_order: the images' root (default: DATA); "
+                   "flickr30k_entities, refcoco*: the images' folder (see above)")
     p.add_argument("--classes", default=None, metavar="FILE",
                    help="image_folder: the class names, one per line in the folders' sorted order "
                    "(default: the folder names, underscores read as spaces)")
@@ -122,6 +134,9 @@ def register(sub):
     p.add_argument("--candidates", default="all", choices=("all", "present"),
                    help="voc2012: each pixel chooses among all classes (default) or its image's own ones "
                    "(SPARC's 'given a text label')")
+    p.add_argument("--split", default=None, metavar="SPLIT",
+                   help="flickr30k_entities: train, val or test (default: test); refcoco, refcoco+, refcocog: a "
+                   "split of the refs file, e.g. val, testA, testB, test (default: val)")
     p.add_argument("--seed", type=_non_negative_int, default=None,
                    help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors'); "
                    "shapes: of the scenes and negatives (default: 0)")
@@ -143,9 +158,13 @@ def register(sub):
 def _read(args):
     """The benchmarks `--data` (and `--images`) hold, as a list."""
     # heavy: imports a backend
-    from vlzoo.evaluation import aro, benchmarks, imagenet, segmentation
+    from vlzoo.evaluation import aro, benchmarks, imagenet, phrase_grounding, segmentation
 
     name = args.benchmark
+    if name == "flickr30k_entities":
+        return [phrase_grounding.flickr30k_entities(args.data, split=args.split or "test", images=args.images)]
+    if name in phrase_grounding.SPLITS_BY:
+        return [phrase_grounding.refcoco(args.data, dataset=name, split=args.split or "val", images=args.images)]
     if name == "voc2012":
         return [segmentation.voc2012(args.data)]
     if name in imagenet.IMAGENET_BENCHMARKS:
@@ -201,7 +220,8 @@ def run(args, out):
             ("--templates", args.templates != "imagenet", task in ("classification", "segmentation")),
             ("--background", args.background != "ignore", task == "segmentation"),
             ("--candidates", args.candidates != "all", task == "segmentation"),
-            ("--seed", args.seed is not None, task.startswith("shapes") or args.benchmark.endswith("_order"))):
+            ("--seed", args.seed is not None, task.startswith("shapes") or args.benchmark.endswith("_order")),
+            ("--split", args.split is not None, task == "phrase_grounding")):
         if given and not readers:
             raise UsageError(argument, f"{args.benchmark} does not use it")
     with _naming("--data"):
@@ -221,7 +241,7 @@ def run(args, out):
             segmentation.check_family(model)
         except TypeError as error:
             raise UsageError("--preset", str(error)) from None
-    if task == "shapes_grounding":
+    if task in ("shapes_grounding", "phrase_grounding"):
         try:
             grounding.grounding_method(model)
         except NotImplementedError as error:
@@ -267,7 +287,9 @@ def _score(model, benchmark, task, templates, args, options, out):
     """The results of `model` on `benchmark` (a list: shapes gives one per group); the benchmark's size is
     printed to `out` unless it is None."""
     # heavy: imports a backend
-    from vlzoo.evaluation import aro, benchmarks, segmentation, shapes_compositional, shapes_grounding
+    from vlzoo.evaluation import (
+        aro, benchmarks, phrase_grounding, segmentation, shapes_compositional, shapes_grounding,
+    )
 
     def say(text):
         if out is not None:
@@ -279,6 +301,9 @@ def _score(model, benchmark, task, templates, args, options, out):
         result = shapes_grounding.evaluate(model, seed=args.seed or 0, **options)
         say(f"{result['dataset']}: words mapped by {result['method']}")
         return [result]
+    if task == "phrase_grounding":
+        say(f"{benchmark.name}: {len(benchmark)} phrases in {len(benchmark.captions)} captions")
+        return [phrase_grounding.evaluate_phrase_grounding(model, benchmark, **options)]
     if task == "classification":
         say(f"{benchmark.name}: {len(benchmark.labels)} images of {len(set(benchmark.labels.tolist()))} of "
             f"{len(benchmark.class_names)} classes, {len(templates)} template(s)")
