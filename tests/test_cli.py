@@ -285,6 +285,7 @@ def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_pat
 # ----------------------------------------------------------------------------- train
 
 
+@run_once  # the command's wiring; fit and save_to_preset are checked on every backend in test_training, test_presets
 def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "trained"
@@ -343,6 +344,7 @@ def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     assert vlzoo.from_preset(str(tmp_path / "again")).stage == 3
 
 
+@run_once  # the command's wiring; lock_tower under fit is checked on every backend in test_locking
 def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "lit"

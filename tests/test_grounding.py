@@ -6,6 +6,7 @@ import json
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 import vlzoo
 from vlzoo import cli
@@ -192,6 +193,7 @@ def test_families_without_a_word_map_are_refused_with_the_reason(name):
         grounding.grounding_method(vlzoo.from_preset(name, load_weights=False))
 
 
+@run_once  # the command's wiring; the scores are checked on every backend above
 def test_eval_shapes_grounding_prints_and_writes_the_record(tmp_path, capsys):
     path = tmp_path / "grounding.json"
     assert cli.main(["eval", "--preset", "sparc_shapes", "--benchmark", "shapes_grounding", "--seed", "2",

@@ -316,8 +316,12 @@ def _resolves(requests):
     return [path.split("/", 5)[-1] for method, path in requests if method == "GET" and "/resolve/" in path]
 
 
+@run_once
 def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(published, peer_repos, tmp_path):
-    """Every format by `hf://` (and a pretrained name) in a fresh process, again from the cache, then offline."""
+    """Every format by `hf://` (and a pretrained name) in a fresh process, again from the cache, then offline.
+
+    Once: the download, the cache and the tokenizers do not depend on the backend, and each converter's
+    numerics are checked against its peer on every backend by test_convert_*."""
     repos, inputs = peer_repos
     served = {repo: files for repo, (files, _, _) in repos.items()}
     # The catalogue's OpenAI B/32 name resolves to this repository id: the tiny CLIP stands in for it, with

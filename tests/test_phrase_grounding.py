@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ElementTree
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from PIL import Image
 
 import vlzoo
@@ -170,6 +171,7 @@ def test_layout_errors_name_what_is_missing(tmp_path, refcoco_root):
         phrase_grounding.refcoco(str(tmp_path / "evil"))
 
 
+@run_once  # the command's wiring; the scores are checked on every backend above
 def test_eval_reads_the_layouts_from_the_command_line(flickr30k_root, refcoco_root, tmp_path, capsys):
     for benchmark, root, split in (("flickr30k_entities", flickr30k_root, None), ("refcoco", refcoco_root, "testA")):
         path = tmp_path / f"{benchmark}.json"
