@@ -8,6 +8,19 @@ the three routes `huggingface_hub` uses to download a snapshot:
     HEAD /{repo}/resolve/{revision}/{path}        X-Repo-Commit, ETag, size
     GET  /{repo}/resolve/{revision}/{path}        the file, or the part a `Range: bytes=N-` header asks
 
+and the routes `huggingface_hub` uploads through (`HfApi.create_repo` and `create_commit` without
+Xet, i.e. with `HF_HUB_DISABLE_XET`: the Xet storage protocol is not served):
+
+    POST /api/repos/create                        {"name", "organization"}: an empty repository, 409 if it exists
+    POST /api/validate-yaml                       a README's front matter: always valid
+    POST /api/models/{repo}/preupload/{revision}  each file's upload mode ("lfs" for LFS_SUFFIXES), remote oid
+    POST /{repo}.git/info/lfs/objects/batch       LFS batch: a `basic` upload href per object not yet stored
+    PUT  /lfs-upload/{sha256}                     the object, kept when its sha256 is its name
+    POST /api/models/{repo}/commit/{revision}     the NDJSON commit (header, file, lfsFile, deletedFile), applied
+                                                  whole or not at all; a `parentCommit` other than the head: 412
+
+A commit replaces the repository's files and commit id, so the same server then serves them.
+`faults[(repo, "commit")] = "fail"` makes the commit route answer 500 and change nothing.
 Binary files (weights) are described as LFS files, as on the Hub: their ETag and `lfs.oid` are
 the sha256 of the content; other files' are the git blob id. `faults` makes the server misbehave
 for one path: `"corrupt"` serves other bytes of the right length, `"truncate"` closes the
@@ -59,6 +72,11 @@ class _LoopbackServer:
         self._server.server_close()
 
 
+def commit_id(files):
+    """A commit id for a repository state (a sha1 of its paths and contents)."""
+    return hashlib.sha1(repr(sorted((p, hashlib.sha256(c).hexdigest()) for p, c in files.items())).encode()).hexdigest()
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     """HTTP/1.1 (kept-alive connections, as the clients use), quiet, with a body-and-length sender."""
 
@@ -79,6 +97,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _json(self, value, status=200):
         self._send(status, json.dumps(value).encode(), [("Content-Type", "application/json")])
 
+    def _body(self):
+        """The request's body, sent with a Content-Length or chunked (a streamed upload)."""
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        chunks = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
+
 
 class HubServer(_LoopbackServer):
     """`with HubServer(repos) as server:` serves `repos` at `server.endpoint` until the block ends."""
@@ -87,10 +119,52 @@ class HubServer(_LoopbackServer):
         self.repos = repos
         self.faults = {}
         self.requests = []
-        self.commits = {repo: hashlib.sha1(repr(sorted((p, hashlib.sha256(c).hexdigest())
-                                                         for p, c in files.items())).encode()).hexdigest()
-                        for repo, files in repos.items()}
+        self.commits = {repo: commit_id(files) for repo, files in repos.items()}
+        self.lfs = {}  # sha256 -> bytes: LFS objects uploaded, before a commit names them
         super().__init__(self._handler())
+
+    def _preupload(self, repo, body):
+        files = self.repos[repo]
+        return {"files": [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                           "shouldIgnore": False,
+                           "oid": etag(f["path"], files[f["path"]]) if f["path"] in files else None}
+                          for f in body["files"]]}
+
+    def _lfs_batch(self, body):
+        base = self.endpoint
+        return {"transfer": "basic", "objects": [
+            {"oid": o["oid"], "size": o["size"], "authenticated": True,
+             **({} if o["oid"] in self.lfs else {"actions": {"upload": {"href": f"{base}/lfs-upload/{o['oid']}"}}})}
+            for o in body["objects"]]}
+
+    def _commit(self, repo, revision, lines):
+        """Applies an NDJSON commit to a copy of `repo`'s files: `(status, answer)`; the repository changes
+        only when every operation is valid."""
+        if revision != "main":
+            return 400, {"error": f"Only the main branch takes commits here, not {revision!r}."}
+        if self.faults.get((repo, "commit")) == "fail":
+            return 500, {"error": "Internal Error - We're working hard to fix this as soon as possible!"}
+        files = dict(self.repos[repo])
+        for line in lines:
+            key, value = line["key"], line["value"]
+            if key == "header":
+                parent = value.get("parentCommit")
+                if parent is not None and parent != self.commits[repo]:
+                    return 412, {"error": f"The branch moved: parent commit {parent} is not the head."}
+            elif key == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif key == "lfsFile":
+                if value["oid"] not in self.lfs:
+                    return 422, {"error": f"LFS object {value['oid']} of {value['path']!r} was never uploaded."}
+                files[value["path"]] = self.lfs[value["oid"]]
+            elif key == "deletedFile":
+                files.pop(value["path"], None)
+            else:
+                return 400, {"error": f"Unknown commit operation {key!r}."}
+        self.repos[repo] = files
+        self.commits[repo] = commit_id(files)
+        return 200, {"success": True, "commitOid": self.commits[repo],
+                     "commitUrl": f"{self.endpoint}/{repo}/commit/{self.commits[repo]}"}
 
     def _resolve(self, repo, revision):
         if repo not in self.repos or revision not in ("main", self.commits[repo]):
@@ -151,6 +225,42 @@ class HubServer(_LoopbackServer):
             def do_HEAD(self):
                 self._route(head=True)
 
+            def do_POST(self):
+                path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+                hub.requests.append((self.command, path))
+                raw = self._body()
+                parts = path.strip("/").split("/")
+                if path == "/api/repos/create":
+                    body = json.loads(raw)
+                    repo = f"{body.get('organization')}/{body['name']}"
+                    if repo in hub.repos:
+                        return self._json({"error": "You already created this model repo", "url": repo}, 409)
+                    hub.repos[repo], hub.commits[repo] = {}, commit_id({})
+                    return self._json({"url": f"{hub.endpoint}/{repo}", "name": repo})
+                if path == "/api/validate-yaml":
+                    return self._json({"errors": [], "warnings": []})
+                if path.endswith(".git/info/lfs/objects/batch"):
+                    return self._json(hub._lfs_batch(json.loads(raw)))
+                if parts[:2] == ["api", "models"] and len(parts) == 6 and parts[4] in ("preupload", "commit"):
+                    repo, revision = "/".join(parts[2:4]), parts[5]
+                    if repo not in hub.repos:
+                        return self._send(404, b'{"error": "Repository not found"}', [("X-Error-Code", "RepoNotFound")])
+                    if parts[4] == "preupload":
+                        return self._json(hub._preupload(repo, json.loads(raw)))
+                    status, answer = hub._commit(repo, revision, [json.loads(line) for line in raw.splitlines()
+                                                                  if line.strip()])
+                    return self._json(answer, status)
+                return self._send(404, b"")
+
+            def do_PUT(self):
+                path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+                hub.requests.append((self.command, path))
+                content, oid = self._body(), path.rpartition("/")[2]
+                if not path.startswith("/lfs-upload/") or hashlib.sha256(content).hexdigest() != oid:
+                    return self._json({"error": f"The upload is not the object {oid}."}, 400)
+                hub.lfs[oid] = content
+                return self._send(200, b"")
+
         return Handler
 
 
@@ -186,6 +296,16 @@ class KaggleServer(_LoopbackServer):
         DownloadModelInstanceVersion   -> the file at `path`, with `x-goog-hash: md5=...`, which
                                           kagglehub checks
 
+    and the calls of `kagglehub.model_upload`, which create a version from uploaded blobs:
+
+        GetModel                       -> the model, or a 404 (then CreateModel)
+        CreateModel                    -> {"ref", "url"}
+        blobs.BlobApiService/StartBlobUpload -> {"token", "createUrl"}: a PUT to `createUrl` (with a
+                                          `Content-Range`) stores the bytes under the token
+        CreateModelInstance            -> version 1 of a new variation from the tokens of `body.files`
+                                          and `body.directories`; {"error", "errorCode": 409} if it exists
+        CreateModelInstanceVersion     -> the next version of the variation
+
     An unknown model, version or file gets a 404 with `{"code": 404, "message"}`. kagglehub
     reaches a server only at fixed addresses (`KAGGLE_API_ENVIRONMENT`: LOCALHOST is
     `http://localhost`), so the tests send it here as an HTTP proxy (`HTTP_PROXY`); requests
@@ -197,7 +317,48 @@ class KaggleServer(_LoopbackServer):
     def __init__(self, models):
         self.models = models
         self.requests = []
+        self.created = set()  # "owner/model" made by CreateModel
+        self.blobs = {}  # token -> [name, bytes]
+        self.licences = {}  # "owner/model/framework/variation" -> the licenseName it was created with
         super().__init__(self._handler())
+
+    def _files(self, directory, prefix=""):
+        """`{path: bytes}` of an `ApiUploadDirectoryInfo`'s file tokens, its subdirectories' under their names."""
+        found = {prefix + self.blobs[f["token"]][0]: self.blobs[f["token"]][1] for f in directory.get("files", [])}
+        for sub in directory.get("directories", []):
+            found.update(self._files(sub, f"{prefix}{sub['name']}/"))
+        return found
+
+    def _upload(self, method, body):
+        """The answer to one of `model_upload`'s calls, or None for a method that is not one."""
+        owner, model = body.get("ownerSlug"), body.get("modelSlug", body.get("slug"))
+        if method == "GetModel":
+            known = f"{owner}/{model}" in self.created or any(k.startswith(f"{owner}/{model}/") for k in self.models)
+            return ({"ownerSlug": owner, "slug": model} if known
+                    else {"code": 404, "message": f"No model {owner}/{model}."}), 200 if known else 404
+        if method == "CreateModel":
+            self.created.add(f"{owner}/{model}")
+            return {"ref": f"{owner}/{model}", "url": f"{self.endpoint}/models/{owner}/{model}"}, 200
+        if method == "StartBlobUpload":
+            token = f"blob-{len(self.blobs)}"
+            self.blobs[token] = [body["name"], b""]
+            return {"token": token, "createUrl": f"{self.endpoint}/upload/{token}"}, 200
+        if method not in ("CreateModelInstance", "CreateModelInstanceVersion"):
+            return None
+        upload = body["body"]
+        framework = (upload if method == "CreateModelInstance" else body)["framework"]
+        instance = (upload if method == "CreateModelInstance" else body)["instanceSlug"]
+        name = f"{owner}/{model}/{framework.removeprefix('MODEL_FRAMEWORK_').lower()}/{instance}"
+        if method == "CreateModelInstance" and name in self.models:
+            return {"error": f"Model instance {name} already exists.", "errorCode": 409}, 200
+        if method == "CreateModelInstanceVersion" and name not in self.models:
+            return {"code": 404, "message": f"No model instance {name}."}, 404
+        if method == "CreateModelInstance":
+            self.licences[name] = upload.get("licenseName")
+        versions = self.models.setdefault(name, {})
+        number = max(versions, default=0) + 1
+        versions[number] = self._files(upload)
+        return {"ref": f"{name}/{number}", "url": f"{self.endpoint}/models/{name}/{number}"}, 200
 
     def _version(self, body):
         name = "/".join([body.get("ownerSlug", ""), body.get("modelSlug", ""),
@@ -213,11 +374,25 @@ class KaggleServer(_LoopbackServer):
         kaggle = self
 
         class Handler(_Handler):
+            def do_PUT(self):  # a blob's bytes, at the `createUrl` StartBlobUpload gave
+                token = urllib.parse.urlsplit(self.path).path.rpartition("/")[2]
+                kaggle.requests.append(("PUT", token))
+                if token not in kaggle.blobs:
+                    return self._json({"code": 404, "message": f"No upload {token}."}, 404)
+                content = self._body()
+                start = re.match(r"bytes (\d+)-", self.headers.get("Content-Range", "")) if content else None
+                offset = int(start.group(1)) if start else 0
+                kaggle.blobs[token][1] = kaggle.blobs[token][1][:offset] + content
+                return self._json({})
+
             def do_POST(self):
                 path = urllib.parse.urlsplit(self.path).path
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                method = path.removeprefix(kaggle.PREFIX)
+                body = json.loads(self._body() or b"{}")
+                method = path.rpartition("/")[2]
                 kaggle.requests.append((method, body.get("path")))
+                answer = kaggle._upload(method, body)
+                if answer is not None:
+                    return self._json(*answer)
                 number, files = kaggle._version(body)
                 if files is None or not path.startswith(kaggle.PREFIX):
                     return self._json({"code": 404, "message": f"No model version {number} here."}, 404)

@@ -6,10 +6,12 @@
 so the tests start this process with them set rather than patch the library. The request names
 the handles, the texts to tokenize and an optional `.npz` of inputs (`images`, `token_ids`,
 `padding_mask`). For each handle, in order, the result holds `error` and `message` when loading
-failed, else the normalised embeddings: `texts` (of the model's own tokenizer, with its `ids`;
+failed, else the sha256 of its weights (`weights`) and the normalised embeddings: `texts` (of the
+model's own tokenizer, with its `ids`;
 absent when the model has none), `images` and `token_ids` (of the inputs).
 """
 
+import hashlib
 import json
 import sys
 
@@ -24,8 +26,17 @@ def _numpy(x):
     return keras.ops.convert_to_numpy(x).tolist()
 
 
+def weights_digest(model):
+    """sha256 of every weight's bytes, in the model's order: equal digests are bit-identical weights."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
+    return digest.hexdigest()
+
+
 def embed(model, texts, inputs):
-    result = {"class": type(model).__name__, "preprocessor": model.preprocessor.get_config()}
+    result = {"class": type(model).__name__, "preprocessor": model.preprocessor.get_config(),
+              "weights": weights_digest(model)}
     if not isinstance(model.tokenizer, UnavailableTokenizer):
         tokens = model.tokenizer(texts)
         result["ids"] = np.asarray(tokens["token_ids"]).tolist()

@@ -304,6 +304,9 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
         for a, b in zip(start.weights, trained.weights)
     ]
     assert len(changed) == len(start.weights) and sum(changed) > len(changed) // 2
+    metadata = json.loads((out_dir / "metadata.json").read_text())  # what `vlzoo upload`'s model card reads
+    assert metadata["training"] == {"data": str(path), "steps": 4, "epochs": 2, "batch_size": 4, "learning_rate": 0.01}
+    assert metadata["base_preset"]["preset"] == str(preset_dir)
 
 
 @run_once  # STAIR's stages in one fit are checked on every backend in test_stair; this is the command's wiring
@@ -483,6 +486,8 @@ def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_
         assert (f"training the {width * width + width:,} new parameters first: 2 steps" in out) == (steps == 2), out
         trained = vlzoo.from_preset(str(out_dir))
         heads[steps] = keras.ops.convert_to_numpy(trained.vision_head.kernel)
+        origin = json.loads((out_dir / "metadata.json").read_text())["base_preset"]
+        assert (origin["preset"], origin["family"], origin["from_family"]) == (str(preset_dir), "sparc", "clip")
     start = vlzoo.from_preset(preset_dir)
     for ours, clips in ((trained.vision.patch_embedding.conv.kernel, start.vision.patch_embedding.conv.kernel),
                         (trained.image_projection.kernel, start.vision.projection.kernel)):

@@ -33,11 +33,12 @@ _NAMES = {
     "list_presets": "vlzoo.catalogue",
     "preset_info": "vlzoo.presets",
     "save_to_preset": "vlzoo.preset_files",
+    "upload_preset": "vlzoo.upload",
 }
 _SUBMODULES = (
     "catalogue", "convert", "data", "distribution", "evaluation", "host", "hub", "kaggle", "layers", "loading", "losses",
     "models", "parallel", "preprocessing", "preset_files", "presets", "pretrained", "registry", "retrieval", "serving",
-    "tokenizers", "training", "transfer", "viz",
+    "tokenizers", "training", "transfer", "upload", "viz",
 )
 __all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]
 

@@ -227,9 +227,34 @@ def from_preset(preset, load_weights=True, dtype=None, family=None, **config_ove
     >>> model = vlzoo.from_preset("kaggle://keras/siglip/keras/siglip2_base_patch16_224/1")  # doctest: +SKIP
     >>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
     """
+    name = preset
     if is_remote(preset) or pretrained.is_pretrained(preset):
         preset = local_directory(preset)
-    if family is not None and family != presets.read_metadata(presets.resolve_preset(preset)).get("family"):
+    own_family = presets.read_metadata(presets.resolve_preset(preset)).get("family")
+    if family is not None and family != own_family:
         clip = presets.from_preset(preset, load_weights=load_weights, dtype=dtype)
-        return transfer.from_clip(clip, family, **config_overrides)[0]
-    return presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)
+        model = transfer.from_clip(clip, family, **config_overrides)[0]
+    else:
+        model = presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)
+    if load_weights:
+        model.preset_origin = preset_origin(name, preset, None if family == own_family else family)
+    return model
+
+
+def preset_origin(name, preset, family=None):
+    """What `save_to_preset` records as the `base_preset` of a model `from_preset(name)` loaded from the local
+    `preset`: its name (or handle, or directory), the licence of its weights (the pretrained catalogue's, or
+    what its `metadata.json` records, carried over from its own `base_preset`), and a `family=` transfer.
+
+    Example:
+    >>> preset_origin("clip_vit_b16_openai", local_directory("clip_vit_b16_openai"), "sparc")  # doctest: +SKIP
+    {'preset': 'clip_vit_b16_openai', 'licence': 'none stated ...', 'family': 'sparc', 'from_family': 'clip', ...}
+    """
+    metadata = presets.read_metadata(presets.resolve_preset(preset))
+    earlier = metadata.get("base_preset") or {}
+    entry = pretrained.catalogue().get(name) if isinstance(name, str) and pretrained.is_pretrained(name) else None
+    origin = {"preset": str(name), "licence": (entry or {}).get("licence") or earlier.get("licence")
+              or metadata.get("licence")}
+    if family is not None:
+        origin.update(family=family, from_family=metadata.get("family"), family_transfer=True)
+    return {key: value for key, value in origin.items() if value is not None}

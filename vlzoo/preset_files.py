@@ -63,11 +63,21 @@ def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None,
 
 
 def save_to_preset(model, directory, metadata=None):
-    """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory."""
+    """Writes `model` (config, weights, tokenizer, preprocessor) as a preset directory.
+
+    `metadata` entries join `metadata.json` (e.g. `training={"data": ..., "steps": ...}`, which
+    `vlzoo.upload`'s model card reads); a model `vlzoo.from_preset` loaded records the preset it
+    started from as `base_preset` (its name or handle and the licence of its weights).
+
+    Example:
+    >>> save_to_preset(model, "runs/clip_tiny", metadata={"training": {"data": "pairs.csv", "steps": 500}})
+    """
     tokenizer = model.tokenizer
+    origin = getattr(model, "preset_origin", None)  # set by `vlzoo.from_preset`: what the weights started from
     info = {
         "family": getattr(model, "family", None),
         "parameter_count": int(model.count_params()),
+        **({"base_preset": dict(origin)} if origin else {}),
         **(metadata or {}),
     }
     if getattr(model, "weight_quantization", None):

@@ -13,6 +13,7 @@
     vlzoo convert  --from open_clip|transformers|keras_hub --checkpoint PATH --out DIR [--model NAME | --config F]
     vlzoo convert  --from llip|sparo --checkpoint PATH --preset P --out DIR
     vlzoo demo     [--preset sparc_shapes] [--steps N] [--second-backend B] [--out DIR]
+    vlzoo upload   HANDLE PRESET_DIR [--message TEXT]
 
 `vlzoo COMMAND --help` documents every option, with examples. Also runs as
 `python -m vlzoo.cli ...` (`convert` also as `python tools/convert.py ...`). The
@@ -43,6 +44,8 @@ but by `download` and by the pretrained presets and hub handles `--preset` names
   it the prompt "a photo of a {}." with the metrics before and after; a
   token-to-patch alignment map (PNG); the model saved with `save_to_preset` and
   reloaded on this backend and on a second one, whose similarities must match.
+* `upload`: a preset directory to `hf://user/name` (one commit) or `kaggle://user/model/keras/variant`
+  (a new version), checked to load first, with a model card (`vlzoo.upload_preset`).
 
 Images are read with PIL and preprocessed with the preset's own preprocessor (the
 evaluation transform), `--batch-size` at a time: a folder of any size is never
@@ -53,8 +56,8 @@ User mistakes (a missing file, an unknown preset, a bad value) end with a one-li
 (`convert`'s parity, `demo`'s reload) exits with 1.
 
 One module per command (`catalogue`: list, download, info; `zeroshot`, `retrieve`, `evaluate` (eval), `train`,
-`interpolate`, `export`, `convert`, `demo`), each with `register(subparsers)` and `run(args, out)`; shared helpers in
-`_common`, the readers of labelled images and pairs in `vlzoo.data.labels`. The command modules
+`interpolate`, `export`, `convert`, `demo`, `upload`), each with `register(subparsers)` and `run(args, out)`;
+shared helpers in `_common`, the readers of labelled images and pairs in `vlzoo.data.labels`. The command modules
 import no backend at module level: each `run` imports what it needs.
 
 Framework C++ logs that read as errors but are not ("failed call to cuInit", "oneDNN custom
@@ -67,13 +70,13 @@ import argparse
 import sys
 
 from vlzoo.cli._logs import QUIET_NATIVE_LOGS, import_tensorflow_quietly  # first: the C++ log level
-from vlzoo.cli import catalogue, convert, demo, evaluate, export, interpolate, retrieve, train, zeroshot
+from vlzoo.cli import catalogue, convert, demo, evaluate, export, interpolate, retrieve, train, upload, zeroshot
 from vlzoo.cli._common import UsageError
 from vlzoo.cli.demo import DEMO_TEMPLATE
 
 __all__ = ["COMMANDS", "DEMO_TEMPLATE", "QUIET_NATIVE_LOGS", "UsageError", "build_parser", "main"]
 
-COMMANDS = (catalogue, zeroshot, retrieve, evaluate, train, interpolate, export, convert, demo)
+COMMANDS = (catalogue, zeroshot, retrieve, evaluate, train, interpolate, export, convert, demo, upload)
 
 # User mistakes reported as one line (exit status 2) rather than a traceback.
 _USER_ERRORS = (UsageError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

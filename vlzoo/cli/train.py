@@ -225,7 +225,11 @@ def run(args, out):
     if args.save_adapters is not None:
         parallel.write_once(lambda path: save_lora_weights(model, path), args.save_adapters)
         print(f"saved the LoRA adapters to {args.save_adapters}", file=out)
-    parallel.write_once(model.save_to_preset, os.path.abspath(args.out))  # Keras writes LoRA kernels merged
+    # What the run was, for the model card `vlzoo upload` writes (metadata.json's `training`).
+    training = {"data": str(args.data), "steps": total_steps, "epochs": args.epochs, "batch_size": args.batch_size,
+                "learning_rate": args.learning_rate}
+    save = functools.partial(model.save_to_preset, metadata={"training": training})
+    parallel.write_once(save, os.path.abspath(args.out))  # Keras writes LoRA kernels merged
     print(f"saved to {os.path.abspath(args.out)}", file=out)
     return 0
 
@@ -238,8 +242,11 @@ def _load_model(args, out):
     model = _load_preset(args.preset, out)
     if args.family is None or args.family == model.family:
         return model, []
+    origin = model.preset_origin
     with _naming("--family"):
         model, report = transfer.from_clip(model, args.family, verbose=False)
+    if origin:  # what the weights started from, as `vlzoo.from_preset(..., family=)` records it
+        model.preset_origin = {**origin, "family": args.family, "from_family": "clip", "family_transfer": True}
     print(report.summary(args.family), file=out)
     new = transfer.new_variables(model, report)
     if not new or args.new_params_steps == 0:

@@ -3,6 +3,7 @@
 import functools
 import gc
 import math
+import tempfile
 import warnings
 
 import keras
@@ -10,6 +11,7 @@ from keras import ops
 
 from vlzoo import compiled, parallel
 from vlzoo import preset_files
+from vlzoo import upload
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -616,9 +618,40 @@ class ContrastiveModel(keras.Model):
             gc.collect()
         self.weight_quantization = mode
 
-    def save_to_preset(self, directory):
-        """Writes a preset directory that `vlzoo.from_preset` loads back exactly."""
-        preset_files.save_to_preset(self, directory)
+    # What `vlzoo.from_preset` loaded the weights from (`vlzoo.loading.preset_origin`); `save_to_preset`
+    # records it in metadata.json as `base_preset`, and an uploaded preset's model card names it.
+    preset_origin = None
+
+    def save_to_preset(self, directory, metadata=None):
+        """Writes a preset directory that `vlzoo.from_preset` loads back exactly.
+
+        `metadata`: entries added to its `metadata.json` (e.g. `training={"data": ..., "steps": ...}`).
+
+        Example:
+        >>> model.save_to_preset("runs/clip_tiny")
+        """
+        preset_files.save_to_preset(self, directory, metadata=metadata)
+
+    def upload_preset(self, handle, message=None):
+        """Publishes this model at `handle` (`vlzoo.upload_preset`): saved with `save_to_preset` to a temporary
+        directory, checked, then uploaded.
+
+        Args:
+            handle: `"hf://user/name[@branch]"` (a Hugging Face Hub repository) or
+                `"kaggle://user/model/keras/variant"` (a Kaggle Models variation).
+            message: the commit message or version notes.
+
+        Returns:
+            The Hub's commit sha, or Kaggle's new version number (None when not listed yet).
+
+        Example:
+        >>> model = vlzoo.from_preset("clip_tiny")
+        >>> model.upload_preset("hf://me/clip-tiny")  # doctest: +SKIP
+        'c0ffee...'
+        """
+        with tempfile.TemporaryDirectory(prefix="vlzoo-upload-") as directory:
+            self.save_to_preset(directory)
+            return upload.upload_preset(handle, directory, message=message)
 
     def get_config(self):
         config = super().get_config()
