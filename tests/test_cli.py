@@ -26,7 +26,7 @@ from vlzoo.evaluation import SIMPLE_TEMPLATES, retrieval_recall, zero_shot_accur
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 # One batch size everywhere: fewer distinct shapes for JAX's eager op compilation.
 BATCH = 4
-COMMANDS = ("list", "info", "zeroshot", "retrieve", "train", "convert", "demo")
+COMMANDS = ("list", "info", "zeroshot", "retrieve", "eval", "train", "upload", "convert", "demo")
 
 
 # ----------------------------------------------------------------------------- fixtures
