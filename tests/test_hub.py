@@ -178,18 +178,17 @@ def _sentencepiece_model(root):
     return root / "spiece.model"
 
 
-def _transformers_siglip(hf, torch, directory, inputs):
-    """SiglipModel + SiglipTokenizer (a SentencePiece model trained here), `save_pretrained` with pickled
-    `pytorch_model.bin`; its peer outputs on `inputs` and on its tokenizer's ids."""
-    torch.manual_seed(1)
-    model = hf.SiglipModel(hf.SiglipConfig(
+def _tiny_siglip(hf, torch, seed):
+    """A tiny transformers SiglipModel (64-piece vocabulary, 12 text positions, 32 px images), seeded."""
+    torch.manual_seed(seed)
+    return hf.SiglipModel(hf.SiglipConfig(
         text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
         vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
     )).eval()
-    model.save_pretrained(directory, safe_serialization=False)
-    tokenizer = hf.SiglipTokenizer(vocab_file=str(_sentencepiece_model(directory.parent)))
-    tokenizer.save_pretrained(directory)
-    ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
+
+
+def _siglip_outputs(torch, model, inputs, ids):
+    """A SiglipModel's embeddings of `inputs` and of its tokenizer's `ids`: the peer outputs a load must match."""
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(inputs["token_ids"]).long(),
                     pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
@@ -198,17 +197,24 @@ def _transformers_siglip(hf, torch, directory, inputs):
             "texts": getattr(texts, "pooler_output", texts).numpy()}
 
 
+def _transformers_siglip(hf, torch, directory, inputs):
+    """SiglipModel + SiglipTokenizer (a SentencePiece model trained here), `save_pretrained` with pickled
+    `pytorch_model.bin`; its peer outputs on `inputs` and on its tokenizer's ids."""
+    model = _tiny_siglip(hf, torch, seed=1)
+    model.save_pretrained(directory, safe_serialization=False)
+    tokenizer = hf.SiglipTokenizer(vocab_file=str(_sentencepiece_model(directory.parent)))
+    tokenizer.save_pretrained(directory)
+    ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
+    return _siglip_outputs(torch, model, inputs, ids)
+
+
 def _transformers_siglip2(hf, torch, directory, inputs):
     """A SigLIP 2 repository as the Hub holds them: SiglipModel `save_pretrained`, Gemma's `tokenizer.model`
     (a SentencePiece BPE model with Gemma's pieces, trained here by sentencepiece: no dummy prefix, identity
     normalisation) and transformers' GemmaTokenizer of it, no start piece and `<eos>` last, as SigLIP 2's
     repositories configure it, `save_pretrained`; its peer outputs on `inputs` and on that tokenizer's ids."""
     sentencepiece = pytest.importorskip("sentencepiece")
-    torch.manual_seed(5)
-    model = hf.SiglipModel(hf.SiglipConfig(
-        text_config=dict(SMALL, vocab_size=64, max_position_embeddings=12, layer_norm_eps=1e-6, projection_size=32),
-        vision_config=dict(SMALL, image_size=32, patch_size=8, layer_norm_eps=1e-6),
-    )).eval()
+    model = _tiny_siglip(hf, torch, seed=5)
     model.save_pretrained(directory)
     corpus = directory.parent / "gemma-corpus.txt"
     corpus.write_text("\n".join(f"a photo of a {c} {s} and two dogs in the snow" for c in ("red", "blue", "green")
@@ -223,12 +229,7 @@ def _transformers_siglip2(hf, torch, directory, inputs):
                                                   padding_side="right")
     tokenizer.save_pretrained(directory)
     ids = tokenizer(TEXTS, padding="max_length", max_length=12, truncation=True, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        out = model(input_ids=torch.from_numpy(inputs["token_ids"]).long(),
-                    pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
-        texts = model.get_text_features(input_ids=ids)
-    return {"images": out.image_embeds.numpy(), "token_ids": out.text_embeds.numpy(), "ids": ids.numpy(),
-            "texts": getattr(texts, "pooler_output", texts).numpy()}
+    return _siglip_outputs(torch, model, inputs, ids)
 
 
 def _open_clip(open_clip, torch, hf, directory, inputs):

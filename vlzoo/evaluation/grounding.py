@@ -97,12 +97,8 @@ def pointing_game(maps, coverage):
 def mass_inside(maps, coverage):
     """The share of each map's weight on the object, `sum w c / sum w` (a zero map counts as uniform).
 
-    Args:
-        maps: non-negative weights `(..., P)` over the patches.
-        coverage: the object's share of each patch `(..., P)` (`patch_coverage`).
-
-    Returns:
-        float64 `(...)` in [0, 1]; a constant map scores `coverage.mean(-1)`, the chance level.
+    Takes and returns what `pointing_game` does: float64 `(...)` in [0, 1], a constant map scoring
+    `coverage.mean(-1)`, the chance level.
 
     Example:
     >>> mass_inside([0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 0.5, 1.0])  # (3 * 1 + 1 * 0.5) / 4
