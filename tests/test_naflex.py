@@ -74,12 +74,18 @@ def test_position_weights_are_torch_antialiased_bilinear(torch):
     # Each output row of the weights applied to a 1-D signal is torch's antialiased bilinear resize of it,
     # shrinking (the triangle widened by the scale) and growing alike.
     grid = 7
-    signal = torch.randn(1, 1, 1, grid, dtype=torch.float64)
+    signal = torch.randn(1, 1, 1, grid, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    # torch resizes the float64 signal in float64; our weights are float32, each a few float32 operations
+    # (the triangle, its normalisation by a sum of at most `grid` terms), so each is within 16 float32 ulps of
+    # its exact value, and they are non-negative and sum to 1: the resized value is within 16 ulps of the
+    # signal's largest magnitude. A wrong kernel is off by 1e-2 and more.
+    bound = 16 * np.finfo(np.float32).eps * float(signal.abs().max())
     for size in (1, 2, 3, 5, 7, 12):
         want = torch.nn.functional.interpolate(signal, size=(1, size), mode="bilinear", align_corners=False,
                                                antialias=True)[0, 0, 0].numpy()
         weights = to_numpy(antialiased_bilinear_weights(np.arange(size)[None], np.array([[size]]), grid))[0]
-        np.testing.assert_allclose(weights @ signal[0, 0, 0].numpy(), want, atol=1e-6)
+        assert weights.min() >= 0 and np.allclose(weights.sum(axis=-1), 1.0, atol=1e-6)
+        np.testing.assert_allclose(weights @ signal[0, 0, 0].numpy(), want, rtol=0, atol=bound)
 
 
 def test_converted_siglip2_matches_transformers_on_mixed_aspect_ratios(hf, torch):
