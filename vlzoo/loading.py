@@ -230,31 +230,28 @@ def from_preset(preset, load_weights=True, dtype=None, family=None, **config_ove
     name = preset
     if is_remote(preset) or pretrained.is_pretrained(preset):
         preset = local_directory(preset)
-    own_family = presets.read_metadata(presets.resolve_preset(preset)).get("family")
-    if family is not None and family != own_family:
-        clip = presets.from_preset(preset, load_weights=load_weights, dtype=dtype)
-        model = transfer.from_clip(clip, family, **config_overrides)[0]
-    else:
-        model = presets.from_preset(preset, load_weights=load_weights, dtype=dtype, **config_overrides)
+    transferred = family is not None and family != presets.read_metadata(presets.resolve_preset(preset)).get("family")
+    model = presets.from_preset(preset, load_weights=load_weights, dtype=dtype,
+                                **({} if transferred else config_overrides))
     if load_weights:
-        model.preset_origin = preset_origin(name, preset, None if family == own_family else family)
+        model.preset_origin = preset_origin(name, preset)
+    if transferred:  # `from_clip` records the transfer in the new model's `preset_origin`
+        model = transfer.from_clip(model, family, **config_overrides)[0]
     return model
 
 
-def preset_origin(name, preset, family=None):
+def preset_origin(name, preset):
     """What `save_to_preset` records as the `base_preset` of a model `from_preset(name)` loaded from the local
-    `preset`: its name (or handle, or directory), the licence of its weights (the pretrained catalogue's, or
-    what its `metadata.json` records, carried over from its own `base_preset`), and a `family=` transfer.
+    `preset`: its name (or handle, or directory) and the licence of its weights (the pretrained catalogue's, or
+    what its `metadata.json` records, carried over from its own `base_preset`).
 
     Example:
-    >>> preset_origin("clip_vit_b16_openai", local_directory("clip_vit_b16_openai"), "sparc")  # doctest: +SKIP
-    {'preset': 'clip_vit_b16_openai', 'licence': 'none stated ...', 'family': 'sparc', 'from_family': 'clip', ...}
+    >>> preset_origin("clip_vit_b16_openai", local_directory("clip_vit_b16_openai"))  # doctest: +SKIP
+    {'preset': 'clip_vit_b16_openai', 'licence': 'none stated ...'}
     """
     metadata = presets.read_metadata(presets.resolve_preset(preset))
     earlier = metadata.get("base_preset") or {}
     entry = pretrained.catalogue().get(name) if isinstance(name, str) and pretrained.is_pretrained(name) else None
     origin = {"preset": str(name), "licence": (entry or {}).get("licence") or earlier.get("licence")
               or metadata.get("licence")}
-    if family is not None:
-        origin.update(family=family, from_family=metadata.get("family"), family_transfer=True)
     return {key: value for key, value in origin.items() if value is not None}

@@ -220,6 +220,9 @@ def from_clip(clip, family, verbose=True, **config_overrides):
         variable.assign(keras.ops.cast(value, variable.dtype))
     model.tokenizer = clip.tokenizer
     model.preprocessor = clip.preprocessor
+    if clip.preset_origin:  # what the weights started from (`vlzoo.from_preset`), for `save_to_preset`
+        model.preset_origin = {**clip.preset_origin, "family": family, "from_family": clip.family,
+                               "family_transfer": True}
     if verbose:
         print(report.summary(family))
     return model, report

@@ -242,11 +242,8 @@ def _load_model(args, out):
     model = _load_preset(args.preset, out)
     if args.family is None or args.family == model.family:
         return model, []
-    origin = model.preset_origin
     with _naming("--family"):
         model, report = transfer.from_clip(model, args.family, verbose=False)
-    if origin:  # what the weights started from, as `vlzoo.from_preset(..., family=)` records it
-        model.preset_origin = {**origin, "family": args.family, "from_family": "clip", "family_transfer": True}
     print(report.summary(args.family), file=out)
     new = transfer.new_variables(model, report)
     if not new or args.new_params_steps == 0:
