@@ -117,7 +117,7 @@ def register(sub):
     )
     _add_preset(p)
     p.add_argument("--benchmark", required=True, choices=tuple(BENCHMARKS), help="which benchmark --data holds")
-    p.add_argument("--data", default=None, metavar="DIR", help="the benchmark's folder (see above; all but shapes)")
+    p.add_argument("--data", default=None, metavar="DIR", help="the benchmark's folder (see above; all but shapes and shapes_grounding)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="sugarcrepe: the COCO val2017 images (default: DATA/val2017); coco, flickr30k: the "
                    "images' root (required); coco_order, flickr30k_order: the images' root (default: DATA); "
@@ -139,7 +139,7 @@ def register(sub):
                    "split of the refs file, e.g. val, testA, testB, test (default: val)")
     p.add_argument("--seed", type=_non_negative_int, default=None,
                    help="coco_order, flickr30k_order: the seed of the caption shuffles (default: 1, the authors'); "
-                   "shapes: of the scenes and negatives (default: 0)")
+                   "shapes, shapes_grounding: of the scenes (and negatives) (default: 0)")
     p.add_argument("--slots", default=None, type=_slot_indices, metavar="I,J,...",
                    help="SPARO: score with these slots only (indices, e.g. 0,3,7; default: all)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="items per forward pass (default: 16)")

@@ -30,8 +30,8 @@ SigLIP, Llip, SPARO and STAIR put no patch in the joint space: `word_maps`
 refuses them, naming why (`grounding_method`).
 
 Example:
->>> maps = word_maps(model, pixels, ["a red circle above a blue square"], [[1, 2]])  # "red", "circle"
->>> pointing_game(maps[0], coverage[0, [0, 0]])
+>>> maps, method = word_maps(model, pixels, ["a red circle above a blue square"])  # (1, 7, P)
+>>> pointing_game(maps[0, 2], patch_coverage(circle_mask, model.vision.patch_size))  # "circle"
 """
 
 import numpy as np
