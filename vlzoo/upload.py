@@ -33,7 +33,18 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import tempfile
+
+import huggingface_hub
+import kagglehub
+from huggingface_hub import constants
+from huggingface_hub.errors import HfHubHTTPError
+from kagglehub.clients import build_kaggle_client
+from kagglehub.exceptions import KaggleApiHTTPError
+from kagglehub.exceptions import handle_call
+from kagglehub.handle import parse_model_handle
+from kagglesdk.models.types.model_api_service import ApiGetModelInstanceRequest
 
 from vlzoo import hub
 from vlzoo import kaggle
@@ -217,10 +228,6 @@ def preset_files(preset_dir):
 # ----------------------------------------------------------------------------- the hubs
 
 def _hf_upload(handle, directory, message):
-    import huggingface_hub
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError
-
     repo_id, revision = hub.parse_hf_handle(handle)
     api = huggingface_hub.HfApi(endpoint=os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
     try:
@@ -249,12 +256,6 @@ def _hf_upload(handle, directory, message):
 
 def _kaggle_version(handle):
     """The latest version number Kaggle lists for the variation `handle` names, None when it has none."""
-    from kagglehub.clients import build_kaggle_client
-    from kagglehub.exceptions import KaggleApiHTTPError
-    from kagglehub.exceptions import handle_call
-    from kagglehub.handle import parse_model_handle
-    from kagglesdk.models.types.model_api_service import ApiGetModelInstanceRequest
-
     model, _ = kaggle.parse_kaggle_handle(handle)
     parsed = parse_model_handle(model)
     request = ApiGetModelInstanceRequest()
@@ -268,10 +269,6 @@ def _kaggle_version(handle):
 
 
 def _kaggle_upload(handle, directory, message):
-    import shutil
-
-    import kagglehub
-
     model, version = kaggle.parse_kaggle_handle(handle)
     if version is not None:
         raise ValueError(f"`handle` {handle!r} names a version: Kaggle numbers the versions an upload creates; "
