@@ -293,14 +293,15 @@ try:
 except RuntimeError:
     pass
 dist.barrier()
-print("rank", rank, "backup after the interruption:", sorted(os.listdir(backup)))
+# One write each (an f-string, not print's separate pieces): the ranks share a pipe.
+print(f"rank {rank} backup after the interruption: {sorted(os.listdir(backup))}", flush=True)
 dist.barrier()  # both ranks have looked before either resumes
 resumed = model()
 fit(resumed, [BackupAndRestore(backup)])
 difference = max(float(np.max(np.abs(keras.ops.convert_to_numpy(a) - keras.ops.convert_to_numpy(b))))
                  for a, b in zip(whole.weights + whole.optimizer.variables,
                                  resumed.weights + resumed.optimizer.variables))
-print("rank", rank, "largest difference from the uninterrupted run:", difference)
+print(f"rank {rank} largest difference from the uninterrupted run: {difference}", flush=True)
 """
 
 
@@ -339,6 +340,8 @@ try:
     model.train_on_batch({k: v[:rows] for k, v in margin_batch(model, 4).items()})
 except ValueError as error:
     print(error)
+dist.barrier()  # the torch.distributed shutdown: both ranks done before either tears the group down
+dist.destroy_process_group()
 """
 
 
