@@ -119,6 +119,42 @@ def test_embeddings_and_scores_match_the_authors(fixture, converted):
         converted.chunk_size = None
 
 
+def _layer_norm(x, layer):
+    gamma, beta = (to_numpy(w).astype(np.float64) for w in (layer.gamma, layer.beta))
+    mean, variance = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + layer.epsilon) * gamma + beta
+
+
+def _dense(x, layer):
+    return x @ to_numpy(layer.kernel).astype(np.float64) + to_numpy(layer.bias).astype(np.float64)
+
+
+def test_text_attention_maps_are_the_weights_the_pooling_mixes_with(fixture, converted):
+    """numpy reference of the authors' attention (LayerNorm'd, biased projections, per-head scaled dot
+    products, softmax with a zero slot), averaged over the heads; the per-head weights pool the values into
+    `contextualize`'s embeddings, which match the authors' scores above."""
+    _, _, inputs, _ = fixture
+    images, texts = vlzoo_inputs(inputs)
+    maps = to_numpy(converted.text_attention_maps(images, texts))
+    pool = converted.text_pooling
+    tokens = to_numpy(converted.encode_image(images)["tokens"]).astype(np.float64)
+    captions = to_numpy(converted.encode_text(texts)["embeds"]).astype(np.float64)
+    heads, width = pool.num_heads, pool.head_dim
+    q = _dense(_layer_norm(captions, pool.q_norm), pool.query).reshape(len(captions), heads, width)
+    k = _dense(_layer_norm(tokens, pool.k_norm), pool.key).reshape(*tokens.shape[:2], heads, width)
+    v = _dense(_layer_norm(tokens, pool.v_norm), pool.value).reshape(*tokens.shape[:2], heads, width)
+    logits = np.einsum("smd,npmd->nsmp", q, k) / np.sqrt(width)
+    logits = np.concatenate([logits, np.zeros(logits.shape[:-1] + (1,))], axis=-1)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights = (weights / weights.sum(-1, keepdims=True))[..., :-1]  # the zero slot's share left out
+    assert maps.shape == (len(images), len(captions), tokens.shape[1]) and maps.dtype == np.float32
+    np.testing.assert_allclose(maps, weights.mean(axis=2), atol=1e-6, rtol=0)
+    assert np.all(maps.sum(-1) < 1.0)  # the slot always takes a share
+    mixed = np.einsum("nsmp,npmd->nsmd", weights, v).reshape(len(images), len(captions), heads * width)
+    np.testing.assert_allclose(to_numpy(converted.contextualize(images, texts)), _dense(mixed, pool.output_dense),
+                               atol=ATOL, rtol=0)
+
+
 def test_loss_matches_the_authors(fixture, converted):
     """The fixture's draw of captions (`offsets`, the authors' `torch.randint`) gives their `FlairLoss`, and the
     model's own training loss is the loss of one of the 2^6 possible draws."""

@@ -150,8 +150,11 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
     metrics = record["metrics"]
     # The reference, from the masks alone: the truth points at its target's best-covered patch and puts
     # sum(c^2) / sum(c) inside; the blind map scores chance, the target's share.
+    # On two-object scenes, a noun or colour is also scored against each object: the truth's best patches
+    # (its target's best-covered) against the other object's coverage there, the blind map at the shares.
     coverage = patch_coverage(shapes.object_masks(scenes), patch)
     expected = {name: [] for name in ("pointing", "mass", "chance")}
+    pairs = {name: {"noun": [], "color": []} for name in ("pair", "distractor")}
     kinds = []
     for i, caption in enumerate(scenes["captions"]):
         for _, word_kind, objects in shapes_grounding.word_targets(caption):
@@ -160,6 +163,12 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
             expected["chance"].append(target.mean())
             expected["pointing"].append(target.max() if kind == "truth" else target.mean())
             expected["mass"].append((target**2).sum() / target.sum() if kind == "truth" else target.mean())
+            if word_kind != "relation" and scenes["num_objects"][i] == 2:
+                other = coverage[i, 1 - objects[0]]
+                pairs["pair"][word_kind].append(expected["pointing"][-1])
+                pairs["distractor"][word_kind].append(
+                    other[target.astype(np.float32) == np.float32(target.max())].mean()  # the oracle's float32 ties
+                    if kind == "truth" else other.mean())
     kinds = np.array(kinds)
     assert record["method"] == "token_alignment"
     for word_kind in shapes_grounding.KINDS:
@@ -168,12 +177,17 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
         for name, values in expected.items():
             # The oracle's maps are float32, as a model's: its coverage sums agree to float32 rounding.
             assert metrics[f"{name}_{word_kind}"] == pytest.approx(np.mean(np.array(values)[chosen]), rel=1e-6)
-    if kind == "truth":  # far above chance where the patches resolve the objects
+    for name, by_kind in pairs.items():
+        for word_kind, values in by_kind.items():
+            assert len(values) > 0
+            assert metrics[f"{name}_{word_kind}"] == pytest.approx(np.mean(values), rel=1e-6, abs=1e-9)
+    if kind == "truth":  # far above chance where the patches resolve the objects, and never the other one
         assert metrics["pointing_noun"] > 3 * metrics["chance_noun"]
+        assert metrics["distractor_noun"] < 0.1 * metrics["pair_noun"]
 
 
 @pytest.mark.parametrize("name, method", [("sparc_shapes", "token_alignment"), ("filip_shapes", "token_alignment"),
-                                          ("clip_shapes", "patch_text_cosine"), ("flair_shapes", "patch_text_cosine")])
+                                          ("clip_shapes", "patch_text_cosine"), ("flair_shapes", "text_attention")])
 def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
     record = shapes_grounding.evaluate(vlzoo.from_preset(name), num_scenes=32, seed=1)
     metrics = record["metrics"]
@@ -185,6 +199,33 @@ def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
     nouns = [coverage[i, k].mean() for i, c in enumerate(scenes["captions"])
              for _, kind, (k, *_) in shapes_grounding.word_targets(c) if kind == "noun"]
     assert metrics["chance_noun"] == pytest.approx(np.mean(nouns), abs=1e-9)
+
+
+@pytest.mark.parametrize("method", ["text_attention", "patch_text_cosine"])
+def test_flair_word_maps_are_each_word_alone_against_its_own_image(method):
+    """FLAIR's own map (its pooling's attention) and the cosine baseline both read each word encoded alone
+    as a text, against the caption's own image."""
+    model = vlzoo.from_preset("flair_shapes")
+    scenes = shapes.generate("test", 3, image_size=32, seed=4)
+    pixels = model.preprocessor(scenes["images"])
+    maps, used = grounding.word_maps(model, pixels, scenes["captions"], batch_size=2, method=method)
+    assert used == method
+    for i, caption in enumerate(scenes["captions"]):
+        alone = model.tokenizer(caption.split())
+        if method == "text_attention":
+            expected = to_numpy(model.text_attention_maps(pixels[i:i + 1], alone))[0]
+        else:
+            patches = to_numpy(model.encode_image(pixels[i:i + 1])["tokens"])[0]
+            words = to_numpy(model.encode_text(alone)["embeds"])
+            cosines = (words / np.linalg.norm(words, axis=-1, keepdims=True)) @ \
+                (patches / np.linalg.norm(patches, axis=-1, keepdims=True)).T
+            logits = np.exp(to_numpy(model.logit_scale)) * cosines
+            expected = np.exp(logits - logits.max(-1, keepdims=True))
+            expected /= expected.sum(-1, keepdims=True)
+        np.testing.assert_allclose(maps[i, :len(caption.split())], expected, atol=1e-6)
+        assert not maps[i, len(caption.split()):].any()
+    with pytest.raises(ValueError, match=r"`method` must be one of \['text_attention', 'patch_text_cosine'\]"):
+        grounding.grounding_method(model, "token_alignment")
 
 
 @pytest.mark.parametrize("name", ["siglip_shapes", "llip_shapes", "sparo_shapes", "stair_shapes"])

@@ -72,3 +72,23 @@ def test_caption_alignment_needs_a_token_level_model():
 def test_filip_prefix_matches_give_zero_rows():
     weights = ops.convert_to_numpy(filip_match_weights(np.array([0, 3, 1]), 4, offset=1))
     np.testing.assert_array_equal(weights, [[0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0]])
+
+
+def test_word_maps_are_drawn_from_the_method_asked(tmp_path):
+    """`draw_word_maps` draws `grounding.word_maps`: the same image and caption drawn from FLAIR's own map (its
+    text-conditioned attention) and from the patch-text cosine give different pictures; a family without a
+    word map is refused."""
+    import vlzoo
+    from vlzoo.data import shapes
+
+    model = vlzoo.from_preset("flair_shapes")
+    scenes = shapes.generate("test", 1, image_size=32, seed=3, num_objects=2)
+    pixel = model.preprocessor(scenes["images"])[0]
+    pictures = [np.asarray(Image.open(viz.draw_word_maps(model, pixel, scenes["captions"][0], tmp_path / f"{m}.png",
+                                                         method=m)).convert("RGB"), np.float32)
+                for m in ("text_attention", "patch_text_cosine")]
+    assert pictures[0].std() > 20 and pictures[0].shape == pictures[1].shape
+    assert np.abs(pictures[0] - pictures[1]).mean() > 1.0
+    with pytest.raises(NotImplementedError, match="no word-to-patch map"):
+        viz.draw_word_maps(vlzoo.from_preset("siglip_tiny", load_weights=False), np.zeros((32, 32, 3)),
+                           "a red square", tmp_path / "x.png")

@@ -9,7 +9,10 @@ or FILIP's argmax matches turned into one-hot rows; a model gives them with
 `token_patch_alignment`.
 
 `draw_caption_alignment(model, image, caption, path)` does both steps for
-a SPARC or FILIP model.
+a SPARC or FILIP model. `draw_word_maps(model, image, caption, path)` draws
+a panel per word instead, from the map `vlzoo.evaluation.grounding` scores
+(the family's own: SPARC's and FILIP's token alignment, FLAIR's
+text-conditioned attention, CLIP's patch-text cosine).
 
 `top_terms_chart` draws a STAIR sparse embedding's heaviest vocabulary terms
 as a labelled bar chart (beside the image), `draw_image_terms` straight from
@@ -26,6 +29,7 @@ import math
 import numpy as np
 from keras import ops
 
+from vlzoo.evaluation.grounding import word_maps
 from vlzoo.retrieval import top_terms
 
 
@@ -64,6 +68,26 @@ def draw_caption_alignment(model, image, caption, path, **kwargs):
     """
     tokens, weights = caption_alignment(model, image, caption)
     return alignment_maps(image, tokens, weights, path, title=kwargs.pop("title", caption), **kwargs)
+
+
+def draw_word_maps(model, image, caption, path, method=None, **kwargs):
+    """Each word of `caption` and its map over `image`'s patches (`vlzoo.evaluation.grounding.word_maps`),
+    drawn by `alignment_maps` (the caption and the map's method as title); returns `path`.
+
+    Args:
+        model: a model with a word map (FILIP, SPARC, FLAIR, CLIP; `grounding.grounding_method`).
+        image: `(H, W, 3)` preprocessed pixels.
+        caption: a string; its words are whitespace-separated.
+        path: PNG file to write.
+        method: None (the family's own map) or one the model has, e.g. FLAIR's `"patch_text_cosine"`.
+
+    >>> vlzoo.viz.draw_word_maps(model, image, "a red circle above a blue square", "words.png")
+    """
+    maps, method = word_maps(model, np.asarray(ops.convert_to_numpy(image), np.float32)[None], [caption],
+                             method=method)
+    words = caption.split()
+    title = kwargs.pop("title", f"{caption} ({method.replace('_', ' ')})")
+    return alignment_maps(image, words, maps[0, :len(words)], path, title=title, **kwargs)
 
 
 def _pyplot():

@@ -19,12 +19,15 @@ The word maps come from the family's own alignment (`word_maps`):
   SPARC's sparse weights, FILIP's best match per token) give each caption
   token a map over its image's patches; a word's map is the mean of its
   tokens' (`word_token_positions`).
-* CLIP and FLAIR are scored by the baseline the papers compare with, CLIP's
-  patch-text cosine: each patch token of the image tower in the joint space
-  (FLAIR's own projected patch tokens; CLIP's final-LayerNorm'd patch tokens
-  through its image projection, as its CLS token is), its cosine with the word
-  encoded alone as a text, and a softmax over the patches at the model's own
-  temperature `exp(logit_scale)`.
+* FLAIR looks at the image through its text-conditioned pooling: a word's
+  map is that pooling's attention over the patches when the word, encoded
+  alone as a text, is the query (`FLAIR.text_attention_maps`).
+* CLIP is scored by the baseline the papers compare with, the patch-text
+  cosine: each patch token of the image tower in the joint space (CLIP's
+  final-LayerNorm'd patch tokens through its image projection, as its CLS
+  token is; FLAIR's own projected patch tokens, `method="patch_text_cosine"`),
+  its cosine with the word encoded alone as a text, and a softmax over the
+  patches at the model's own temperature `exp(logit_scale)`.
 
 SigLIP, Llip, SPARO and STAIR put no patch in the joint space: `word_maps`
 refuses them, naming why (`grounding_method`).
@@ -164,43 +167,71 @@ def _patch_embeddings(model, images):
     return ops.normalize(ops.cast(tokens, "float32"), axis=-1)
 
 
-def _cosine_maps(model, images, captions, positions):
-    """`(N, W, P)`: softmax over the patches of `exp(logit_scale) *` the cosine of each patch with each word
-    encoded alone as a text."""
-    words = [caption.split() for caption in captions]
-    vocabulary = sorted({word for caption in words for word in caption})
-    texts = model.encode_text(model.tokenizer(vocabulary))["embeds"]
-    texts = ops.normalize(ops.cast(texts, "float32"), axis=-1)
+def _cosine_weights(model, images, texts):
+    """`(N, V, P)`: softmax over the patches of `exp(logit_scale) *` each patch's cosine with each text."""
+    texts = ops.normalize(ops.cast(model.encode_text(texts)["embeds"], "float32"), axis=-1)
     scale = ops.exp(ops.cast(model.logit_scale, "float32"))
     cosines = ops.einsum("bpd,wd->bwp", _patch_embeddings(model, images), texts)
-    weights = np.asarray(ops.convert_to_numpy(ops.softmax(scale * cosines, axis=-1)), np.float64)
+    return ops.softmax(scale * cosines, axis=-1)
+
+
+def _attention_weights(model, images, texts):
+    """`(N, V, P)`: FLAIR's pooling attention of each text over each image's patches."""
+    return model.text_attention_maps(images, texts)
+
+
+def _word_alone_maps(model, images, captions, weights):
+    """`(N, W, P)`: each caption word's map, `weights(model, images, texts)` `(N, V, P)` of the captions'
+    words each tokenized alone as a text."""
+    words = [caption.split() for caption in captions]
+    vocabulary = sorted({word for caption in words for word in caption})
+    maps_of_vocabulary = np.asarray(ops.convert_to_numpy(weights(model, images, model.tokenizer(vocabulary))),
+                                    np.float64)
     index = {word: k for k, word in enumerate(vocabulary)}
-    maps = np.zeros((len(captions), max(len(w) for w in words), weights.shape[-1]))
+    maps = np.zeros((len(captions), max(len(w) for w in words), maps_of_vocabulary.shape[-1]))
     for i, caption in enumerate(words):
-        maps[i, :len(caption)] = weights[i, [index[word] for word in caption]]
+        maps[i, :len(caption)] = maps_of_vocabulary[i, [index[word] for word in caption]]
     return maps
 
 
-def grounding_method(model):
-    """How `word_maps` maps `model`'s words: `"token_alignment"` (FILIP, SPARC) or `"patch_text_cosine"`
-    (CLIP, FLAIR: patch tokens projected into the joint space).
+def _supported_methods(model):
+    """The word maps `model` has, its own first."""
+    methods = []
+    if getattr(model, "has_token_alignment", False):
+        methods.append("token_alignment")
+    if callable(getattr(model, "text_attention_maps", None)):
+        methods.append("text_attention")
+    if getattr(model, "image_projection", None) is not None or getattr(model.vision, "projection", None) is not None:
+        methods.append("patch_text_cosine")
+    return methods
+
+
+def grounding_method(model, method=None):
+    """How `word_maps` maps `model`'s words: by default the family's own map, `"token_alignment"` (FILIP,
+    SPARC), `"text_attention"` (FLAIR) or `"patch_text_cosine"` (CLIP: patch tokens projected into the joint
+    space); `method` picks one the model has (FLAIR's `"patch_text_cosine"`, the baseline).
 
     Raises:
-        NotImplementedError: for a model with neither, naming why (SigLIP pools with an attention head and
+        NotImplementedError: for a model with none, naming why (SigLIP pools with an attention head and
             projects nothing; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse
             vocabulary).
+        ValueError: for a `method` the model does not have, naming those it has.
     """
-    if getattr(model, "has_token_alignment", False):
-        return "token_alignment"
-    if getattr(model, "image_projection", None) is not None or getattr(model.vision, "projection", None) is not None:
-        return "patch_text_cosine"
-    raise NotImplementedError(
-        f"{type(model).__name__} has no word-to-patch map: no token-to-patch alignment, and no projection of "
-        "its patch tokens into the joint space to take a patch-text cosine with (SigLIP pools with an attention "
-        "head; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse vocabulary).")
+    methods = _supported_methods(model)
+    if not methods:
+        raise NotImplementedError(
+            f"{type(model).__name__} has no word-to-patch map: no token-to-patch alignment, and no projection of "
+            "its patch tokens into the joint space to take a patch-text cosine with (SigLIP pools with an "
+            "attention head; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse "
+            "vocabulary).")
+    if method is None:
+        return methods[0]
+    if method not in methods:
+        raise ValueError(f"`method` must be one of {methods} for {type(model).__name__}; received {method!r}.")
+    return method
 
 
-def word_maps(model, images, captions, batch_size=32, verbose=False):
+def word_maps(model, images, captions, batch_size=32, verbose=False, method=None):
     """Each caption word's map over its own image's patches, from the family's alignment.
 
     Args:
@@ -209,15 +240,16 @@ def word_maps(model, images, captions, batch_size=32, verbose=False):
         captions: `N` strings; words are whitespace-separated.
         batch_size: pairs per forward pass.
         verbose: a progress bar over the batches.
+        method: None (the family's own map) or one of the model's, see `grounding_method`.
 
     Returns:
         `(maps, method)`: float64 `(N, W, P)` non-negative, `W` the most words of a caption (rows past a
-        caption's words are zeros), and `grounding_method(model)`.
+        caption's words are zeros), and the method that made them (`grounding_method`).
 
     Example:
     >>> maps, method = word_maps(vlzoo.from_preset("sparc_shapes"), pixels, ["a red circle"])
     """
-    method = grounding_method(model)
+    method = grounding_method(model, method)
     count = num_rows(images)
     captions = list(captions)
     if len(captions) != count:
@@ -228,8 +260,10 @@ def word_maps(model, images, captions, batch_size=32, verbose=False):
         if method == "token_alignment":
             positions = [word_token_positions(model.tokenizer, caption) for caption in chunk]
             parts.append(_token_alignment_maps(model, pixels, chunk, positions))
+        elif method == "text_attention":
+            parts.append(_word_alone_maps(model, pixels, chunk, _attention_weights))
         else:
-            parts.append(_cosine_maps(model, pixels, chunk, [caption.split() for caption in chunk]))
+            parts.append(_word_alone_maps(model, pixels, chunk, _cosine_weights))
     width = max(part.shape[1] for part in parts)
     maps = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]), (0, 0))) for p in parts])
     return maps, method

@@ -176,7 +176,7 @@ def refcoco(root, dataset="refcoco", split="val", images=None):
     return benchmark
 
 
-def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False):
+def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False, method=None):
     """The pointing game, mass inside and chance of every phrase of `benchmark`, overall and per group.
 
     Args:
@@ -184,17 +184,18 @@ def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False):
         benchmark: a `GroundingBenchmark` (`flickr30k_entities`, `refcoco`).
         batch_size: captions (with their images) per forward pass.
         verbose: a progress bar over the batches.
+        method: the word maps, None for the family's own (`grounding.grounding_method`).
 
     Returns:
         `{"dataset", "task": "phrase_grounding", "method", "metrics": {"pointing", "mass", "chance",
         "phrases"}, "groups": {group: the same}}`.
     """
     patch = model.vision.patch_size
-    scores, method = [], None
+    scores = []
     for start, stop in batches(len(benchmark.captions), batch_size, verbose):
         pictures = [np.asarray(Image.open(path).convert("RGB")) for path in benchmark.images[start:stop]]
         maps, method = word_maps(model, model.preprocessor(pictures), benchmark.captions[start:stop],
-                                 batch_size=stop - start)
+                                 batch_size=stop - start, method=method)
         for row, (picture, phrases) in enumerate(zip(pictures, benchmark.phrases[start:stop])):
             for first, end, boxes, group in phrases:
                 coverage = patch_coverage(model.preprocessor.region_mask(boxes, picture.shape[:2]), patch)

@@ -16,6 +16,12 @@ averaged over the words of that kind; `grounding.pointing_game` and
 `grounding.mass_inside` define the scores (a map that says nothing scores
 chance on both).
 
+A map can find objects without finding the one its word names. On the scenes
+with two objects, nouns and colours are also scored against their own object
+(`pair_<kind>`) and against the other one (`distractor_<kind>`): a word that
+grounds points at its own object far more often than at the other; a map
+that only tells objects from the background scores the two alike.
+
 Example:
 >>> record = evaluate(vlzoo.from_preset("sparc_shapes"))
 >>> record["metrics"]["pointing_noun"], record["metrics"]["chance_noun"]
@@ -54,7 +60,7 @@ def word_targets(caption):
     return targets
 
 
-def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verbose=False):
+def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verbose=False, method=None):
     """The pointing game and mass inside, per kind of word, on held-out shapes scenes.
 
     Args:
@@ -64,11 +70,12 @@ def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verb
         image_size: the scenes' side; default the model's image size (a multiple of its patch size).
         batch_size: scenes per forward pass.
         verbose: a progress bar over the batches.
+        method: the word maps, None for the family's own (`grounding.grounding_method`).
 
     Returns:
         `{"dataset": "shapes/grounding", "task": "word_grounding", "method": ..., "metrics": {...}}` with
         `pointing_<kind>`, `mass_<kind>`, `chance_<kind>` for each kind of `KINDS` and `words_<kind>`, how
-        many words were scored.
+        many words were scored; `pair_<kind>` and `distractor_<kind>` for nouns and colours.
     """
     num_scenes = check_positive_int(num_scenes, "num_scenes")
     size = image_size or model.vision.image_size
@@ -78,16 +85,21 @@ def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verb
     scenes = generate("test", num_scenes, image_size=size, seed=seed)
     coverage = patch_coverage(object_masks(scenes), patch)  # (N, 2, P)
     maps, method = word_maps(model, model.preprocessor(scenes["images"]), scenes["captions"],
-                             batch_size=batch_size, verbose=verbose)
-    scores = {kind: {"pointing": [], "mass": [], "chance": []} for kind in KINDS}
+                             batch_size=batch_size, verbose=verbose, method=method)
+    scores = {kind: {"pointing": [], "mass": [], "chance": [], "pair": [], "distractor": []} for kind in KINDS}
     for i, caption in enumerate(scenes["captions"]):
         for word, kind, objects in word_targets(caption):
             target = coverage[i, list(objects)].sum(axis=0)
             scores[kind]["pointing"].append(pointing_game(maps[i, word], target))
             scores[kind]["mass"].append(mass_inside(maps[i, word], target))
             scores[kind]["chance"].append(target.mean())
+            if len(objects) == 1 and scenes["num_objects"][i] == 2:
+                scores[kind]["pair"].append(scores[kind]["pointing"][-1])
+                scores[kind]["distractor"].append(pointing_game(maps[i, word], coverage[i, 1 - objects[0]]))
     metrics = {}
     for name in ("pointing", "mass", "chance"):
         metrics.update({f"{name}_{kind}": float(np.mean(scores[kind][name])) for kind in KINDS})
+    for name in ("pair", "distractor"):
+        metrics.update({f"{name}_{kind}": float(np.mean(scores[kind][name])) for kind in KINDS[:2]})
     metrics.update({f"words_{kind}": float(len(scores[kind]["chance"])) for kind in KINDS})
     return {"dataset": DATASET, "task": "word_grounding", "method": method, "metrics": metrics}

@@ -95,6 +95,21 @@ class TextConditionedPooling(keras.layers.Layer):
         _check_last_axis(tokens, "tokens", "(N, P, D)", self.embed_dim, 3)
         return self._split_heads(self.key(self.k_norm(tokens))), self._split_heads(self.value(self.v_norm(tokens)))
 
+    def attention_weights(self, queries, keys):
+        """Each query head's weights over the patches, float32 `(N, S, M, P)`.
+
+        Args:
+            queries: `(N, S, M, d_h)` from `text_queries` (S captions per image).
+            keys: `(N, P, M, d_h)` from `image_keys_values`.
+
+        Returns:
+            The softmax over the P patches and the zero slot, the slot's share
+            left out: a row sums to less than 1 by what the slot took.
+        """
+        logits = float32_einsum("nsmd,npmd->nsmp", queries, keys)
+        zero_slot = ops.zeros(tuple(ops.shape(logits)[:-1]) + (1,), dtype=logits.dtype)
+        return ops.softmax(ops.concatenate([logits, zero_slot], axis=-1), axis=-1)[..., :-1]
+
     def attend(self, queries, keys, values):
         """Pools each image's values for each of its queries.
 
@@ -105,9 +120,7 @@ class TextConditionedPooling(keras.layers.Layer):
         Returns:
             `(N, S, D)`, unnormalised.
         """
-        logits = float32_einsum("nsmd,npmd->nsmp", queries, keys)
-        zero_slot = ops.zeros(tuple(ops.shape(logits)[:-1]) + (1,), dtype=logits.dtype)
-        weights = ops.softmax(ops.concatenate([logits, zero_slot], axis=-1), axis=-1)[..., :-1]
+        weights = self.attention_weights(queries, keys)
         mixed = ops.cast(float32_einsum("nsmp,npmd->nsmd", weights, values), values.dtype)
         return self.output_dense(ops.reshape(mixed, tuple(ops.shape(mixed)[:2]) + (self.embed_dim,)))
 

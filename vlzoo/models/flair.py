@@ -211,12 +211,41 @@ class FLAIR(ContrastiveModel):
             blocks.append(flair_pair_logits(conditioned, pairs, scale, self.logit_bias))
         return blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=1)
 
+    def _image_text_pairs(self, images, texts):
+        """`(patch tokens (N_images, P, D), every text's embedding for every image (N_images, N_texts, D))`."""
+        tokens, texts = self.encode_image(images)["tokens"], self.encode_text(texts)["embeds"]
+        return tokens, ops.broadcast_to(texts[None], (ops.shape(tokens)[0],) + tuple(texts.shape))
+
     def contextualize(self, images, texts, normalize=False):
         """Image embeddings conditioned on each text, `(N_images, N_texts, D)` float32 (not chunked)."""
-        image, text = self.encode_image(images), self.encode_text(texts)
-        pairs = ops.broadcast_to(text["embeds"][None], (ops.shape(image["tokens"])[0],) + tuple(text["embeds"].shape))
-        z = ops.cast(self.text_pooling(pairs, image["tokens"]), "float32")
+        tokens, pairs = self._image_text_pairs(images, texts)
+        z = ops.cast(self.text_pooling(pairs, tokens), "float32")
         return self.normalize_vectors(z) if normalize else z
+
+    def text_attention_maps(self, images, texts):
+        """Where each text looks in each image: the pooling's attention over the patches, mean over heads.
+
+        FLAIR's own word-to-patch map (`vlzoo.evaluation.grounding`): the
+        weights with which the text's query pools the patch tokens into
+        `z_ij` (`TextConditionedPooling.attention_weights`), the zero slot's
+        share left out.
+
+        Args:
+            images: `(N_images, H, W, 3)` preprocessed pixels.
+            texts: tokenizer output for `N_texts` texts.
+
+        Returns:
+            float32 `(N_images, N_texts, P)`, each row summing to at most 1,
+            patches in the tower's row-major order.
+
+        Example:
+        >>> model.text_attention_maps(pixels, model.tokenizer(["a red circle"])).shape
+        (B, 1, P)
+        """
+        tokens, pairs = self._image_text_pairs(images, texts)
+        pooling = self.text_pooling
+        keys, _ = pooling.image_keys_values(tokens)
+        return ops.mean(pooling.attention_weights(pooling.text_queries(pairs), keys), axis=2)
 
     def get_config(self):
         config = super().get_config()
