@@ -68,12 +68,13 @@ def test_demo_fast(tmp_path, capsys):
     out_dir = tmp_path / "demo"
     code = cli.main([
         "demo", "--steps", "4", "--epochs", "2", "--batch-size", "16", "--eval-per-label", "2",
-        "--eval-pairs", "16", "--verbose", "2", "--second-backend", "jax", "--out", str(out_dir),
+        "--eval-pairs", "16", "--grounding-scenes", "16", "--verbose", "2", "--second-backend", "jax",
+        "--out", str(out_dir),
     ])
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"backend: {keras.backend.backend()}" in out
-    assert "1. preset 'sparc_shapes': SPARC, 1,850,113 parameters, 32 px" in out
+    assert "1. preset 'flair_shapes': FLAIR, 1,863,106 parameters, 32 px" in out
     metrics = {}
     for when in ("before", "after"):
         match = re.search(rf"{when} fine-tuning:\s+(.*)$", out, re.M)
@@ -84,6 +85,11 @@ def test_demo_fast(tmp_path, capsys):
         assert all(0.0 <= float(v) <= 1.0 for v in metrics[when].values())
     assert "Epoch 2/2" in out  # Keras's own fit logging
     assert (out_dir / "alignment.png").stat().st_size > 1000
+    assert re.search(r"^4\. word maps \(text attention\) of '.+' drawn to .+alignment\.png$", out, re.M), out
+    scores = re.search(r"pointing game on 16 held-out scenes .*: nouns (\S+) \(chance (\S+)\), colors (\S+) "
+                       r"\(chance (\S+)\)$", out, re.M)
+    assert scores and all(0.0 <= float(v) <= 1.0 for v in scores.groups()), out
+    assert re.search(r"two objects, the word's own against the other: nouns \S+ against \S+, colors", out), out
     for backend in (keras.backend.backend(), "jax"):
         assert re.search(rf"on {backend}: max abs diff of the similarities \S+ \(OK\)", out), out
     assert (out_dir / "preset" / "config.json").is_file() and (out_dir / "preset" / "model.weights.h5").is_file()

@@ -351,3 +351,19 @@ def test_model_inputs_feed_fit():
     assert np.isfinite(history.history["loss"][0])
     with pytest.raises(ValueError, match="`captions`"):
         shapes.model_inputs(data["images"], data["captions"][:3], model.tokenizer, model.preprocessor)
+
+
+def test_model_inputs_take_several_captions_per_image():
+    """`(N, K, T)` token ids, each image's own captions in order, as FLAIR trains (tools/train_shapes.py)."""
+    model = _tiny_preset("clip_tiny")
+    data = shapes.generate("train", 4, seed=1, num_objects=2)
+    captions = [[caption, *(f"a {c} {s}" for c, s in shapes.parse_caption(caption)["objects"])]
+                for caption in data["captions"]]
+    inputs = shapes.model_inputs(data["images"], captions, model.tokenizer, model.preprocessor)
+    assert inputs["token_ids"].shape == (4, 3, model.text.sequence_length) == inputs["padding_mask"].shape
+    for i, texts in enumerate(captions):
+        direct = model.tokenizer(texts)
+        np.testing.assert_array_equal(inputs["token_ids"][i], direct["token_ids"])
+        np.testing.assert_array_equal(inputs["padding_mask"][i], direct["padding_mask"])
+    with pytest.raises(ValueError, match=r"`captions` must hold .* received lists of \[2, 3\] captions"):
+        shapes.model_inputs(data["images"], captions[:3] + [captions[3][:2]], model.tokenizer, model.preprocessor)

@@ -125,15 +125,16 @@ def test_presets_doc_table_is_the_training_records():
 
 @run_once
 def test_train_shapes_smoke_run_writes_presets_that_load(tmp_path):
-    """tools/train_shapes.py end to end on a few steps (STAIR through its three stages)."""
+    """tools/train_shapes.py end to end on a few steps (STAIR through its three stages, FLAIR on three captions
+    per image)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "train_shapes.py"), "--family", "clip", "stair",
-         "--steps", "8", "--batch-size", "16", "--examples", "64", "--out", str(tmp_path)],
+         "flair", "--steps", "8", "--batch-size", "16", "--examples", "64", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "STAIR stage 3: 2 steps" in done.stdout
-    for name in ("clip_shapes", "stair_shapes"):
+    for name in ("clip_shapes", "stair_shapes", "flair_shapes"):
         record = json.loads((tmp_path / name / "training.json").read_text())
         assert record["settings"]["steps"] == 8 and set(record["metrics"]) == set(_record(name)["metrics"])
         model = vlzoo.from_preset(str(tmp_path / name))

@@ -6,6 +6,10 @@ AdamW (`vlzoo.training.training_optimizer`) with linear warm-up and cosine decay
 two-object (80%) and one-object (20%) scenes of the `train` split. STAIR follows its
 paper's three stages (text grounded to its own tokens, then the text side with the
 image tower frozen, then both) over half, a quarter and a quarter of the steps.
+FLAIR trains, as its paper does, on several captions of each image that describe
+parts of it: the scene's caption and each object's phrase ("a red circle above a
+blue square", "a red circle", "a blue square"; a one-object scene's caption three
+times), K = 3.
 
 The weights go to `presets/<name>/model.weights.h5`, the settings and the held-out
 metrics of `vlzoo.evaluation.shapes_benchmark.evaluate` (on compositions never seen in training) to
@@ -59,8 +63,18 @@ def parse_args(argv):
     return args
 
 
-def training_data(model, num_examples, seed):
-    """Model inputs of `num_examples` train-split scenes: 80% with two objects, 20% with one."""
+def sub_captions(caption):
+    """FLAIR's captions of one scene: the caption, then each object's phrase (a one-object scene: its caption
+    three times)."""
+    from vlzoo.data import shapes
+
+    phrases = [f"a {color} {shape}" for color, shape in shapes.parse_caption(caption)["objects"]]
+    return [caption] + (phrases if len(phrases) == 2 else phrases * 2)
+
+
+def training_data(model, num_examples, seed, family=None):
+    """Model inputs of `num_examples` train-split scenes: 80% with two objects, 20% with one; FLAIR's
+    `token_ids` and `padding_mask` `(N, 3, T)`, each scene's `sub_captions`."""
     import numpy as np
 
     from vlzoo.data import shapes
@@ -71,7 +85,10 @@ def training_data(model, num_examples, seed):
     images = np.concatenate([two["images"], one["images"]])
     captions = two["captions"] + one["captions"]
     order = np.random.default_rng(seed).permutation(len(captions))
-    return shapes.model_inputs(images[order], [captions[i] for i in order], model.tokenizer, model.preprocessor)
+    captions = [captions[i] for i in order]
+    if family == "flair":
+        captions = [sub_captions(caption) for caption in captions]
+    return shapes.model_inputs(images[order], captions, model.tokenizer, model.preprocessor)
 
 
 def stages(family, steps):
@@ -117,7 +134,7 @@ def train(family, args, root):
     model = vlzoo.from_preset(vlzoo.presets.resolve_preset(name), load_weights=False)
     print(f"{name}: {type(model).__name__}, {model.count_params():,} parameters, backend "
           f"{keras.backend.backend()}", flush=True)
-    data = training_data(model, args.examples - args.examples % args.batch_size, args.seed)
+    data = training_data(model, args.examples - args.examples % args.batch_size, args.seed, family)
     seconds = fit(model, family, data, args)
     start = time.perf_counter()
     metrics = shapes_benchmark.evaluate(model)

@@ -28,12 +28,13 @@ def register(sub):
         sub, "demo", "the whole workflow on a bundled shapes model (the `make demo` job)",
         "Load a bundled *_shapes preset (trained on vlzoo.data.shapes, downloads nothing), measure\n"
         "zero-shot classification, retrieval and attribute binding on held-out generated images,\n"
-        f"fine-tune it with model.fit to the prompt {DEMO_TEMPLATE!r}, measure again, draw a\n"
-        "token-to-patch alignment map (SPARC, FILIP), save it as a preset, and reload the preset on\n"
-        "this backend and on a second one to check that the similarities match. Seeded.",
+        f"fine-tune it with model.fit to the prompt {DEMO_TEMPLATE!r}, measure again, draw each\n"
+        "caption word's map over the patches and score where the words land (FILIP, SPARC, FLAIR,\n"
+        "CLIP), save it as a preset, and reload the preset on this backend and on a second one to\n"
+        "check that the similarities match. Seeded.",
         ["vlzoo demo", "KERAS_BACKEND=torch vlzoo demo --preset filip_shapes --steps 60 --out /tmp/filip_demo"],
     )
-    p.add_argument("--preset", default="sparc_shapes",
+    p.add_argument("--preset", default="flair_shapes",
                    help="preset to fine-tune, a *_shapes preset or a directory (default: %(default)s)")
     p.add_argument("--steps", type=int, default=120,
                    help="total optimizer steps, split evenly across the epochs (default: %(default)s)")
@@ -45,6 +46,8 @@ def register(sub):
                    help="held-out images per class for zero-shot accuracy (default: %(default)s)")
     p.add_argument("--eval-pairs", type=int, default=200,
                    help="held-out scenes per swap for binding accuracy (default: %(default)s)")
+    p.add_argument("--grounding-scenes", type=int, default=200,
+                   help="held-out scenes the word maps are scored on (shapes_grounding; default: %(default)s)")
     p.add_argument("--second-backend", default="auto", choices=("auto", "none", "jax", "tensorflow", "torch"),
                    help="backend the saved preset is also reloaded on: auto = torch, or jax when running on "
                    "torch; none to skip (default: %(default)s)")
@@ -59,8 +62,9 @@ def register(sub):
 
 def validate(parser, args):
     """The parser's error (exit status 2) on counts below 1."""
-    if min(args.steps, args.epochs, args.batch_size, args.eval_per_label, args.eval_pairs) < 1:
-        parser.error("--steps, --epochs, --batch-size, --eval-per-label and --eval-pairs must be at least 1")
+    if min(args.steps, args.epochs, args.batch_size, args.eval_per_label, args.eval_pairs, args.grounding_scenes) < 1:
+        parser.error("--steps, --epochs, --batch-size, --eval-per-label, --eval-pairs and --grounding-scenes must "
+                     "be at least 1")
 
 
 @contextlib.contextmanager
@@ -124,12 +128,35 @@ def _demo_data(model, shapes, num_pairs, seed):
     return shapes.model_inputs(images[order], [captions[i] for i in order], model.tokenizer, model.preprocessor)
 
 
+def _ground(model, args, out_dir, out):
+    """Step 4: one scene's word maps drawn, and where the words land on held-out scenes."""
+    from vlzoo import viz
+    from vlzoo.data import shapes
+    from vlzoo.evaluation import grounding, shapes_grounding
+
+    try:
+        method = grounding.grounding_method(model)
+    except NotImplementedError as error:
+        print(f"4. no word maps: {error}", file=out)
+        return
+    scene = shapes.generate("test", 1, image_size=model.vision.image_size, seed=args.seed, num_objects=2)
+    png = viz.draw_word_maps(model, model.preprocessor(scene["images"])[0], scene["captions"][0],
+                             os.path.join(out_dir, "alignment.png"))
+    metrics = shapes_grounding.evaluate(model, num_scenes=args.grounding_scenes, seed=args.seed)["metrics"]
+    print(f"4. word maps ({method.replace('_', ' ')}) of {scene['captions'][0]!r} drawn to {png}", file=out)
+    print(f"   pointing game on {args.grounding_scenes} held-out scenes (vlzoo eval --benchmark shapes_grounding): "
+          + ", ".join(f"{kind}s {metrics[f'pointing_{kind}']:.3f} (chance {metrics[f'chance_{kind}']:.3f})"
+                      for kind in ("noun", "color")), file=out)
+    print("   two objects, the word's own against the other: "
+          + ", ".join(f"{kind}s {metrics[f'pair_{kind}']:.3f} against {metrics[f'distractor_{kind}']:.3f}"
+                      for kind in ("noun", "color")), file=out)
+
+
 def run(args, out):
     # heavy: imports a backend
     import keras
 
     import vlzoo
-    from vlzoo import viz
     from vlzoo.data import shapes
     from vlzoo.evaluation import shapes_benchmark
     from vlzoo.training import training_optimizer
@@ -170,14 +197,7 @@ def run(args, out):
         after = _demo_report(model, shapes_benchmark, held_out, args)
         print(f"   after fine-tuning:  {_format_metrics(after)}", file=out)
 
-        if model.has_token_alignment:
-            scene = shapes.generate("test", 1, image_size=model.vision.image_size, seed=args.seed, num_objects=2)
-            png = viz.draw_caption_alignment(model, model.preprocessor(scene["images"])[0], scene["captions"][0],
-                                             os.path.join(out_dir, "alignment.png"))
-            print(f"4. token-to-patch alignment of {scene['captions'][0]!r} drawn to {png}", file=out)
-        else:
-            print(f"4. no alignment map: {type(model).__name__} has no token-to-patch alignment "
-                  "(SPARC and FILIP do)", file=out)
+        _ground(model, args, out_dir, out)
 
         preset_dir = os.path.join(out_dir, "preset")
         model.save_to_preset(preset_dir)

@@ -635,13 +635,15 @@ def model_inputs(images, captions, tokenizer, preprocessor):
 
     Args:
         images: uint8 `(N, H, W, 3)` images, e.g. `generate(...)["images"]`.
-        captions: `N` str, caption `i` paired with image `i`.
+        captions: `N` str, caption `i` paired with image `i`; or `N` lists of `K`
+            str, several captions of each image (FLAIR's training input).
         tokenizer: a vlzoo tokenizer, e.g. `model.tokenizer`.
         preprocessor: an image preprocessor, e.g. `model.preprocessor`.
 
     Returns:
         dict of numpy arrays: `"images"` float32 `(N, S, S, 3)` preprocessed pixels,
-        `"token_ids"` int32 `(N, T)`, `"padding_mask"` bool `(N, T)`.
+        `"token_ids"` int32 `(N, T)`, `"padding_mask"` bool `(N, T)` (`(N, K, T)`
+        with `K` captions per image).
 
     Example:
 
@@ -655,10 +657,17 @@ def model_inputs(images, captions, tokenizer, preprocessor):
     if len(captions) != len(images):
         raise ValueError(f"`images` and `captions` must have the same length; received "
                          f"{len(images)} images and {len(captions)} captions.")
-    distinct = sorted(set(captions))
+    per_image = [caption if isinstance(caption, (list, tuple)) else [caption] for caption in captions]
+    counts = {len(texts) for texts in per_image}
+    if len(counts) != 1 or 0 in counts or any(not isinstance(text, str) for texts in per_image for text in texts):
+        raise ValueError(f"`captions` must hold one string per image, or one list of the same number of strings "
+                         f"per image; received lists of {sorted(counts)} captions.")
+    distinct = sorted({text for texts in per_image for text in texts})
     tokens = tokenizer(distinct)
     index = {caption: row for row, caption in enumerate(distinct)}
-    rows = np.array([index[caption] for caption in captions], np.int64)
+    rows = np.array([[index[text] for text in texts] for texts in per_image], np.int64)
+    if not isinstance(captions[0], (list, tuple)):
+        rows = rows[:, 0]
     inputs = {key: np.asarray(value)[rows] for key, value in tokens.items()}
     inputs["images"] = preprocessor(images)
     return inputs
