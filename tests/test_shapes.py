@@ -365,5 +365,8 @@ def test_model_inputs_take_several_captions_per_image():
         direct = model.tokenizer(texts)
         np.testing.assert_array_equal(inputs["token_ids"][i], direct["token_ids"])
         np.testing.assert_array_equal(inputs["padding_mask"][i], direct["padding_mask"])
-    with pytest.raises(ValueError, match=r"`captions` must hold .* received lists of \[2, 3\] captions"):
+    with pytest.raises(ValueError, match=r"`captions` must hold .* received \[2, 3\] captions per image"):
         shapes.model_inputs(data["images"], captions[:3] + [captions[3][:2]], model.tokenizer, model.preprocessor)
+    with pytest.raises(ValueError, match=r"received \[1\] captions per image and a mix"):
+        shapes.model_inputs(data["images"][:2], [data["captions"][0], [data["captions"][1]]], model.tokenizer,
+                            model.preprocessor)

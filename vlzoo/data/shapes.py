@@ -657,16 +657,21 @@ def model_inputs(images, captions, tokenizer, preprocessor):
     if len(captions) != len(images):
         raise ValueError(f"`images` and `captions` must have the same length; received "
                          f"{len(images)} images and {len(captions)} captions.")
+    if not captions:
+        raise ValueError("`captions` is empty: give at least one image and its caption.")
+    several = {isinstance(caption, (list, tuple)) for caption in captions}
     per_image = [caption if isinstance(caption, (list, tuple)) else [caption] for caption in captions]
     counts = {len(texts) for texts in per_image}
-    if len(counts) != 1 or 0 in counts or any(not isinstance(text, str) for texts in per_image for text in texts):
-        raise ValueError(f"`captions` must hold one string per image, or one list of the same number of strings "
-                         f"per image; received lists of {sorted(counts)} captions.")
+    if len(several) > 1 or len(counts) > 1 or 0 in counts or \
+            any(not isinstance(text, str) for texts in per_image for text in texts):
+        raise ValueError(f"`captions` must hold one string per image, or for every image a list of the same number "
+                         f"of strings, not a mix; received {sorted(counts)} captions per image"
+                         f"{' and a mix' if len(several) > 1 else ''}.")
     distinct = sorted({text for texts in per_image for text in texts})
     tokens = tokenizer(distinct)
     index = {caption: row for row, caption in enumerate(distinct)}
     rows = np.array([[index[text] for text in texts] for texts in per_image], np.int64)
-    if not isinstance(captions[0], (list, tuple)):
+    if several != {True}:  # one string per image: (N, T)
         rows = rows[:, 0]
     inputs = {key: np.asarray(value)[rows] for key, value in tokens.items()}
     inputs["images"] = preprocessor(images)
