@@ -158,6 +158,7 @@ def train(family, args, root):
         "keras": keras.__version__,
         "vlzoo": vlzoo.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "cores": len(os.sched_getaffinity(0)),
     }
     (directory / METRICS_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     print(f"  wrote {directory}", flush=True)
@@ -176,6 +177,8 @@ def table(root):
         record = json.loads(path.read_text())
         cells = [f"{record['metrics'][key]:.3f}" for _, key in TABLE_COLUMNS]
         run = f"{record['settings']['steps']} steps, {record['train_seconds'] / 60:.1f} min"
+        if "cores" in record:  # the records written before 2026-11-27 lack it
+            run += f" on {record['cores']} core{'s' * (record['cores'] > 1)}"
         lines.append(f"| `{record['preset']}` | " + " | ".join(cells) + f" | {run} |")
     return "\n".join(lines)
 
