@@ -9,7 +9,7 @@ from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 import vlzoo
 from vlzoo.compiled import inference_function
 
-COMPILES = keras.backend.backend() in ("jax", "tensorflow")
+RUNS_PER_PROGRAM = 2 if keras.backend.backend() == "torch" else 1
 
 
 def _clip():
@@ -45,15 +45,18 @@ def test_eager_encoders_equal_the_uncompiled_computation(model):
 
 
 def test_a_program_is_traced_once_per_input_shape():
-    # Python runs at tracing only when the call is compiled: three calls on one shape trace once, a new batch
-    # size traces again (JAX) or reuses a graph for unknown sizes (TensorFlow); PyTorch runs Python every call.
+    # Python runs only when a program is made: three calls on one shape run it once on JAX and TensorFlow
+    # (tracing), twice on PyTorch (the first call runs eagerly, noting the variables read; the second
+    # traces); a new batch size makes another program.
     calls = []
     variable = keras.Variable(np.ones((3,), "float32"))
     call = inference_function(_counted(lambda x: x * variable, calls), lambda: [variable])
     for _ in range(3):
         call(np.ones((2, 3), "float32"))
-    assert len(calls) == (1 if COMPILES else 3)
-    np.testing.assert_array_equal(to_numpy(call(np.full((5, 3), 2.0, "float32"))), np.full((5, 3), 2.0))
+    assert len(calls) == RUNS_PER_PROGRAM
+    for value in (2.0, 3.0, 4.0):
+        np.testing.assert_array_equal(to_numpy(call(np.full((5, 3), value, "float32"))), np.full((5, 3), value))
+    assert len(calls) == RUNS_PER_PROGRAM * 2
 
 
 def test_a_program_reads_the_variables_current_values_and_set():
@@ -67,6 +70,16 @@ def test_a_program_reads_the_variables_current_values_and_set():
     np.testing.assert_array_equal(to_numpy(call(x)), np.full((2, 3), 4.0))
     variables.append(keras.Variable(np.full((3,), 7.0, "float32")))  # as `quantize` and `enable_lora` do
     np.testing.assert_array_equal(to_numpy(call(x)), np.full((2, 3), 7.0))
+
+
+def test_a_function_the_tracer_cannot_record_still_runs():
+    # A Python number among the outputs: PyTorch's tracer refuses to record it, and the calls run eagerly.
+    variable = keras.Variable(np.full((3,), 2.0, "float32"))
+    call = inference_function(lambda x: {"y": x * variable, "n": 3.0}, lambda: [variable])
+    for value in (1.0, 2.0, 3.0):
+        out = call(np.full((2, 3), value, "float32"))
+        np.testing.assert_array_equal(to_numpy(out["y"]), np.full((2, 3), 2 * value))
+        assert float(to_numpy(out["n"])) == 3.0
 
 
 def test_symbolic_inputs_are_traced_not_run(model):
@@ -96,3 +109,35 @@ def test_lora_and_quantization_reach_the_compiled_encoder():
     after = to_numpy(model.encode_image(images)["embeds"])
     assert np.abs(after - before).max() > 1e-3
     np.testing.assert_allclose(after, to_numpy(model._image_features(images)["embeds"]), rtol=1e-5, atol=1e-6)
+
+
+TINY_PRESETS = ["clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny",
+                "flair_tiny"]
+
+
+@pytest.mark.parametrize("name", TINY_PRESETS)
+def test_a_program_computes_from_its_inputs_values_in_every_family(name):
+    # A program is made on the first batch (PyTorch: on the second); the last has the same shapes but other
+    # pixels and other caption lengths (so other end-token positions): the program must compute from the
+    # values, as the uncompiled computation does, not replay what it saw when traced.
+    model = vlzoo.from_preset(name)
+    rng = np.random.default_rng(0)
+    size = model.vision.image_size
+    batches = [(rng.normal(size=(3, size, size, 3)).astype("float32"), captions) for captions in (
+        ["a red circle", "a blue square above a green circle", "a cross"],
+        ["a green square", "a red cross to the right of a blue square", "a yellow circle below a cross"],
+        ["a small yellow triangle to the left of a red square", "a circle", "two blue crosses"],
+    )]
+    for images, captions in batches:
+        texts = model.tokenizer(captions)
+        got = model.encode_image(images), model.encode_text(texts)
+    want = model._image_features(images), model._text_features(texts)
+    for got_side, want_side in zip(got, want):
+        assert list(got_side) == list(want_side)
+        for key in want_side:
+            want_values = to_numpy(want_side[key])
+            if keras.backend.backend() == "torch":  # the traced program runs the very kernels of the eager call
+                np.testing.assert_array_equal(to_numpy(got_side[key]), want_values)
+            else:  # XLA and Grappler reorder float32 sums: a few ulps of the largest term (FLAIR: 2.1e-6 of 2)
+                atol = 1e-5 * float(np.abs(want_values).max())
+                np.testing.assert_allclose(to_numpy(got_side[key]), want_values, rtol=1e-5, atol=atol)

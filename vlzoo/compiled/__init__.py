@@ -1,12 +1,13 @@
 """Eager inference calls that run as one compiled program: what differs per backend.
 
-A notebook's first call, `model.encode_image(x)`, is eager. On JAX and
-TensorFlow an eager call dispatches every operation from Python, one by one:
-on a CLIP ViT-B/16 that is 17 to 30 times slower than open_clip
-(docs/benchmarks.md, `host_overhead`), while the same computation compiled
-(`predict`) is on par. `inference_function(fn, variables)` (`variables`: a
-function returning the variables `fn` reads) returns `fn` run as a compiled
-program, with the same results up to the compiler's rounding:
+A notebook's first call, `model.encode_image(x)`, is eager. An eager call
+dispatches every operation from Python, one by one, through Keras: on the
+`host_overhead` model of docs/benchmarks.md that is 17 to 30 times slower
+than open_clip on JAX and TensorFlow and 3 to 4 times on PyTorch, while the
+same computation compiled (`predict` on JAX and TensorFlow) is on par.
+`inference_function(fn, variables)` (`variables`: a function returning the
+variables `fn` reads) returns `fn` run as a compiled program, with the same
+results up to the compiler's rounding:
 
 - JAX: `jax.jit` of `fn`, with the variables' current values passed in (a
   `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled
@@ -17,9 +18,12 @@ program, with the same results up to the compiler's rounding:
   traced once per input signature and set of variables, and reads their
   values at each call); inside a graph `fn` runs as called. A `tf.function`
   is differentiable under a `tf.GradientTape`.
-- PyTorch: `fn` itself. Eager is PyTorch's compiled path: the operations run
-  as they are called, and `torch.compile` of Keras' layers costs more to
-  compile than it saves (docs/benchmarks.md).
+- PyTorch: a `torch.jit.trace` of `fn` per input signature, with the values
+  of the variables `fn` reads as inputs. Keras' per-operation dispatch on
+  PyTorch costs 10 to 15 us an operation; the traced program runs the same
+  kernels without it (bit for bit the eager results), and is differentiable
+  under autograd. `torch.compile` of Keras' layers costs more to compile
+  than it saves (docs/benchmarks.md).
 
 Example:
 
@@ -39,7 +43,7 @@ else:
 
 
 def inference_function(fn, variables):
-    """`fn` as one compiled program on JAX and TensorFlow, `fn` itself on PyTorch and for symbolic inputs.
+    """`fn` as one compiled program (a traced one on PyTorch); `fn` itself for symbolic inputs.
 
     Args:
         fn: a function of tensors (or dicts of them) that reads Keras variables.

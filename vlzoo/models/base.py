@@ -226,8 +226,8 @@ class ContrastiveModel(keras.Model):
         """`model.predict` / `predict_on_batch`: the embeddings of whichever inputs are given.
 
         The compiled, batched inference path (jitted on JAX, a `tf.function`
-        on TensorFlow, no autograd graph on PyTorch), with `predict`'s
-        progress bar: `model.predict({"images": x}, batch_size=64)` returns
+        on TensorFlow, a traced program without an autograd graph on
+        PyTorch), with `predict`'s progress bar: `model.predict({"images": x}, batch_size=64)` returns
         the entries of `encode_image(x)` prefixed with `image_` (the names
         `call` uses: `{"image_embeds": ...}` for CLIP, with `image_tokens`
         for FILIP and SPARC) as numpy, `model.predict(tokens)` (the
