@@ -176,9 +176,8 @@ def table(root):
             continue
         record = json.loads(path.read_text())
         cells = [f"{record['metrics'][key]:.3f}" for _, key in TABLE_COLUMNS]
-        run = f"{record['settings']['steps']} steps, {record['train_seconds'] / 60:.1f} min"
-        if "cores" in record:  # the records written before 2026-11-27 lack it
-            run += f" on {record['cores']} core{'s' * (record['cores'] > 1)}"
+        settings = record["settings"]
+        run = f"{settings['steps']} steps of {settings['batch_size']}, {record['train_seconds'] / 60:.1f} min"
         lines.append(f"| `{record['preset']}` | " + " | ".join(cells) + f" | {run} |")
     return "\n".join(lines)
 
