@@ -51,8 +51,9 @@ def inference_function(fn, variables):
     differentiable: under autograd it gives the gradients of `fn`.
 
     The first call with a new signature runs `fn` eagerly, noting the
-    variables it reads; the second traces it (a one-off call costs no
-    tracing), and later ones run the program. A program is specialised to its
+    variables it reads, and so does the second; the third traces it (a
+    trace costs a few eager calls, paid only by signatures in repeated use),
+    and later ones run the program. A program is specialised to its
     inputs' structure, shapes, dtypes and devices (one per signature, like
     `jax.jit`) and to the model's variables when traced (`enable_lora` and
     `quantize` change them: it is traced again). What `fn` computes must
@@ -67,13 +68,13 @@ def inference_function(fn, variables):
     Returns:
         A function with `fn`'s arguments and outputs.
     """
-    programs = {}  # signature -> {"variables" (the model's when first seen), "read", "structure", "program"}
+    programs = {}  # signature -> {"variables" (the model's when first seen), "read", "structure", "calls", "program"}
 
     def first_call(args, leaves, current):
         with _RecordingScope([(v, v.value) for v in current]) as scope:
             outputs = fn(*keras.tree.pack_sequence_as(args, leaves))
         programs[_signature(args, leaves)] = {
-            "variables": tuple(current), "read": list(scope.read.values()), "program": None,
+            "variables": tuple(current), "read": list(scope.read.values()), "calls": 1, "program": None,
             "structure": keras.tree.map_structure(lambda _: 0, outputs),  # not the tensors themselves
         }
         return outputs
@@ -101,6 +102,9 @@ def inference_function(fn, variables):
                 a is not b for a, b in zip(entry["variables"], current)):
             return first_call(args, leaves, current)
         if entry["program"] is None:
+            entry["calls"] += 1
+            if entry["calls"] < 3:
+                return fn(*args)
             entry["program"] = trace(args, leaves, entry)
         if entry["program"] is False:
             return fn(*args)
