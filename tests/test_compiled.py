@@ -26,9 +26,9 @@ def _images(n, seed=0):
 
 
 def _counted(fn, calls):
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(1)
-        return fn(*args)
+        return fn(*args, **kwargs)
 
     return counted
 
@@ -111,6 +111,18 @@ def test_lora_and_quantization_reach_the_compiled_encoder():
     np.testing.assert_allclose(after, to_numpy(model._image_features(images)["embeds"]), rtol=1e-5, atol=1e-6)
 
 
+def _batches(model):
+    """Four `(images, texts)` batches of three pairs, of one shape, with captions of different lengths."""
+    rng = np.random.default_rng(0)
+    size = model.vision.image_size
+    return [(rng.normal(size=(3, size, size, 3)).astype("float32"), model.tokenizer(captions)) for captions in (
+        ["a red circle", "a blue square above a green circle", "a cross"],
+        ["a green square", "a red cross to the right of a blue square", "a yellow circle below a cross"],
+        ["a blue circle above a green triangle", "a red square", "a cross to the left of a circle"],
+        ["a small yellow triangle to the left of a red square", "a circle", "two blue crosses"],
+    )]
+
+
 TINY_PRESETS = ["clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny",
                 "flair_tiny"]
 
@@ -121,17 +133,14 @@ def test_a_program_computes_from_its_inputs_values_in_every_family(name):
     # pixels and other caption lengths (so other end-token positions): the program must compute from the
     # values, as the uncompiled computation does, not replay what it saw when traced.
     model = vlzoo.from_preset(name)
-    rng = np.random.default_rng(0)
-    size = model.vision.image_size
-    batches = [(rng.normal(size=(3, size, size, 3)).astype("float32"), captions) for captions in (
-        ["a red circle", "a blue square above a green circle", "a cross"],
-        ["a green square", "a red cross to the right of a blue square", "a yellow circle below a cross"],
-        ["a blue circle above a green triangle", "a red square", "a cross to the left of a circle"],
-        ["a small yellow triangle to the left of a red square", "a circle", "two blue crosses"],
-    )]
-    for images, captions in batches:
-        texts = model.tokenizer(captions)
+    runs = []
+    for side in ("_image_features", "_text_features"):
+        setattr(model, side, _counted(getattr(model, side), runs))
+    batches = _batches(model)
+    for images, texts in batches:
+        runs.clear()
         got = model.encode_image(images), model.encode_text(texts)
+    assert not runs  # the last batch ran the programs, not the towers' Python
     want = model._image_features(images), model._text_features(texts)
     for got_side, want_side in zip(got, want):
         assert list(got_side) == list(want_side)
@@ -142,3 +151,35 @@ def test_a_program_computes_from_its_inputs_values_in_every_family(name):
             else:  # XLA and Grappler reorder float32 sums: a few ulps of the largest term (FLAIR: 2.1e-6 of 2)
                 atol = 1e-5 * float(np.abs(want_values).max())
                 np.testing.assert_allclose(to_numpy(got_side[key]), want_values, rtol=1e-5, atol=atol)
+
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="JAX's and TensorFlow's training steps are compiled programs; PyTorch's forward is traced")
+@pytest.mark.parametrize("name", TINY_PRESETS)
+def test_training_through_the_traced_forward_is_the_eager_training(name):
+    # Four steps (the forward is traced at the third) on batches of one shape: the losses and every weight
+    # after them equal those of the same model trained layer by layer (`run_eagerly=True`), bit for bit,
+    # since the program runs the eager call's kernels and autograd differentiates them alike.
+    models = []
+    for _ in range(2):  # tiny presets have random weights, and FLAIR a random caption sampler: the same seed
+        keras.utils.set_random_seed(0)
+        models.append(vlzoo.from_preset(name))
+    initial = models[0].get_weights()
+    for model, run_eagerly in zip(models, (False, True)):
+        model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-3), run_eagerly=run_eagerly)
+    batches = [{"images": images, **texts} for images, texts in _batches(models[0])]
+    if name == "flair_tiny":  # two captions per image
+        batches = [{**b, **{k: np.stack([b[k], b[k][::-1]], axis=1) for k in ("token_ids", "padding_mask")}}
+                   for b in batches]
+    runs = []
+    models[0]._tower_outputs = _counted(models[0]._tower_outputs, runs)
+    losses = [[model.train_on_batch(batch) for batch in batches[:3]] for model in models]
+    runs.clear()
+    for model, model_losses in zip(models, losses):
+        model_losses.append(model.train_on_batch(batches[3]))
+    assert not runs  # the fourth step ran the traced program, not the towers' Python
+    assert losses[0] == losses[1]
+    for got, want in zip(models[0].weights, models[1].weights):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
+    assert any(np.abs(to_numpy(w) - v).max() > 0 for w, v in zip(models[0].weights, initial))  # it trained

@@ -1,4 +1,4 @@
-"""The three places where vlzoo needs Keras internals, each behind one helper.
+"""The four places where vlzoo needs Keras internals, each behind one helper.
 
 Keras 3 has no public API for either job, so `keras.src` is imported here and
 nowhere else in the package:
@@ -18,6 +18,10 @@ nowhere else in the package:
   call against 6 us for a small matmul): a ViT-B/16-deep CLIP tower makes 139
   such calls. Whether it would change anything depends on the autocast scope
   in force, which only `keras.src.backend` exposes.
+- `in_stateless_scope()`: whether a `keras.StatelessScope` is open, so that
+  the variables' values are the scope's, not their own (a stateless call, or
+  Keras' shape inference). `keras.StatelessScope` is public; the question
+  whether one is open is asked through `keras.src.backend`.
 
 Example:
 
@@ -57,6 +61,11 @@ def without_weights():
         for variable in created:
             if variable.name == "seed_generator_state":
                 variable._deferred_initialize()
+
+
+def in_stateless_scope():
+    """Whether a `keras.StatelessScope` is open (then variables read the values it maps them to)."""
+    return backend.in_stateless_scope()
 
 
 def save_weights_only(model, path):

@@ -26,6 +26,11 @@ results up to the compiler's rounding:
   autograd. `torch.compile` of Keras' layers costs more to compile
   than it saves (docs/benchmarks.md).
 
+`forward_function(fn, variables)` is the same for a forward pass inside Keras'
+training and evaluation steps: on PyTorch, whose steps run eagerly, the traced
+program (its gradients reach the variables as the eager call's do); on JAX
+and TensorFlow `fn` itself, since their steps are compiled programs already.
+
 Example:
 
 >>> encode = inference_function(lambda x: model.vision(x)["pooled"], lambda: model.vision.variables)
@@ -63,4 +68,23 @@ def inference_function(fn, variables):
     return call
 
 
-__all__ = ["inference_function"]
+def forward_function(fn, variables):
+    """`fn` as a traced program on PyTorch (`inference_function`); `fn` itself on JAX and TensorFlow.
+
+    For a model's forward pass in Keras' training and evaluation steps: those
+    steps run eagerly on PyTorch only. Differentiable: on PyTorch, `backward`
+    through the program gives each variable the gradient the eager call gives.
+
+    Args:
+        fn: a function of tensors (or dicts of them) that reads Keras variables.
+        variables: a function returning the variables `fn` reads.
+
+    Returns:
+        A function with `fn`'s arguments and outputs.
+    """
+    if keras.backend.backend() != "torch":
+        return fn
+    return inference_function(fn, variables)
+
+
+__all__ = ["forward_function", "inference_function"]

@@ -6,6 +6,8 @@ import keras
 import numpy as np
 import torch
 
+from vlzoo._keras import in_stateless_scope
+
 
 def _signature(args, leaves):
     """What a traced program is specialised to: its inputs' structure, and each one's shape, dtype and device."""
@@ -14,17 +16,24 @@ def _signature(args, leaves):
 
 
 class _RecordingScope(keras.StatelessScope):
-    """A `keras.StatelessScope` that records which of its variables were read, in the order first read."""
+    """A `keras.StatelessScope` that records which of its variables were read, in the order first read, and
+    whether the call had effects a traced program would not replay: an `assign` (the state of a
+    `keras.random.SeedGenerator` among them) or an `add_loss`."""
 
     def __init__(self, state_mapping):
-        super().__init__(state_mapping=state_mapping)
+        super().__init__(state_mapping=state_mapping, collect_losses=True)
         self.read = {}
+        self.assigned = False
 
     def get_current_value(self, variable):
         value = super().get_current_value(variable)
         if value is not None:
             self.read.setdefault(id(variable), variable)
         return value
+
+    def add_update(self, update):
+        self.assigned = True
+        super().add_update(update)
 
 
 def _trace(stateless, example):
@@ -59,7 +68,11 @@ def inference_function(fn, variables):
     `quantize` change them: it is traced again). What `fn` computes must
     depend on its inputs' values only through tensor operations, as
     `jax.jit` requires of the same `fn` on JAX. Inputs with a non-array leaf,
-    and a function the tracer cannot record, run eagerly as `fn`.
+    a function the tracer cannot record, and one that assigns a variable
+    (random operations advance their seed's state) or adds a loss run eagerly
+    as `fn`; so does a call inside another `keras.StatelessScope` (a
+    stateless call, or Keras' shape inference), whose variables' values are
+    not the variables' own.
 
     Args:
         fn: a function of tensors (or dicts of them) that reads Keras variables.
@@ -73,10 +86,14 @@ def inference_function(fn, variables):
     def first_call(args, leaves, current):
         with _RecordingScope([(v, v.value) for v in current]) as scope:
             outputs = fn(*keras.tree.pack_sequence_as(args, leaves))
+        stateful = scope.assigned or bool(scope.losses)
         programs[_signature(args, leaves)] = {
-            "variables": tuple(current), "read": list(scope.read.values()), "calls": 1, "program": None,
+            "variables": tuple(current), "read": list(scope.read.values()), "calls": 1,
+            "program": False if stateful else None,  # False: eager from now on
             "structure": keras.tree.map_structure(lambda _: 0, outputs),  # not the tensors themselves
         }
+        if stateful:  # the scope kept the assignments and losses from the variables and layers: run it for real
+            return fn(*args)
         return outputs
 
     def trace(args, leaves, entry):
@@ -93,7 +110,7 @@ def inference_function(fn, variables):
 
     def call(*args):
         leaves = keras.tree.flatten(args)
-        if not all(isinstance(leaf, (np.ndarray, torch.Tensor)) for leaf in leaves):
+        if in_stateless_scope() or not all(isinstance(leaf, (np.ndarray, torch.Tensor)) for leaf in leaves):
             return fn(*args)
         leaves = [keras.ops.convert_to_tensor(leaf) for leaf in leaves]
         current = variables()
@@ -108,7 +125,9 @@ def inference_function(fn, variables):
             entry["program"] = trace(args, leaves, entry)
         if entry["program"] is False:
             return fn(*args)
-        structure, flat = entry["structure"], entry["program"](*leaves, *[v.value for v in entry["read"]])
+        with torch.jit.optimized_execution(False):
+            flat = entry["program"](*leaves, *[v.value for v in entry["read"]])
+        structure = entry["structure"]
         outputs = keras.tree.pack_sequence_as(structure, list(flat))
         return {key: outputs[key] for key in structure} if isinstance(structure, dict) else outputs  # packed sorted
 

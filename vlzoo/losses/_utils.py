@@ -6,6 +6,7 @@ checked.
 """
 
 import numbers
+import operator
 
 import keras
 from keras import ops
@@ -24,7 +25,15 @@ def to_float32(x):
 def static_shape(x):
     """Static shape of a tensor as a tuple of ints, `None` for a dimension not known while tracing (unknown,
     or symbolic, as a batch under jax2tf's shape polymorphism in a SavedModel export)."""
-    return tuple(int(d) if isinstance(d, numbers.Integral) else None for d in x.shape)
+    return tuple(_static_dimension(d) for d in x.shape)
+
+
+def _static_dimension(d):
+    if isinstance(d, numbers.Integral):
+        return int(d)
+    if getattr(d, "shape", None) == () and hasattr(d, "__index__"):  # PyTorch's tracer: sizes are 0-d tensors
+        return operator.index(d)
+    return None
 
 
 def format_shape(shape):

@@ -116,6 +116,7 @@ class ContrastiveModel(keras.Model):
         self._tokenizer = None
         self._preprocessor = None
         self._inference_functions = {}
+        self._forward_functions = {}
 
     # ------------------------------------------------------------------ API
 
@@ -392,9 +393,24 @@ class ContrastiveModel(keras.Model):
         return self._call_towers(inputs, training)
 
     def _call_towers(self, inputs, training):
-        """`call`'s outputs for checked inputs (families that reshape their inputs first call it too)."""
+        """`call`'s outputs for checked inputs (families that reshape their inputs first call it too).
+
+        On PyTorch, whose training and evaluation steps run eagerly, the towers run as a traced program
+        (`vlzoo.compiled.forward_function`), except under gradient caching and after
+        `compile(run_eagerly=True)` (layer by layer, for debugging).
+        """
         texts = {key: inputs[key] for key in ("token_ids", "padding_mask", "text_tower") if key in inputs}
         images = inputs["images"] if "images" in inputs else inputs["image_tower"]
+        if self.run_eagerly or (training and self.micro_batch_size is not None):
+            return self._tower_outputs(images, texts, training)
+        training = bool(training)
+        if training not in self._forward_functions:
+            self._forward_functions[training] = compiled.forward_function(
+                functools.partial(self._tower_outputs, training=training), lambda: self.variables)
+        return self._forward_functions[training](images, texts)
+
+    def _tower_outputs(self, images, texts, training):
+        """`_call_towers`' computation."""
         image_features = functools.partial(self._image_features, training=training)
         text_features = functools.partial(self._text_features, training=training)
         if training and self.micro_batch_size is not None:
