@@ -21,9 +21,10 @@ results up to the compiler's rounding:
 - PyTorch: a `torch.jit.trace` of `fn` per input signature, with the values
   of the variables `fn` reads as inputs. Keras' per-operation dispatch on
   PyTorch costs 10 to 15 us an operation; the traced program runs the same
-  kernels without it (bit for bit the eager results on the CPU; on a GPU
-  TorchScript may fuse elementwise kernels), and is differentiable under
-  autograd. `torch.compile` of Keras' layers costs more to compile
+  kernels without it, one by one: TorchScript's graph optimisations (kernel
+  fusion, its own derivative formulas) are off while it runs, so its
+  outputs, and the gradients autograd computes through it, are the eager
+  call's bit for bit wherever the kernels are deterministic. `torch.compile` of Keras' layers costs more to compile
   than it saves (docs/benchmarks.md).
 
 `forward_function(fn, variables)` is the same for a forward pass inside Keras'

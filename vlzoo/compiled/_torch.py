@@ -57,7 +57,12 @@ def inference_function(fn, variables):
     runs; the recorded program then runs them without Keras' Python. The
     values of the variables `fn` reads are inputs of the program, not
     constants, so an `assign` or a `fit` step is seen, and the program is
-    differentiable: under autograd it gives the gradients of `fn`.
+    differentiable: under autograd it gives the gradients of `fn`. It runs with
+    TorchScript's graph optimisations off (`torch.jit.optimized_execution`):
+    they would fuse kernels and replace autograd's derivative formulas with
+    TorchScript's own, which round differently; without them the program runs
+    the eager call's kernels, and its outputs and gradients are the eager ones
+    bit for bit wherever the kernels are deterministic.
 
     The first call with a new signature runs `fn` eagerly, noting the
     variables it reads, and so does the second; the third traces it (a
