@@ -284,11 +284,11 @@ def _family_model(family, towers):
 def _family_step(family, towers, batch_size, micro_batch_size=None):
     """One `train_on_batch` of `family` on the towers of the CLIP preset `towers` (gradient caching with
     `micro_batch_size`): `(step, args)`."""
-    import keras
+    from vlzoo.optimizers import AdamW
 
     model = _family_model(family, towers)
     model.micro_batch_size = micro_batch_size
-    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5))
+    model.compile(optimizer=AdamW(learning_rate=1e-5))
     batch = _random_batch(batch_size, model.vision.image_size, model.text.sequence_length,
                           model.text.vocabulary_size)
     return (lambda x: model.train_on_batch(x)), (to_accelerator(batch),)
@@ -349,9 +349,10 @@ def _open_clip_steps(case):
     Inference: vlzoo's eager `encode_image` / `encode_text` (`predict_*`: its
     compiled `predict_on_batch`) against open_clip's under
     `torch.inference_mode()` in eval mode. Training: vlzoo's `train_on_batch`
-    against open_clip's forward, `ClipLoss`, backward and `AdamW.step()`, both
-    AdamW with the same learning rate and weight decay. `case["only"]` keeps one
-    side, "vlzoo" or "open_clip" (the memory runs: one framework per process).
+    (`vlzoo.optimizers.AdamW`, what `compile()` gives) against open_clip's forward, `ClipLoss`,
+    backward and `AdamW.step()` (PyTorch's default AdamW), both with the same learning rate and weight
+    decay. `case["only"]` keeps one side, "vlzoo" or "open_clip" (the memory runs: one framework per
+    process).
 
     Precision: vlzoo's model takes the dtype policy `case["dtype"]` (default
     float32); open_clip runs once per entry of `case["peer_precisions"]`
@@ -367,6 +368,7 @@ def _open_clip_steps(case):
 
     from vlzoo.convert import from_open_clip
     from vlzoo.convert.checkpoints import import_open_clip, open_clip_model_config
+    from vlzoo.optimizers import AdamW
 
     open_clip = import_open_clip()
     config = case["peer"] if isinstance(case["peer"], dict) else open_clip_model_config(case["peer"])
@@ -382,7 +384,7 @@ def _open_clip_steps(case):
     if case.get("only") != "open_clip":
         model, inputs = from_open_clip(peer, dtype=case.get("dtype")), to_accelerator(batch)
         if task == "train_step":
-            model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-5, weight_decay=0.1))
+            model.compile(optimizer=AdamW(learning_rate=1e-5, weight_decay=0.1))
             steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (inputs,)
         elif task == "serve_image":
             steps["vlzoo"] = _serving_step(model, case["path"], inputs["images"])

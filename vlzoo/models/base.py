@@ -9,7 +9,7 @@ import warnings
 import keras
 from keras import ops
 
-from vlzoo import compiled, parallel
+from vlzoo import compiled, optimizers, parallel
 from vlzoo import preset_files
 from vlzoo import upload
 from vlzoo.layers import TextTransformer, VisionTransformer
@@ -457,8 +457,10 @@ class ContrastiveModel(keras.Model):
     def compile(self, optimizer="adamw", **kwargs):
         """Configures training with the family's own loss (no `loss` argument).
 
-        Biases, norms, embedding tables, learned tokens and the logit
-        scale/bias are excluded from the optimizer's weight decay.
+        `optimizer="adamw"` is `vlzoo.optimizers.AdamW()` (Keras' AdamW, its
+        update one fused kernel on PyTorch). Biases, norms, embedding tables,
+        learned tokens and the logit scale/bias are excluded from the
+        optimizer's weight decay.
         `vlzoo.training.configure(model, ...)` compiles with the papers'
         AdamW, warm-up + cosine schedule and optional remat in one call.
         """
@@ -470,7 +472,8 @@ class ContrastiveModel(keras.Model):
         kwargs.pop("loss", None)
         if keras.distribution.distribution() is not None:
             layout.check_backend(f"Training {type(self).__name__} under a keras.distribution")
-        optimizer = keras.optimizers.get(optimizer)
+        # "adamw": Keras' AdamW, its update fused on PyTorch (`vlzoo.optimizers.AdamW`)
+        optimizer = optimizers.AdamW() if optimizer == "adamw" else keras.optimizers.get(optimizer)
         if getattr(optimizer, "weight_decay", None):
             optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
         super().compile(optimizer=optimizer, **kwargs)

@@ -35,6 +35,7 @@ import warnings
 import keras
 from keras import ops
 
+from vlzoo.optimizers import AdamW
 from vlzoo.training._models import check_model
 from vlzoo.training.locking import lock_tower
 
@@ -153,7 +154,7 @@ def training_optimizer(
             clipping, as the papers).
 
     Returns:
-        a `keras.optimizers.AdamW`.
+        a `vlzoo.optimizers.AdamW` (Keras' AdamW, its update fused on PyTorch).
 
     Example:
     >>> optimizer = training_optimizer(1e-3, total_steps=10_000, warmup_steps=500)
@@ -180,7 +181,7 @@ def training_optimizer(
                 f"and must be a float; received the schedule {learning_rate!r}."
             )
         schedule = WarmupCosine(learning_rate, total_steps, warmup_steps, alpha, gradient_accumulation_steps)
-    return keras.optimizers.AdamW(
+    return AdamW(
         learning_rate=schedule, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
         epsilon=epsilon, clipnorm=clipnorm,
         gradient_accumulation_steps=int(gradient_accumulation_steps) if gradient_accumulation_steps > 1 else None,

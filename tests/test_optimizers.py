@@ -1,0 +1,50 @@
+"""`vlzoo.optimizers.AdamW`: Keras' AdamW, its update through PyTorch's fused Adam kernel on PyTorch."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY_TEXT, TINY_VISION
+
+import vlzoo
+from vlzoo.optimizers import AdamW
+from vlzoo.training import training_optimizer
+
+SHAPES = [(5, 7), (7,), (3, 4, 2), ()]
+
+
+def _train(optimizer, steps=6, seed=0):
+    """The variables after `steps` updates with gradients from 1e-6 to 1 (so that epsilon matters for some)."""
+    rng = np.random.default_rng(seed)
+    variables = [keras.Variable(rng.normal(size=shape).astype("float32")) for shape in SHAPES]
+    optimizer.exclude_from_weight_decay(var_list=[variables[1]])
+    for _ in range(steps):
+        grads = [rng.normal(size=shape).astype("float32") * 10.0 ** rng.integers(-6, 1) for shape in SHAPES]
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    return [keras.ops.convert_to_numpy(v) for v in variables]
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adamw_updates_as_keras_adamw(amsgrad):
+    # Keras' formula (epsilon added to the uncorrected root, decoupled decay, one variable excluded); on PyTorch
+    # the fused kernel computes it in one pass, so it rounds differently: a few float32 ulps of the variables
+    # (|v| < 5), far below the updates themselves (about 1e-2 a step here). Keras' own update elsewhere.
+    args = dict(learning_rate=1e-2, weight_decay=0.1, epsilon=1e-3, amsgrad=amsgrad)
+    start = _train(keras.optimizers.AdamW(**args), steps=0)
+    want, got = _train(keras.optimizers.AdamW(**args)), _train(AdamW(**args))
+    fused = keras.backend.backend() == "torch"
+    for g, w, s in zip(got, want, start):
+        assert np.abs(w - s).max() > 1e-2  # it trained
+        if fused:
+            np.testing.assert_allclose(g, w, rtol=0, atol=2e-6)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def test_adamw_serialises_and_is_the_default_optimizer():
+    optimizer = AdamW(learning_rate=3e-4, weight_decay=0.05, beta_2=0.98)
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert type(restored) is AdamW and restored.get_config() == optimizer.get_config()
+    model = vlzoo.CLIP(vision=TINY_VISION, text=TINY_TEXT, embed_dim=16)
+    model.compile()
+    assert type(model.optimizer) is AdamW
+    assert type(training_optimizer()) is AdamW
