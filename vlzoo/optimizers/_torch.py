@@ -15,6 +15,8 @@ def fused_update(optimizer, grads, variables, learning_rate):
     `epsilon / sqrt(1 - beta_2^t)`: the same update, rounded in one pass
     (with `amsgrad`, both divide by the largest second moment so far).
     Weight decay is not applied here (Keras applies it before the update).
+    The step count and the learning rate are read on the host (the kernel
+    takes epsilon as a number): on a GPU, a wait for the device per update.
 
     Returns:
         The `(gradient, variable)` pairs left to Keras' own update: those whose gradient's dtype is not
