@@ -45,6 +45,7 @@ def test_adamw_serialises_and_is_the_default_optimizer():
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
     assert type(restored) is AdamW and restored.get_config() == optimizer.get_config()
     model = vlzoo.CLIP(vision=TINY_VISION, text=TINY_TEXT, embed_dim=16)
-    model.compile()
-    assert type(model.optimizer) is AdamW
+    for name in (None, "AdamW"):
+        model.compile(**({} if name is None else {"optimizer": name}))
+        assert type(model.optimizer) is AdamW
     assert type(training_optimizer()) is AdamW

@@ -24,8 +24,9 @@ results up to the compiler's rounding:
   kernels without it, one by one: TorchScript's graph optimisations (kernel
   fusion, its own derivative formulas) are off while it runs, so its
   outputs, and the gradients autograd computes through it, are the eager
-  call's bit for bit wherever the kernels are deterministic. `torch.compile` of Keras' layers costs more to compile
-  than it saves (docs/benchmarks.md).
+  call's bit for bit wherever the kernels are deterministic.
+  `torch.compile` of Keras' layers costs more to compile than it saves
+  (docs/benchmarks.md).
 
 `forward_function(fn, variables)` is the same for a forward pass inside Keras'
 training and evaluation steps: on PyTorch, whose steps run eagerly, the traced

@@ -473,7 +473,9 @@ class ContrastiveModel(keras.Model):
         if keras.distribution.distribution() is not None:
             layout.check_backend(f"Training {type(self).__name__} under a keras.distribution")
         # "adamw": Keras' AdamW, its update fused on PyTorch (`vlzoo.optimizers.AdamW`)
-        optimizer = optimizers.AdamW() if optimizer == "adamw" else keras.optimizers.get(optimizer)
+        if isinstance(optimizer, str) and optimizer.lower() == "adamw":
+            optimizer = optimizers.AdamW()
+        optimizer = keras.optimizers.get(optimizer)
         if getattr(optimizer, "weight_decay", None):
             optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
         super().compile(optimizer=optimizer, **kwargs)
