@@ -153,7 +153,6 @@ def test_a_program_computes_from_its_inputs_values_in_every_family(name):
                 np.testing.assert_allclose(to_numpy(got_side[key]), want_values, rtol=1e-5, atol=atol)
 
 
-
 @pytest.mark.skipif(keras.backend.backend() != "torch",
                     reason="JAX's and TensorFlow's training steps are compiled programs; PyTorch's forward is traced")
 @pytest.mark.parametrize("name", TINY_PRESETS)
