@@ -300,6 +300,41 @@ def test_flash_attention_only_for_lengths_cudnns_backward_takes():
     assert _flash_attention(heads(256), heads(128)) is None
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the padded cuDNN route is JAX's")
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_attention_is_the_unpadded_attention(causal):
+    # Padded to 256 / 128 tokens with the padding outside the sequence lengths, the attention of 197 (77)
+    # tokens and its gradient are the unpadded ones (XLA's implementation, which computes on any device what
+    # cuDNN's does on a GPU): padded keys get zero weight (exp of the mask value underflows), padded queries
+    # are dropped. Against numpy's softmax attention, in float64.
+    import jax
+
+    from vlzoo.layers import _jax_attention
+
+    length = 77 if causal else 197
+    rng = np.random.default_rng(0)
+    q, k, v, weight = (rng.normal(size=(2, length, 3, 8)).astype("float32") for _ in range(4))
+    logits = np.einsum("bthd,bshd->bhts", q.astype("float64"), k) / np.sqrt(8)
+    if causal:
+        logits = np.where(np.tril(np.ones((length, length), bool)), logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    want = np.einsum("bhts,bshd->bthd", probs / probs.sum(-1, keepdims=True), v)
+
+    def attention(q, k, v, padded):
+        if padded:
+            return _jax_attention.padded_attention(q, k, v, 8**-0.5, is_causal=causal, implementation="xla")
+        return jax.nn.dot_product_attention(q, k, v, scale=8**-0.5, is_causal=causal, implementation="xla")
+
+    np.testing.assert_allclose(attention(q, k, v, True), want, atol=2e-6)
+    grads = [jax.grad(lambda *x, p=padded: (attention(*x, p) * weight).sum(), argnums=(0, 1, 2))(q, k, v)
+             for padded in (True, False)]
+    for got, unpadded in zip(*grads):
+        np.testing.assert_allclose(got, unpadded, atol=2e-6)
+    # Off a GPU (and in float32, or under a mask) the layer keeps Keras' attention.
+    half = jax.numpy.asarray(q, "bfloat16")
+    assert not _jax_attention.padding_helps(half, half, None)
+
+
 def test_token_embedding_takes_adams_step_for_a_repeated_token():
     # Token 1 is looked up twice, token 3 once: the table's gradient is 2 and 1 on their rows, and Adam's
     # first step is lr * g / (|g| + eps), lr in every entry of both rows. Keras' own Embedding on TensorFlow

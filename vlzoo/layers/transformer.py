@@ -8,6 +8,11 @@ from keras import ops
 
 from vlzoo._keras import call_sublayer
 
+if keras.backend.backend() == "jax":
+    from vlzoo.layers import _jax_attention
+else:
+    _jax_attention = None
+
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
 
@@ -53,7 +58,8 @@ def _flash_attention(q, k):
 
     Keras checks cuDNN's flash attention for inference only; in training cuDNN also needs both
     sequence lengths to be multiples of 64, and a ViT-B/16's 197 tokens in bfloat16 on a GPU fail
-    with "Unsupported sequence length Q 197, KV 197". Off the GPU Keras never picks it.
+    with "Unsupported sequence length Q 197, KV 197". Off the GPU Keras never picks it. (Unmasked
+    half-precision attention on a GPU does not come here: `_jax_attention` pads it for cuDNN.)
     """
     lengths = (q.shape[1], k.shape[1])
     if keras.backend.backend() == "jax" and any(n is None or n % 64 for n in lengths):
@@ -66,7 +72,9 @@ class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with separate q/k/v projections (with biases).
 
     Queries attend over `context` (self-attention when `context` is None)
-    through `keras.ops.dot_product_attention`.
+    through `keras.ops.dot_product_attention`; on JAX on a GPU, in half
+    precision without a mask, through cuDNN's fused attention on inputs
+    padded to a multiple of 64 tokens (`_jax_attention`).
 
     Args:
         hidden_dim: width D of queries, keys and values.
@@ -123,10 +131,14 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask = ops.expand_dims(attention_mask, 1)
         if keras.backend.backend() == "tensorflow" and q.dtype != "float32":
             q, k = _float32_logits_operands(q, k)
-        out = ops.dot_product_attention(
-            q, k, v, mask=attention_mask, is_causal=is_causal,
-            scale=1.0 / math.sqrt(self.head_dim), flash_attention=_flash_attention(q, k),
-        )
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if _jax_attention is not None and _jax_attention.padding_helps(q, k, attention_mask):
+            out = _jax_attention.padded_attention(q, k, v, scale, is_causal=is_causal)
+        else:
+            out = ops.dot_product_attention(
+                q, k, v, mask=attention_mask, is_causal=is_causal, scale=scale,
+                flash_attention=_flash_attention(q, k),
+            )
         b, n = ops.shape(out)[0], ops.shape(out)[1]
         return call_sublayer(self.output_dense, ops.reshape(out, (b, n, self.hidden_dim)))
 
