@@ -10,7 +10,7 @@ from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
-from vlzoo._keras import _calls_directly
+from vlzoo._keras import calls_directly
 from vlzoo.layers import embedding, heads, llip, sparo, sparse_vocab, text, transformer, vision
 from vlzoo.layers.transformer import _flash_attention, _scannable, apply_blocks, scan_by_default, transformer_stack
 
@@ -147,16 +147,16 @@ def test_sublayers_are_called_directly_only_where_call_changes_nothing():
     dense = keras.layers.Dense(4)
     dense.build((None, 3))
     x = keras.ops.ones((2, 3))
-    assert _calls_directly(dense, (x,))
-    assert not _calls_directly(dense, (keras.ops.cast(x, "float16"),))  # `__call__` would cast it
-    assert not _calls_directly(dense, (keras.KerasTensor((2, 3)),))  # symbolic: `__call__` records a node
-    assert not _calls_directly(dense, (np.ones((2, 3), "float32"),))  # `__call__` converts it
-    assert not _calls_directly(keras.layers.Dense(4), (x,))  # not built
+    assert calls_directly(dense, (x,))
+    assert not calls_directly(dense, (keras.ops.cast(x, "float16"),))  # `__call__` would cast it
+    assert not calls_directly(dense, (keras.KerasTensor((2, 3)),))  # symbolic: `__call__` records a node
+    assert not calls_directly(dense, (np.ones((2, 3), "float32"),))  # `__call__` converts it
+    assert not calls_directly(keras.layers.Dense(4), (x,))  # not built
     mixed = keras.layers.LayerNormalization(dtype="mixed_bfloat16")
     mixed.build((None, 3))
-    assert not _calls_directly(mixed, (keras.ops.cast(x, "bfloat16"),))  # `__call__` opens an autocast scope
+    assert not calls_directly(mixed, (keras.ops.cast(x, "bfloat16"),))  # `__call__` opens an autocast scope
     dense.quantize("int8")
-    assert not _calls_directly(dense, (x,))  # `__call__` takes the quantized call
+    assert not calls_directly(dense, (x,))  # `__call__` takes the quantized call
 
 
 def test_layer_norm_epsilon_is_used():
@@ -309,7 +309,7 @@ def test_padded_attention_is_the_unpadded_attention(causal):
     # are dropped. Against numpy's softmax attention, in float64.
     import jax
 
-    from vlzoo.layers import _jax_attention
+    from vlzoo.layers import _jax
 
     length = 77 if causal else 197
     rng = np.random.default_rng(0)
@@ -322,7 +322,7 @@ def test_padded_attention_is_the_unpadded_attention(causal):
 
     def attention(q, k, v, padded):
         if padded:
-            return _jax_attention.padded_attention(q, k, v, 8**-0.5, is_causal=causal, implementation="xla")
+            return _jax.padded_attention(q, k, v, 8**-0.5, is_causal=causal, implementation="xla")
         return jax.nn.dot_product_attention(q, k, v, scale=8**-0.5, is_causal=causal, implementation="xla")
 
     np.testing.assert_allclose(attention(q, k, v, True), want, atol=2e-6)
@@ -332,7 +332,51 @@ def test_padded_attention_is_the_unpadded_attention(causal):
         np.testing.assert_allclose(got, unpadded, atol=2e-6)
     # Off a GPU (and in float32, or under a mask) the layer keeps Keras' attention.
     half = jax.numpy.asarray(q, "bfloat16")
-    assert not _jax_attention.padding_helps(half, half, None)
+    assert not _jax.padding_helps(half, half, None)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA:CPU's float32-accumulated route is JAX's")
+def test_bfloat16_products_accumulated_in_float32_on_jax():
+    # The dense layers' and the attention's bfloat16 products on JAX's CPU ask XLA for float32 sums (its fast
+    # bfloat16 kernels), rounded to bfloat16 as Keras' own products are: within one bfloat16 rounding of Keras'
+    # Dense and of jax.nn.dot_product_attention (the same arithmetic, summed in another order), and within the
+    # bfloat16 roundings of the weights and output of numpy's float64 attention.
+    import jax
+    import jax.numpy as jnp
+
+    from vlzoo.layers import _jax
+
+    rng = np.random.default_rng(0)
+    ulp = 2.0**-7  # bfloat16's spacing at [1, 2)
+    for policy in ("bfloat16", "mixed_bfloat16"):
+        dense = keras.layers.Dense(24, dtype=policy)
+        dense.build((None, 64))
+        _randomise(dense)
+        x = jnp.asarray(rng.normal(size=(3, 5, 64)), jnp.bfloat16)
+        want = np.asarray(dense(x), "float32")
+        assert _jax.accumulates_in_float32(dense, x)
+        got = np.asarray(_jax.dense(dense, x), "float32")  # a float32 kernel (mixed) is cast as autocast would
+        assert got.dtype == want.dtype and np.all(np.abs(got - want) <= ulp * np.maximum(np.abs(want), 1.0))
+    dense.enable_lora(2)
+    assert not _jax.accumulates_in_float32(dense, x)  # LoRA and int8 keep Keras' call
+
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 9, 3, 8)), jnp.bfloat16) for _ in range(3))
+    mask = np.ones((2, 1, 9, 9), bool)
+    mask[0, :, :, 6:] = False  # padded keys
+    mask[1, :, 4] = False  # a query row that may attend to nothing: finite, as Keras' masking
+    got = np.asarray(_jax.float32_attention(q, k, v, 8**-0.5, mask=mask, is_causal=True), "float32")
+    keras_attention = np.asarray(jax.nn.dot_product_attention(q, k, v, mask=mask, scale=8**-0.5, is_causal=True,
+                                                               implementation="xla"), "float32")
+    assert np.all(np.isfinite(got)) and np.all(np.abs(got - keras_attention) <= ulp * np.maximum(np.abs(got), 1.0))
+    q64, k64, v64 = (np.asarray(a, "float64") for a in (q, k, v))
+    logits = np.einsum("bthd,bshd->bhts", q64, k64) / np.sqrt(8)
+    allowed = mask & np.tril(np.ones((9, 9), bool))
+    logits = np.where(allowed, logits, -1e30)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    want = np.einsum("bhts,bshd->bthd", weights / weights.sum(-1, keepdims=True), v64)
+    # Each weight is rounded to bfloat16 (relative 2^-9, weights summing to 1) and so is the output.
+    bound = 2.0**-9 * np.abs(v64).max() + 2.0**-9 * np.abs(want) + 1e-6
+    assert np.all(np.abs(got - want) <= bound)
 
 
 def test_token_embedding_takes_adams_step_for_a_repeated_token():

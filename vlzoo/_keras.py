@@ -95,7 +95,7 @@ def call_sublayer(layer, *args, **kwargs):
     Returns:
         What `layer(*args, **kwargs)` returns.
     """
-    if _calls_directly(layer, args + tuple(kwargs.values())):
+    if calls_directly(layer, args + tuple(kwargs.values())):
         return layer.call(*args, **kwargs)
     return layer(*args, **kwargs)
 
@@ -111,7 +111,7 @@ def _dtype_name(dtype):
     return name
 
 
-def _calls_directly(layer, values):
+def calls_directly(layer, values):
     """Whether `layer.call` does exactly what `layer.__call__` would on these argument `values` (`call_sublayer`)."""
     if not layer.built or getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
         return False

@@ -6,12 +6,12 @@ import math
 import keras
 from keras import ops
 
-from vlzoo._keras import call_sublayer
+from vlzoo._keras import call_sublayer, calls_directly
 
 if keras.backend.backend() == "jax":
-    from vlzoo.layers import _jax_attention
+    from vlzoo.layers import _jax
 else:
-    _jax_attention = None
+    _jax = None
 
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
@@ -32,6 +32,14 @@ def get_activation(name):
     raise ValueError(
         f"`activation` must be one of {ACTIVATIONS}; received {name!r}."
     )
+
+
+def _dense(layer, x):
+    """`call_sublayer(layer, x)` for a `keras.layers.Dense`; on JAX on the CPU in bfloat16, with its product
+    accumulated in float32 (`_jax.dense`: the same result, about twice as fast)."""
+    if _jax is not None and calls_directly(layer, (x,)) and _jax.accumulates_in_float32(layer, x):
+        return _jax.dense(layer, x)
+    return call_sublayer(layer, x)
 
 
 def _normal(std):
@@ -59,7 +67,7 @@ def _flash_attention(q, k):
     Keras checks cuDNN's flash attention for inference only; in training cuDNN also needs both
     sequence lengths to be multiples of 64, and a ViT-B/16's 197 tokens in bfloat16 on a GPU fail
     with "Unsupported sequence length Q 197, KV 197". Off the GPU Keras never picks it. (Unmasked
-    half-precision attention on a GPU does not come here: `_jax_attention` pads it for cuDNN.)
+    half-precision attention on a GPU does not come here: `_jax` pads it for cuDNN.)
     """
     lengths = (q.shape[1], k.shape[1])
     if keras.backend.backend() == "jax" and any(n is None or n % 64 for n in lengths):
@@ -72,9 +80,10 @@ class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with separate q/k/v projections (with biases).
 
     Queries attend over `context` (self-attention when `context` is None)
-    through `keras.ops.dot_product_attention`; on JAX on a GPU, in half
-    precision without a mask, through cuDNN's fused attention on inputs
-    padded to a multiple of 64 tokens (`_jax_attention`).
+    through `keras.ops.dot_product_attention`. On JAX (`_jax`): on a GPU, in
+    half precision without a mask, through cuDNN's fused attention on inputs
+    padded to a multiple of 64 tokens; on the CPU in bfloat16, with its
+    products accumulated in float32 (XLA:CPU's fast bfloat16 route).
 
     Args:
         hidden_dim: width D of queries, keys and values.
@@ -124,23 +133,25 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, x, context=None, attention_mask=None, is_causal=False):
         context = x if context is None else context
-        q = self._split_heads(call_sublayer(self.query, x))
-        k = self._split_heads(call_sublayer(self.key, context))
-        v = self._split_heads(call_sublayer(self.value, context))
+        q = self._split_heads(_dense(self.query, x))
+        k = self._split_heads(_dense(self.key, context))
+        v = self._split_heads(_dense(self.value, context))
         if attention_mask is not None and len(attention_mask.shape) == 3:
             attention_mask = ops.expand_dims(attention_mask, 1)
         if keras.backend.backend() == "tensorflow" and q.dtype != "float32":
             q, k = _float32_logits_operands(q, k)
         scale = 1.0 / math.sqrt(self.head_dim)
-        if _jax_attention is not None and _jax_attention.padding_helps(q, k, attention_mask):
-            out = _jax_attention.padded_attention(q, k, v, scale, is_causal=is_causal)
+        if _jax is not None and _jax.padding_helps(q, k, attention_mask):
+            out = _jax.padded_attention(q, k, v, scale, is_causal=is_causal)
+        elif _jax is not None and _jax.float32_attention_helps(q):
+            out = _jax.float32_attention(q, k, v, scale, mask=attention_mask, is_causal=is_causal)
         else:
             out = ops.dot_product_attention(
                 q, k, v, mask=attention_mask, is_causal=is_causal, scale=scale,
                 flash_attention=_flash_attention(q, k),
             )
         b, n = ops.shape(out)[0], ops.shape(out)[1]
-        return call_sublayer(self.output_dense, ops.reshape(out, (b, n, self.hidden_dim)))
+        return _dense(self.output_dense, ops.reshape(out, (b, n, self.hidden_dim)))
 
     def get_config(self):
         config = super().get_config()
@@ -186,7 +197,7 @@ class MLP(keras.layers.Layer):
         self.built = True
 
     def call(self, x):
-        return call_sublayer(self.fc2, self._act(call_sublayer(self.fc1, x)))
+        return _dense(self.fc2, self._act(_dense(self.fc1, x)))
 
     def get_config(self):
         config = super().get_config()

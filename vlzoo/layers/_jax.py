@@ -1,0 +1,154 @@
+"""JAX: kernels faster than those Keras' ops reach, for the towers' attention and dense layers.
+
+**Attention on a GPU: cuDNN's fused (flash) attention at any sequence length, by padding to a
+multiple of 64.** Keras checks cuDNN's flash attention for inference only, and in training cuDNN refused ViT-B/16's
+197 tokens on an H100 (JAX 0.11.2: "Unsupported sequence length Q 197, KV 197"), so vlzoo had XLA's
+unfused attention there, which materialises the `(B, heads, N, N)` logits, their softmax and its
+gradient in memory: with the elementwise work around it, half the kernel time of CLIP-B/16's
+`mixed_bfloat16` step on that card (docs/benchmarks.md). Padded to the next multiple of 64 (the
+lengths cuDNN's kernels tile by), with the padding outside the sequence lengths of cuDNN's padding
+mask (`query_seq_lengths`, `key_value_seq_lengths` of `jax.nn.dot_product_attention`), the padded
+keys get no weight and the padded queries' rows are dropped: the attention of the unpadded inputs,
+through the fused kernel forward and backward, with no bias (whose training kernels want even
+lengths).
+
+**bfloat16 products on the CPU, accumulated in float32.** Keras' `ops.matmul` asks XLA for a
+bfloat16 product of bfloat16 operands, which XLA:CPU computes at half its float32 speed (N = 2048
+on an AVX-512 BF16 EPYC: 139 GFLOP/s, float32 161); asked for float32 results
+(`preferred_element_type`), it runs the CPU's bfloat16 instructions (274 GFLOP/s). `dense` is a
+`keras.layers.Dense`'s call with that product, rounded to bfloat16 once it is summed, as Keras'
+result is: the same numbers in about half the time. `float32_attention` is attention with its two
+products asked for that way: on ViT-B/16's 197 tokens in bfloat16, 12 ms a block against 87 ms for
+`jax.nn.dot_product_attention`'s XLA implementation (whose bfloat16 products take the slow route).
+"""
+
+import jax
+import jax.numpy as jnp
+import keras
+
+# cuDNN's flash attention: half-precision inputs, a head width it has kernels for.
+_FLASH_DTYPES = (jnp.bfloat16, jnp.float16)
+_FLASH_HEAD_DIMS = range(8, 257, 8)
+
+
+def padding_helps(query, key, mask):
+    """Whether `padded_attention` should run this attention: on an Ampere or newer NVIDIA GPU, in
+    bfloat16 or float16, without an attention mask (causal is fine), at lengths cuDNN cannot train on.
+
+    Args:
+        query: `(B, T, heads, head_dim)`.
+        key: `(B, S, heads, head_dim)`.
+        mask: the attention mask, or None.
+    """
+    device = jax.devices()[0]
+    if device.platform != "gpu" or mask is not None:
+        return False
+    if float(getattr(device, "compute_capability", "0")) < 8.0:
+        return False
+    lengths = (query.shape[1], key.shape[1])
+    return (query.dtype in _FLASH_DTYPES and query.shape[-1] in _FLASH_HEAD_DIMS
+            and all(n is not None for n in lengths) and any(n % 64 for n in lengths))
+
+
+def padded_attention(query, key, value, scale, is_causal=False, implementation="cudnn"):
+    """Attention of `query` over `key`/`value`, computed on copies padded to multiples of 64 tokens.
+
+    Args:
+        query: `(B, T, heads, head_dim)`.
+        key, value: `(B, S, heads, head_dim)`.
+        scale: the logits' scale.
+        is_causal: whether token `i` attends to tokens `<= i` only (T == S).
+        implementation: `jax.nn.dot_product_attention`'s; "xla" computes the same on any device.
+
+    Returns:
+        `(B, T, heads, head_dim)`, as `jax.nn.dot_product_attention(query, key, value)`.
+
+    Example:
+
+    >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
+    >>> padded_attention(q, q, q, 0.125, implementation="xla").shape
+    (2, 197, 12, 64)
+    """
+    batch, t, s = query.shape[0], query.shape[1], key.shape[1]
+
+    def pad(x, length):
+        return jnp.pad(x, ((0, 0), (0, -length % 64), (0, 0), (0, 0)))
+
+    out = jax.nn.dot_product_attention(
+        pad(query, t), pad(key, s), pad(value, s), scale=scale, is_causal=is_causal,
+        query_seq_lengths=jnp.full((batch,), t, jnp.int32), key_value_seq_lengths=jnp.full((batch,), s, jnp.int32),
+        implementation=implementation,
+    )
+    return out[:, :t]
+
+
+def _on_the_cpu():
+    return jax.devices()[0].platform == "cpu"
+
+
+def float32_attention_helps(query):
+    """Whether `float32_attention` should run this attention: bfloat16 `query` on the CPU."""
+    return query.dtype == jnp.bfloat16 and _on_the_cpu()
+
+
+def float32_attention(query, key, value, scale, mask=None, is_causal=False):
+    """Softmax attention whose two products accumulate in float32 (`jax.nn.dot_product_attention`'s
+    arithmetic: logits and softmax in float32, weights rounded to the inputs' dtype for the second product).
+
+    Args:
+        query: `(B, T, heads, head_dim)`.
+        key, value: `(B, S, heads, head_dim)`.
+        scale: the logits' scale.
+        mask: optional bool, broadcastable to `(B, heads, T, S)`; True = may attend.
+        is_causal: whether token `i` attends to tokens `<= i` only.
+
+    Returns:
+        `(B, T, heads, head_dim)` in `query`'s dtype.
+
+    Example:
+
+    >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
+    >>> float32_attention(q, q, q, 0.125).shape
+    (2, 197, 12, 64)
+    """
+    logits = jnp.einsum("btnh,bsnh->bnts", query, key, preferred_element_type=jnp.float32) * scale
+    if is_causal:
+        causal = jnp.tril(jnp.ones(logits.shape[-2:], bool))
+        mask = causal if mask is None else jnp.logical_and(mask, causal)
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays finite
+    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    out = jnp.einsum("bnts,bsnh->btnh", weights, value, preferred_element_type=jnp.float32)
+    return out.astype(query.dtype)
+
+
+def accumulates_in_float32(layer, x):
+    """Whether `dense` should run `layer` on `x`: a plain `keras.layers.Dense` (no LoRA, not quantized)
+    computing in bfloat16 on bfloat16 inputs, on the CPU."""
+    return (type(layer) is keras.layers.Dense and x.dtype == jnp.bfloat16 and layer.compute_dtype == "bfloat16"
+            and not layer.lora_enabled and layer.quantization_mode is None and _on_the_cpu())
+
+
+def dense(layer, x):
+    """`layer.call(x)` for a bfloat16 `keras.layers.Dense`, its product accumulated and returned in float32
+    then rounded to bfloat16 (`accumulates_in_float32`).
+
+    Args:
+        layer: a built `keras.layers.Dense` with a `(D, units)` kernel.
+        x: `(..., D)` bfloat16.
+
+    Returns:
+        `(..., units)` bfloat16: `activation(x @ kernel + bias)`.
+
+    Example:
+
+    >>> layer = keras.layers.Dense(4, dtype="bfloat16")
+    >>> layer.build((None, 8))
+    >>> dense(layer, jnp.ones((2, 8), jnp.bfloat16)).dtype
+    dtype(bfloat16)
+    """
+    y = jax.lax.dot_general(x, keras.ops.cast(layer.kernel, x.dtype), (((x.ndim - 1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.float32).astype(x.dtype)
+    if layer.bias is not None:
+        y = y + keras.ops.cast(layer.bias, x.dtype)
+    return layer.activation(y)
