@@ -309,7 +309,7 @@ def test_padded_attention_is_the_unpadded_attention(causal):
     # are dropped. Against numpy's softmax attention, in float64.
     import jax
 
-    from vlzoo.layers import _jax
+    from vlzoo.kernels import _jax
 
     length = 77 if causal else 197
     rng = np.random.default_rng(0)
@@ -344,7 +344,7 @@ def test_bfloat16_products_accumulated_in_float32_on_jax():
     import jax
     import jax.numpy as jnp
 
-    from vlzoo.layers import _jax
+    from vlzoo.kernels import _jax
 
     rng = np.random.default_rng(0)
     ulp = 2.0**-7  # bfloat16's spacing at [1, 2)

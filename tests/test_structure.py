@@ -27,6 +27,7 @@ FORBIDDEN = {
     "vlzoo.compiled": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
     "vlzoo.parallel": ("vlzoo.models", "vlzoo.presets", "vlzoo.data", "vlzoo.training", "vlzoo.cli"),
     "vlzoo.optimizers": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
+    "vlzoo.kernels": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
 }
 # Modules that must import without Keras (what listing and checking names reads).
 KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.pretrained", "vlzoo._paths",

@@ -6,12 +6,8 @@ import math
 import keras
 from keras import ops
 
-from vlzoo._keras import call_sublayer, calls_directly
-
-if keras.backend.backend() == "jax":
-    from vlzoo.layers import _jax
-else:
-    _jax = None
+from vlzoo import kernels
+from vlzoo._keras import call_sublayer
 
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
@@ -35,11 +31,10 @@ def get_activation(name):
 
 
 def _dense(layer, x):
-    """`call_sublayer(layer, x)` for a `keras.layers.Dense`; on JAX on the CPU in bfloat16, with its product
-    accumulated in float32 (`_jax.dense`: the same result, about twice as fast)."""
-    if _jax is not None and calls_directly(layer, (x,)) and _jax.accumulates_in_float32(layer, x):
-        return _jax.dense(layer, x)
-    return call_sublayer(layer, x)
+    """`call_sublayer(layer, x)` for a `keras.layers.Dense`, through `vlzoo.kernels.dense` where the backend
+    has a faster kernel (JAX on the CPU in bfloat16)."""
+    out = kernels.dense(layer, x)
+    return call_sublayer(layer, x) if out is None else out
 
 
 def _normal(std):
@@ -67,7 +62,7 @@ def _flash_attention(q, k):
     Keras checks cuDNN's flash attention for inference only; in training cuDNN also needs both
     sequence lengths to be multiples of 64, and a ViT-B/16's 197 tokens in bfloat16 on a GPU fail
     with "Unsupported sequence length Q 197, KV 197". Off the GPU Keras never picks it. (Unmasked
-    half-precision attention on a GPU does not come here: `_jax` pads it for cuDNN.)
+    half-precision attention on a GPU does not come here: `vlzoo.kernels` pads it for cuDNN.)
     """
     lengths = (q.shape[1], k.shape[1])
     if keras.backend.backend() == "jax" and any(n is None or n % 64 for n in lengths):
@@ -80,7 +75,7 @@ class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with separate q/k/v projections (with biases).
 
     Queries attend over `context` (self-attention when `context` is None)
-    through `keras.ops.dot_product_attention`. On JAX (`_jax`): on a GPU, in
+    through `keras.ops.dot_product_attention`. On JAX (`vlzoo.kernels`): on a GPU, in
     half precision without a mask, through cuDNN's fused attention on inputs
     padded to a multiple of 64 tokens; on the CPU in bfloat16, with its
     products accumulated in float32 (XLA:CPU's fast bfloat16 route).
@@ -141,11 +136,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if keras.backend.backend() == "tensorflow" and q.dtype != "float32":
             q, k = _float32_logits_operands(q, k)
         scale = 1.0 / math.sqrt(self.head_dim)
-        if _jax is not None and _jax.padding_helps(q, k, attention_mask):
-            out = _jax.padded_attention(q, k, v, scale, is_causal=is_causal)
-        elif _jax is not None and _jax.float32_attention_helps(q):
-            out = _jax.float32_attention(q, k, v, scale, mask=attention_mask, is_causal=is_causal)
-        else:
+        out = kernels.attention(q, k, v, scale, mask=attention_mask, is_causal=is_causal)
+        if out is None:
             out = ops.dot_product_attention(
                 q, k, v, mask=attention_mask, is_causal=is_causal, scale=scale,
                 flash_attention=_flash_attention(q, k),

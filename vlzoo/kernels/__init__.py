@@ -1,0 +1,66 @@
+"""Faster kernels than Keras' ops reach for the towers' dense layers and attention: what differs per backend.
+
+The layers stay in `keras.ops`; where a backend has a faster route to the same result on some
+device and dtype, they ask here first and fall back to Keras when the answer is None. Only JAX
+has such routes now (`_jax`):
+
+- on the CPU in bfloat16, products accumulated and returned in float32, then rounded once to
+  bfloat16 as Keras' are (XLA:CPU's fast bfloat16 kernels: about twice Keras' speed for the
+  dense layers, seven times for the attention);
+- on an Ampere or newer GPU in half precision without a mask, cuDNN's fused attention on inputs
+  padded to a multiple of 64 tokens, which it trains on (ViT-B/16's 197 tokens it refuses).
+
+Example:
+
+>>> out = attention(q, k, v, scale=0.125)
+>>> out = keras.ops.dot_product_attention(q, k, v, scale=0.125) if out is None else out
+"""
+
+import keras
+
+from vlzoo._keras import calls_directly
+
+if keras.backend.backend() == "jax":
+    from vlzoo.kernels import _jax as _impl
+else:
+    _impl = None
+
+
+def dense(layer, x):
+    """`layer(x)` for a `keras.layers.Dense` inside a parent layer's call, by this backend's faster kernel,
+    or None where Keras' call is the one to run (another backend, device or dtype; LoRA; quantized; a call
+    that `Layer.__call__` would change: `vlzoo._keras.calls_directly`).
+
+    Args:
+        layer: a built `keras.layers.Dense`.
+        x: `(..., D)`.
+
+    Returns:
+        `(..., units)`, or None.
+    """
+    if _impl is None or not _impl.accumulates_in_float32(layer, x) or not calls_directly(layer, (x,)):
+        return None
+    return _impl.dense(layer, x)
+
+
+def attention(query, key, value, scale, mask=None, is_causal=False):
+    """Softmax attention by this backend's faster kernel, or None where `keras.ops.dot_product_attention`
+    is the one to run.
+
+    Args:
+        query: `(B, T, heads, head_dim)`.
+        key, value: `(B, S, heads, head_dim)`.
+        scale: the logits' scale.
+        mask: optional bool, broadcastable to `(B, heads, T, S)`; True = may attend.
+        is_causal: whether token `i` attends to tokens `<= i` only.
+
+    Returns:
+        `(B, T, heads, head_dim)`, or None.
+    """
+    if _impl is None:
+        return None
+    if _impl.padding_helps(query, key, mask):
+        return _impl.padded_attention(query, key, value, scale, is_causal=is_causal)
+    if _impl.float32_attention_helps(query):
+        return _impl.float32_attention(query, key, value, scale, mask=mask, is_causal=is_causal)
+    return None
