@@ -47,12 +47,8 @@ def attention(query, key, value, scale, mask=None, is_causal=False):
     """Softmax attention by this backend's faster kernel, or None where `keras.ops.dot_product_attention`
     is the one to run.
 
-    Args:
-        query: `(B, T, heads, head_dim)`.
-        key, value: `(B, S, heads, head_dim)`.
-        scale: the logits' scale.
-        mask: optional bool, broadcastable to `(B, heads, T, S)`; True = may attend.
-        is_causal: whether token `i` attends to tokens `<= i` only.
+    Takes `query` `(B, T, heads, head_dim)`, `key` and `value` `(B, S, heads, head_dim)` and the logits'
+    `scale`, `mask` (bool, True = may attend) and `is_causal` of `keras.ops.dot_product_attention`.
 
     Returns:
         `(B, T, heads, head_dim)`, or None.
