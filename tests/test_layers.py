@@ -333,6 +333,14 @@ def test_padded_attention_is_the_unpadded_attention(causal):
     # Off a GPU (and in float32, or under a mask) the layer keeps Keras' attention.
     half = jax.numpy.asarray(q, "bfloat16")
     assert not _jax.padding_helps(half, half, None)
+    # Where JAX refuses cuDNN's call (here: no cuDNN on the CPU, raised as the call is traced, also under
+    # `grad`), the route answers None and the layer keeps Keras' attention instead of failing.
+    with pytest.raises(RuntimeError, match="cuDNN"):
+        _jax.padded_attention(half, half, half, 8**-0.5)
+    assert _jax.cudnn_padded_attention(half, half, half, 8**-0.5, is_causal=causal) is None
+    refused = []
+    jax.grad(lambda x: refused.append(_jax.cudnn_padded_attention(x, x, x, 8**-0.5) is None) or x.sum())(half)
+    assert refused == [True]
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA:CPU's float32-accumulated route is JAX's")

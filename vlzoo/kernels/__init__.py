@@ -8,7 +8,8 @@ has such routes now (`_jax`):
   bfloat16 as Keras' are (XLA:CPU's fast bfloat16 kernels: about twice Keras' speed for the
   dense layers, seven times for the attention);
 - on an Ampere or newer GPU in half precision without a mask, cuDNN's fused attention on inputs
-  padded to a multiple of 64 tokens, which it trains on (ViT-B/16's 197 tokens it refuses).
+  padded to a multiple of 64 tokens, which it trains on (ViT-B/16's 197 tokens it refuses); where
+  JAX finds no cuDNN or cuDNN refuses the inputs, Keras' attention.
 
 Example:
 
@@ -56,7 +57,7 @@ def attention(query, key, value, scale, mask=None, is_causal=False):
     if _impl is None:
         return None
     if _impl.padding_helps(query, key, mask):
-        return _impl.padded_attention(query, key, value, scale, is_causal=is_causal)
+        return _impl.cudnn_padded_attention(query, key, value, scale, is_causal=is_causal)
     if _impl.float32_attention_helps(query):
         return _impl.float32_attention(query, key, value, scale, mask=mask, is_causal=is_causal)
     return None

@@ -82,6 +82,26 @@ def padded_attention(query, key, value, scale, is_causal=False, implementation="
     return out[:, :t]
 
 
+def cudnn_padded_attention(query, key, value, scale, is_causal=False):
+    """`padded_attention` through cuDNN, or None where JAX's checks refuse these inputs when the call is
+    traced (no cuDNN found, a GPU or head width its kernels do not cover: JAX raises `RuntimeError` or
+    `NotImplementedError` before anything runs), so that the caller runs Keras' attention instead.
+
+    Args:
+        query: `(B, T, heads, head_dim)`.
+        key, value: `(B, S, heads, head_dim)`.
+        scale: the logits' scale.
+        is_causal: whether token `i` attends to tokens `<= i` only (T == S).
+
+    Returns:
+        `(B, T, heads, head_dim)`, or None.
+    """
+    try:
+        return padded_attention(query, key, value, scale, is_causal=is_causal, implementation="cudnn")
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _on_the_cpu():
     return jax.devices()[0].platform == "cpu"
 
