@@ -13,22 +13,28 @@ SHAPES = [(5, 7), (7,), (3, 4, 2), ()]
 
 
 def _train(optimizer, steps=6, seed=0):
-    """The variables after `steps` updates with gradients from 1e-6 to 1 (so that epsilon matters for some)."""
+    """The variables after `steps` updates with gradients from 1e-6 to 1 (so that epsilon matters for some),
+    the step count set to 1000 after the third (as a restored checkpoint would): Adam's bias corrections, and
+    so its epsilon, differ between steps 4 and 1004."""
     rng = np.random.default_rng(seed)
     variables = [keras.Variable(rng.normal(size=shape).astype("float32")) for shape in SHAPES]
     optimizer.exclude_from_weight_decay(var_list=[variables[1]])
-    for _ in range(steps):
+    for step in range(steps):
+        if step == 3:
+            optimizer.iterations.assign(1000)
         grads = [rng.normal(size=shape).astype("float32") * 10.0 ** rng.integers(-6, 1) for shape in SHAPES]
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
     return [keras.ops.convert_to_numpy(v) for v in variables]
 
 
-@pytest.mark.parametrize("amsgrad", [False, True])
-def test_adamw_updates_as_keras_adamw(amsgrad):
-    # Keras' formula (epsilon added to the uncorrected root, decoupled decay, one variable excluded); on PyTorch
-    # the fused kernel computes it in one pass, so it rounds differently: a few float32 ulps of the variables
-    # (|v| < 5), far below the updates themselves (about 1e-2 a step here). Keras' own update elsewhere.
-    args = dict(learning_rate=1e-2, weight_decay=0.1, epsilon=1e-3, amsgrad=amsgrad)
+@pytest.mark.parametrize("amsgrad,schedule", [(False, False), (True, False), (False, True)])
+def test_adamw_updates_as_keras_adamw(amsgrad, schedule):
+    # Keras' formula (epsilon added to the uncorrected root, decoupled decay, one variable excluded, the step
+    # count reassigned midway, a constant or scheduled learning rate); on PyTorch the fused kernel computes it
+    # in one pass, so it rounds differently: a few float32 ulps of the variables (|v| < 5), far below the
+    # updates themselves (about 1e-2 a step here). Keras' own update elsewhere.
+    rate = keras.optimizers.schedules.PiecewiseConstantDecay([2, 1002], [1e-2, 3e-2, 2e-2]) if schedule else 1e-2
+    args = dict(learning_rate=rate, weight_decay=0.1, epsilon=1e-3, amsgrad=amsgrad)
     start = _train(keras.optimizers.AdamW(**args), steps=0)
     want, got = _train(keras.optimizers.AdamW(**args)), _train(AdamW(**args))
     fused = keras.backend.backend() == "torch"

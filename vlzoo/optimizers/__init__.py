@@ -18,9 +18,9 @@ Example:
 import keras
 
 if keras.backend.backend() == "torch":
-    from vlzoo.optimizers._torch import fused_update
+    from vlzoo.optimizers._torch import UpdateCount, fused_update
 else:
-    fused_update = None
+    UpdateCount = fused_update = None
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")
@@ -31,10 +31,14 @@ class AdamW(keras.optimizers.AdamW):
     dtype than its variable, the update is Keras' own.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._update_count = None if UpdateCount is None else UpdateCount()
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if fused_update is None:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        rest = fused_update(self, grads, trainable_variables, learning_rate)
+        rest = fused_update(self, grads, trainable_variables, learning_rate, self._update_count)
         if rest:
             super()._backend_update_step(*map(list, zip(*rest)), learning_rate)
 

@@ -5,7 +5,33 @@ import math
 import torch
 
 
-def fused_update(optimizer, grads, variables, learning_rate):
+class UpdateCount:
+    """An optimizer's step count known on the host, so that an update need not wait for the device to read it.
+
+    Read from `optimizer.iterations` at the first update, then counted: Keras adds one to the variable after
+    each update, an in-place write that PyTorch counts in the tensor's `_version`. Where the variable was
+    written otherwise in between (assigned, restored from a checkpoint, counted per micro-batch under
+    gradient accumulation), the version tells, and the count is read from the device again; so it is when
+    `iterations` is not a variable but a tensor computed from one (Keras' count of updates under gradient
+    accumulation).
+    """
+
+    def __init__(self):
+        self._last = None  # (the counter tensor, its version and value at the last update)
+
+    def __call__(self, iterations):
+        """The value of `iterations` (a `keras.Variable` or a scalar tensor) now."""
+        counter = getattr(iterations, "value", iterations)
+        last = self._last
+        if last is not None and last[0] is counter and counter._version == last[1] + 1:
+            value = last[2] + 1  # only Keras' increment since the last update
+        else:
+            value = int(counter)
+        self._last = (counter, counter._version, value)
+        return value
+
+
+def fused_update(optimizer, grads, variables, learning_rate, count):
     """Adam's moment and variable updates of `optimizer` (a `keras.optimizers.Adam` or `AdamW`), one fused
     kernel call per device and dtype; `(gradient, variable)` pairs it cannot take are returned.
 
@@ -15,16 +41,24 @@ def fused_update(optimizer, grads, variables, learning_rate):
     `epsilon / sqrt(1 - beta_2^t)`: the same update, rounded in one pass
     (with `amsgrad`, both divide by the largest second moment so far).
     Weight decay is not applied here (Keras applies it before the update).
-    The step count and the learning rate are read on the host (the kernel
-    takes epsilon as a number): on a GPU, a wait for the device per update.
+    Nothing is read from the device: the step count, which epsilon depends on
+    and the kernel takes as a number, is `count`'s, and the learning rate is
+    given to the kernel as a tensor.
+
+    Args:
+        optimizer: the optimizer.
+        grads: the gradients, one per variable.
+        variables: the `keras.Variable`s to update.
+        learning_rate: the optimizer's learning rate now, a `keras.Variable` or a scalar tensor.
+        count: the optimizer's `UpdateCount`.
 
     Returns:
         The `(gradient, variable)` pairs left to Keras' own update: those whose gradient's dtype is not
         the variable's.
     """
-    step = int(optimizer.iterations) + 1  # Keras counts the update after applying it
+    step = count(optimizer.iterations) + 1  # Keras counts the update after applying it
     epsilon = optimizer.epsilon / math.sqrt(1.0 - optimizer.beta_2 ** step)
-    rate = float(learning_rate)
+    rate = getattr(learning_rate, "value", learning_rate)
     groups, rest = {}, []
     for grad, variable in zip(grads, variables):
         value = variable.value
@@ -40,7 +74,7 @@ def fused_update(optimizer, grads, variables, learning_rate):
             items.append(item)
     with torch.no_grad():
         for (device, _), (values, gradients, momentums, velocities, *largest) in groups.items():
-            steps = [torch.tensor(float(step), device=device)] * len(values)
+            steps = [torch.full((), step, dtype=torch.float32, device=device)] * len(values)  # no host copy
             torch._fused_adam_(values, gradients, momentums, velocities, largest[0] if largest else [], steps,
                                lr=rate, beta1=optimizer.beta_1, beta2=optimizer.beta_2, weight_decay=0.0,
                                eps=epsilon, amsgrad=optimizer.amsgrad, maximize=False)
