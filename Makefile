@@ -18,15 +18,19 @@ JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) \
 	--durations=25 $(PYTEST_ARGS)
-PYTEST := $(PYTEST_RUN) tests
-# `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (one
-# thread; oneDNN, XLA and ATen capped to AVX2), each on every backend. A comparison that fails only here depends
-# on the summation order, not on the code (tests/margins.py). For contributors; not part of `make test` or CI.
+# One OpenMP thread per worker (PyTorch's and numpy's pools): with PyTorch's default of a thread per core,
+# the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast
+# (docs/benchmarks.md, Quick start). JAX's and TensorFlow's own pools keep their defaults (no gain measured there).
+PYTEST := OMP_NUM_THREADS=1 $(PYTEST_RUN) tests
+# `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (other
+# thread counts than `make test`'s: one for TensorFlow and XLA, four for PyTorch; oneDNN, XLA and ATen capped
+# to AVX2), each on every backend. A comparison that fails only here depends on the summation order, not on
+# the code (tests/margins.py). For contributors; not part of `make test` or CI.
 NUMERICS_FILES := tests/test_gradient_caching.py tests/test_precision.py tests/test_conformance.py \
 	tests/test_contrastive_losses.py tests/test_filip_loss.py tests/test_sparc_loss.py tests/test_stair.py \
 	tests/test_degenerate.py tests/test_properties.py tests/test_locking.py tests/test_loss_shares.py
 PERTURBATIONS ?= threads isa
-threads_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
+threads_ENV := OMP_NUM_THREADS=4 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
 	XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
 isa_ENV := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2
 # TensorFlow reads the CPU's own flags and sends bfloat16 convolutions to oneDNN, which has no kernel for them

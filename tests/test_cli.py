@@ -470,6 +470,8 @@ def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, 
     assert not np.array_equal(keras.ops.convert_to_numpy(trained.vision.patch_embedding.conv.kernel), before)
 
 
+@run_once  # the command's wiring; holding variables under fit is checked on every backend in test_locking, the
+# transfer itself in test_transfer
 def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_dir, caption_file, tmp_path,
                                                                          capsys):
     """SPARC's h_v (new) trains alone first; a main phase at lr 1e-12 then leaves every weight where it was:
