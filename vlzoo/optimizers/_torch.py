@@ -9,11 +9,10 @@ class UpdateCount:
     """An optimizer's step count known on the host, so that an update need not wait for the device to read it.
 
     Read from `optimizer.iterations` at the first update, then counted: Keras adds one to the variable after
-    each update, an in-place write that PyTorch counts in the tensor's `_version`. Where the variable was
-    written otherwise in between (assigned, restored from a checkpoint, counted per micro-batch under
-    gradient accumulation), the version tells, and the count is read from the device again; so it is when
-    `iterations` is not a variable but a tensor computed from one (Keras' count of updates under gradient
-    accumulation).
+    each update, an in-place write that PyTorch counts in the tensor's `_version`. The count is read from
+    the device again where the variable was written otherwise in between (assigned, restored from a
+    checkpoint), and where `iterations` is a tensor computed afresh at each update rather than the
+    variable (Keras' count of updates under gradient accumulation).
     """
 
     def __init__(self):
