@@ -14,6 +14,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import warnings
 
 import huggingface_hub
@@ -130,6 +132,36 @@ def test_an_upload_loads_back_bit_identical_in_a_fresh_process(saved, hub_env, t
     assert loaded[0].get("weights") == digest, loaded[0]
     assert loaded[1]["error"] == "FileNotFoundError"  # another repository's commit
     assert loaded[2].get("weights") == digest, loaded[2]
+
+
+@run_once  # starts its own processes (on torch, the backend of the pass)
+def test_the_command_uploads_in_a_fresh_process_and_sends_nothing_for_a_truncated_preset(saved, tmp_path):
+    """`vlzoo upload` as a user runs it, a new process whose first vlzoo call it is: the preset is checked
+    (its model class found without anything imported before) and committed. A preset whose weights file
+    was cut short is refused naming that file, before any request reaches the Hub."""
+    directory, _ = saved
+    truncated = tmp_path / "truncated"
+    shutil.copytree(directory, truncated)
+    weights = (truncated / "model.weights.h5").read_bytes()
+    (truncated / "model.weights.h5").write_bytes(weights[: len(weights) // 2])
+    with HubServer({}) as server:
+        env = {key: value for key, value in os.environ.items() if key.lower() not in (
+            "http_proxy", "https_proxy", "all_proxy", "hf_hub_offline")}
+        env.update(HF_ENDPOINT=server.endpoint, HF_TOKEN="hf_loopback_test_token", HF_HUB_DISABLE_XET="1",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HOME=str(tmp_path / "hf-home"), KERAS_BACKEND="torch")
+
+        def upload(preset):
+            return subprocess.run([sys.executable, "-m", "vlzoo.cli", "upload", "hf://me/fresh", str(preset)],
+                                  env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+        refused = upload(truncated)
+        assert refused.returncode == 2 and "model.weights.h5" in refused.stderr, refused.stderr[-2000:]
+        assert "Nothing was uploaded" in refused.stderr and "Traceback" not in refused.stderr
+        assert server.requests == []
+        done = upload(directory)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert server.commits["me/fresh"] in done.stdout
+        assert server.repos["me/fresh"]["model.weights.h5"] == weights
 
 
 @pytest.mark.parametrize("damage, named", [

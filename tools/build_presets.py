@@ -2,7 +2,8 @@
 
 `presets/registry.json` (read by `vlzoo.registry`) is the source; this script
 turns every entry into a keras-hub style directory (config.json, metadata.json,
-tokenizer.json, preprocessor.json, assets/tokenizer -> presets/_assets/...).
+tokenizer.json, preprocessor.json; metadata.json names the vocabulary in presets/_assets/ that
+the tokenizer reads, which is not copied).
 Models are built inside a `keras.StatelessScope` that never allocates their
 weights, so the big presets cost nothing.
 
@@ -25,7 +26,7 @@ from vlzoo import presets
 from vlzoo import registry
 from vlzoo._keras import without_weights
 from vlzoo.preprocessing import ImagePreprocessor
-from vlzoo.tokenizers import bundled_assets_dir, bundled_tokenizer
+from vlzoo.tokenizers import bundled_tokenizer
 
 LICENCES = {
     "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
@@ -72,12 +73,13 @@ def preset_files(name, preset, directory):
         "tokenizer_note": spec.get("note") or LICENCES.get(spec.get("assets"), ""),
         "licence": "Apache-2.0 (code and configs); tokenizer assets carry their own licence notes.",
     }
+    if spec.get("assets"):  # the vocabulary vlzoo ships (presets/_assets/<name>), not a copy of it
+        metadata["tokenizer_assets"] = spec["assets"]
     if "upstream_weights" in preset:  # weights published elsewhere, with the command that converts them
         metadata["upstream_weights"] = preset["upstream_weights"]
     presets.write_preset(
         directory, config, metadata, tokenizer=tokenizer,
-        preprocessor=ImagePreprocessor(**preset["preprocessor"]),
-        assets=bundled_assets_dir(spec["assets"]) if spec.get("assets") else None,
+        preprocessor=ImagePreprocessor(**preset["preprocessor"]), copy_assets=False,
     )
 
 

@@ -18,7 +18,6 @@ Example:
 """
 
 import json
-import os
 import pathlib
 
 import keras
@@ -34,25 +33,18 @@ from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.version import __version__
 
 
-def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, assets="copy"):
+def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, copy_assets=True):
     """Writes the JSON files (and tokenizer assets) of a preset directory.
 
-    `assets` says how the tokenizer's files get there: `"copy"` (written by
-    the tokenizer), a directory (`assets/tokenizer` becomes a relative
-    symlink to it, for the registered presets) or `None` (not bundled).
+    `copy_assets=False` leaves the tokenizer's files out: the registered presets name the
+    vocabulary vlzoo ships instead (`tokenizer_assets` in their metadata, see `vlzoo.presets`).
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     info = {"keras_version": keras.__version__, "vlzoo_version": __version__, **metadata}
     (directory / METADATA_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    if assets not in ("copy", None):
-        link = directory / TOKENIZER_ASSETS
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(os.path.relpath(assets, link.parent), target_is_directory=True)
-    elif tokenizer is not None and assets == "copy":
+    if tokenizer is not None and copy_assets:
         tokenizer.save_assets(str(directory / TOKENIZER_ASSETS))
     if tokenizer is not None:
         serialized = keras.saving.serialize_keras_object(tokenizer)

@@ -6,8 +6,11 @@ writes them). `vlzoo.catalogue` finds it without Keras: registered names
 `presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
 `tools/build_presets.py` writes from their registry entries; its
 `list_presets`, `resolve_preset`, `read_metadata` and `model_config` are also
-names of this module, as is `presets_root`. This module imports no model class: a config names its class,
-which Keras' registry resolves (the models register themselves on import).
+names of this module, as is `presets_root`. This module imports no model class statically: a config
+names its class and the module that defines it, and when that module is vlzoo's it is imported
+before Keras' registry resolves the class (as Keras does for its own classes), so a preset loads
+whatever the process imported before. A registered preset's tokenizer reads the vocabulary vlzoo
+ships (`tokenizer_assets` in its metadata names it) rather than a copy of its own.
 
 Example:
 >>> model = from_preset("clip_tiny")
@@ -16,6 +19,7 @@ Example:
 """
 
 import functools
+import importlib
 import json
 import warnings
 
@@ -44,6 +48,8 @@ from vlzoo.preset_files import save_model_weights  # noqa: F401
 from vlzoo.preset_files import save_to_preset  # noqa: F401
 from vlzoo.preset_files import write_preset  # noqa: F401
 from vlzoo.tokenizers import UnavailableTokenizer
+from vlzoo.tokenizers import bundled_asset_names
+from vlzoo.tokenizers import bundled_assets_dir
 from vlzoo.tokenizers import tokenizer_from_config
 from vlzoo.version import __version__
 
@@ -77,7 +83,23 @@ def merge_config(base, overrides):
     return merged
 
 
+def import_defining_module(config):
+    """Imports the vlzoo module a serialised Keras object names (`"module": "vlzoo.models.clip"`).
+
+    Importing it registers its classes with Keras, so `keras.saving.deserialize_keras_object`
+    finds them whatever the process imported before. Only vlzoo's own modules are imported; a
+    module that no longer exists is left to the registry lookup, whose error names the class.
+    """
+    module = config.get("module") if isinstance(config, dict) else None
+    if isinstance(module, str) and module.split(".")[0] == "vlzoo":
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError:
+            return
+
+
 def _deserialize(config, path):
+    import_defining_module(config)
     try:
         return keras.saving.deserialize_keras_object(config)
     except NotImplementedError:  # e.g. a distribution on a backend without one: not the file's fault
@@ -106,6 +128,7 @@ def _check_family(config, metadata, directory):
     """The config's model class must be a vlzoo family (or a registered subclass) and agree with
     the metadata's family."""
     class_name, family = config["class_name"], metadata.get("family")
+    import_defining_module(config)
     cls = keras.saving.get_registered_object(config.get("registered_name") or class_name)
     if cls is None:
         raise ValueError(
@@ -157,8 +180,10 @@ def count_parameters_abstractly(config):
 
 @functools.cache
 def _count_parameters(config_json):
+    config = json.loads(config_json)
+    import_defining_module(config)
     with without_weights():
-        model = keras.saving.deserialize_keras_object(json.loads(config_json))
+        model = keras.saving.deserialize_keras_object(config)
         return sum(int(np.prod(v.shape)) for v in model.weights)
 
 
@@ -215,7 +240,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     # which `config_overrides` may have changed.
     tokenizer_file = directory / TOKENIZER_FILE
     if tokenizer_file.is_file():
-        model.tokenizer = _load_tokenizer(tokenizer_file, directory / TOKENIZER_ASSETS, metadata,
+        model.tokenizer = _load_tokenizer(tokenizer_file, _tokenizer_assets(directory, metadata), metadata,
                                           model.text.sequence_length)
     preprocessor_file = directory / PREPROCESSOR_FILE
     if preprocessor_file.is_file():
@@ -223,6 +248,19 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
         preprocessor.setdefault("config", {})["image_size"] = model.vision.image_size
         model.preprocessor = _deserialize(preprocessor, preprocessor_file)
     return model
+
+
+def _tokenizer_assets(directory, metadata):
+    """The preset's own `assets/tokenizer/`, or else the vocabulary vlzoo ships that its metadata names."""
+    own, shipped = directory / TOKENIZER_ASSETS, metadata.get("tokenizer_assets")
+    if own.is_dir() or shipped is None:
+        return own
+    if shipped not in bundled_asset_names():
+        raise ValueError(
+            f"Preset file {directory / METADATA_FILE}: `tokenizer_assets` {shipped!r} is not a vocabulary "
+            f"vlzoo ships ({', '.join(bundled_asset_names())}), and {own} is absent."
+        )
+    return bundled_assets_dir(shipped)
 
 
 def _load_tokenizer(tokenizer_file, assets, metadata, sequence_length):

@@ -15,9 +15,10 @@ Example:
 
 import functools
 import json
-import pathlib
 
-CATALOGUE_FILE = pathlib.Path(__file__).resolve().parent.parent / "presets" / "pretrained.json"
+from vlzoo._paths import DATA_ROOT
+
+CATALOGUE_FILE = DATA_ROOT / "pretrained.json"
 FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip", "llip", "flair")
 REQUIRED = ("handle", "format", "family", "architecture", "source", "licence", "reference", "description")
 

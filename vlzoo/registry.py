@@ -22,9 +22,9 @@ Example:
 import functools
 import json
 
-from vlzoo._paths import PACKAGE_ROOT
+from vlzoo._paths import DATA_ROOT
 
-REGISTRY_FILE = PACKAGE_ROOT.parent / "presets" / "registry.json"
+REGISTRY_FILE = DATA_ROOT / "registry.json"
 REQUIRED = ("family", "class_name", "config", "tokenizer", "preprocessor", "description", "paper", "weights_note")
 
 

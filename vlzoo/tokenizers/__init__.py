@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-from vlzoo._paths import presets_root
+from vlzoo._paths import DATA_ROOT
 from vlzoo.tokenizers.clip_bpe import CLIPTokenizer
 from vlzoo.tokenizers.clip_bpe import bytes_to_unicode  # re-exported (tools/build_clip_bpe_assets.py)
 from vlzoo.tokenizers.clip_bpe import clip_clean_text  # re-exported
@@ -114,7 +114,12 @@ SHAPES_WORDS = {"class_name": "WordPieceTokenizer", "assets": "shapes_words"}
 
 def bundled_assets_dir(name):
     """Directory of a tokenizer asset set shipped with vlzoo (e.g. `"clip_bpe"`)."""
-    return presets_root() / "_assets" / name
+    return DATA_ROOT / "_assets" / name
+
+
+def bundled_asset_names():
+    """Sorted names of the tokenizer asset sets shipped with vlzoo (`["bert_uncased", "clip_bpe", ...]`)."""
+    return sorted(path.name for path in (DATA_ROOT / "_assets").iterdir() if path.is_dir())
 
 
 def bundled_tokenizer(spec, sequence_length):
