@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from backend_utils import run_once
 from PIL import Image, ImageDraw
+from test_selection_benchmarks import _winoground
 
 import vlzoo
 from vlzoo import cli, training
@@ -536,20 +537,28 @@ def test_train_counts_the_warm_up_in_optimizer_updates(preset_dir, caption_file,
 # ----------------------------------------------------------------------------- convert
 
 
-def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsys):
-    """vlzoo -> open_clip state dict (+ its model config JSON) on disk -> `vlzoo convert` -> same model."""
+def _open_clip_checkpoint(preset, directory):
+    """`(checkpoint, config)` files of `preset` as open_clip writes them, for `vlzoo convert`."""
     safetensors = pytest.importorskip("safetensors.numpy")
     import vlzoo.convert as vc
 
+    model = vlzoo.from_preset(preset)
+    checkpoint, config = directory / "tiny_open_clip.safetensors", directory / "tiny.json"
+    safetensors.save_file({k: np.ascontiguousarray(v) for k, v in vc.to_open_clip_state_dict(model).items()},
+                          str(checkpoint))
+    config.write_text(json.dumps(vc.open_clip_config(model)))
+    return checkpoint, config
+
+
+def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsys):
+    """vlzoo -> open_clip state dict (+ its model config JSON) on disk -> `vlzoo convert` -> same model."""
+    import vlzoo.convert as vc
+
     model = vlzoo.from_preset(preset_dir)
-    state_dict = vc.to_open_clip_state_dict(model)
-    assert any(key.startswith("visual.") for key in state_dict)
-    checkpoint = tmp_path / "tiny_open_clip.safetensors"
-    safetensors.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(checkpoint))
-    (tmp_path / "tiny.json").write_text(json.dumps(vc.open_clip_config(model)))
+    checkpoint, config = _open_clip_checkpoint(preset_dir, tmp_path)
     out_dir = tmp_path / "converted"
     status, out, err = run(capsys, "convert", "--from", "open_clip", "--checkpoint", checkpoint,
-                           "--config", tmp_path / "tiny.json", "--out", out_dir, "--no-peer-check", "--quiet",
+                           "--config", config, "--out", out_dir, "--no-peer-check", "--quiet",
                            "--batch-size", BATCH)
     assert status == 0, err
     assert "preset reload: identical similarities" in out and "Saved CLIP" in out
@@ -637,14 +646,22 @@ def test_user_mistakes_are_one_line_errors_naming_the_argument(preset_dir, image
 # ----------------------------------------------------------------------------- quiet by default
 
 
+# Commands whose fresh-process run has a test of its own: the demo's output is checked line by line
+# (test_cli_demo.py), an upload needs a loopback Hub (test_upload.py). `download` needs the real
+# repository layout of a catalogue name; `from_preset` of handles runs in fresh processes in test_hub.py.
+FRESH_ELSEWHERE = {"demo", "upload", "download"}
+
+
 @run_once
 @pytest.mark.slow
-def test_every_command_run_directly_is_quiet(preset_dir, caption_file, tmp_path):
-    """Each command in a fresh process (the backends taken in turn) writes nothing to stderr: TensorFlow's
-    load-time lines ("oneDNN custom operations are on", "Could not find cuda drivers"), which TensorFlow
-    2.20+ writes before TF_CPP_MIN_LOG_LEVEL applies, are filtered out. With VLZOO_VERBOSE=1 they show."""
+def test_every_command_runs_in_a_fresh_process_quietly(preset_dir, caption_file, tmp_path):
+    """Each command as a user runs it: a new process whose first vlzoo call it is (the backends taken in
+    turn), a real call that succeeds and prints its result, and nothing on stderr: TensorFlow's load-time
+    lines ("oneDNN custom operations are on", "Could not find cuda drivers"), which TensorFlow 2.20+ writes
+    before TF_CPP_MIN_LOG_LEVEL applies, are filtered out. With VLZOO_VERBOSE=1 they show."""
     path, _, _ = caption_file
     tuned, mixed = tmp_path / "tuned", tmp_path / "mixed"
+    checkpoint, config = _open_clip_checkpoint(preset_dir, tmp_path)
     commands = [
         ["list"],
         ["info", "clip_shapes"],
@@ -652,9 +669,14 @@ def test_every_command_run_directly_is_quiet(preset_dir, caption_file, tmp_path)
         ["retrieve", "--preset", preset_dir, "--data", path, "--ks", "1"],
         ["train", "--preset", preset_dir, "--data", path, "--out", tuned, "--epochs", "1", "--batch-size", "4"],
         ["interpolate", "--zero-shot", preset_dir, "--finetuned", tuned, "--alpha", "0.5", "--out", mixed],
+        ["eval", "--preset", preset_dir, "--benchmark", "winoground", "--data", _winoground(tmp_path)],
+        ["convert", "--from", "open_clip", "--checkpoint", checkpoint, "--config", config, "--out",
+         tmp_path / "converted", "--no-peer-check", "--quiet", "--batch-size", BATCH],
         ["export", "--preset", preset_dir, "--format", "onnx", "--tower", "image", "--batch-size", "2",
          "--out", tmp_path / "onnx"],
     ]
+    subcommands, = (action for action in cli.build_parser()._actions if action.dest == "command")
+    assert {argv[0] for argv in commands} | FRESH_ELSEWHERE == set(subcommands.choices)
     backends = ("tensorflow", "jax", "torch")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "VLZOO_VERBOSE")}
     for k, argv in enumerate(commands):

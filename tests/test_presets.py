@@ -1,6 +1,7 @@
 """Registry, from_preset / save_to_preset, parameter counts, and clear preset errors."""
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -10,10 +11,12 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from conftest import tiny_batch, to_numpy
 
 import vlzoo
 from vlzoo import presets
+from vlzoo.tokenizers import CLIPTokenizer, bundled_assets_dir
 
 # open_clip's counts for the same geometries (sum of p.numel() over create_model(name)).
 OPEN_CLIP_COUNTS = {
@@ -335,3 +338,43 @@ def test_a_keras_file_loads_once_vlzoo_models_is_imported(tmp_path):
     assert lines[0] == "unregistered: True"
     np.testing.assert_allclose(np.array(json.loads(lines[-1])), to_numpy(model.encode_image(images)["embeds"]),
                                atol=1e-6)
+
+
+# Each public function that reads a preset, as the first vlzoo call of a new process: nothing imported
+# before registers the model classes with Keras, so each must find them itself (before the fix, the
+# three library calls raised "neither a vlzoo family model ... nor a registered Keras class" or
+# "Could not locate class 'CLIP'", and `vlzoo info DIR` a traceback).
+FIRST_CALLS = {
+    "vlzoo.presets.from_preset": ["-c", "import sys, vlzoo.presets; print(vlzoo.presets.from_preset(sys.argv[1])"
+                                        ".count_params())"],
+    "vlzoo.preset_info": ["-c", "import sys, vlzoo; print(vlzoo.preset_info(sys.argv[1])['params'])"],
+    "vlzoo.upload.validate_preset": ["-c", "import sys, vlzoo.upload; print(vlzoo.upload.validate_preset(sys.argv[1])"
+                                           ".count_params())"],
+    "vlzoo info DIR": ["-m", "vlzoo.cli", "info"],
+}
+
+
+@run_once  # starts its own processes, on torch (the backend of the pass)
+@pytest.mark.parametrize("call", sorted(FIRST_CALLS))
+def test_a_preset_reads_as_the_first_call_of_a_fresh_process(saved, call):
+    model, directory = saved
+    done = subprocess.run([sys.executable, *FIRST_CALLS[call], str(directory)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"}, cwd=directory.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count = json.loads(done.stdout)["params"] if call.startswith("vlzoo info") else int(done.stdout.split()[-1])
+    assert count == model.count_params()
+
+
+def test_a_registered_preset_reads_the_vocabulary_vlzoo_ships(tmp_path):
+    """A registered preset's directory holds no copy of its vocabulary: metadata.json names the one vlzoo
+    ships, wherever the directory is copied. A name that is not a shipped vocabulary is refused."""
+    copy = tmp_path / "clip_tiny"
+    shutil.copytree(presets.resolve_preset("clip_tiny"), copy)
+    assert not (copy / "assets").exists() and presets.read_metadata(copy)["tokenizer_assets"] == "clip_bpe"
+    model = vlzoo.from_preset(str(copy), load_weights=False)
+    texts = ["a red circle above a blue square", "dog"]
+    want = CLIPTokenizer.from_assets(str(bundled_assets_dir("clip_bpe")), sequence_length=16)(texts)
+    np.testing.assert_array_equal(to_numpy(model.tokenizer(texts)["token_ids"]), to_numpy(want["token_ids"]))
+    _edit_json(copy / "metadata.json", tokenizer_assets="../../etc")
+    with pytest.raises(ValueError, match="tokenizer_assets"):
+        vlzoo.from_preset(str(copy), load_weights=False)

@@ -2,7 +2,8 @@
 
 `vlzoo list`, `vlzoo info` and `--help` read presets through this module and so
 import no backend. Registered names (`vlzoo.registry`, defined in
-`presets/registry.json`) resolve to `presets/<name>/` of the repository (or
+`presets/registry.json`) resolve to `<name>/` of vlzoo's data folder (`vlzoo._paths.DATA_ROOT`: the
+checkout's `presets/`, or `vlzoo/_presets/` installed; or
 `$VLZOO_PRESETS_DIR/<name>/`); the catalogue of real public weights is
 `vlzoo.pretrained`. `vlzoo.presets` builds models from what this module finds.
 

@@ -3,7 +3,8 @@
 A preset is a directory in keras-hub's layout (`vlzoo.preset_files`, which also
 writes them). `vlzoo.catalogue` finds it without Keras: registered names
 (`vlzoo.registry`, defined in `presets/registry.json`) resolve to
-`presets/<name>/` of the repository (or `$VLZOO_PRESETS_DIR/<name>/`), which
+`<name>/` of vlzoo's data folder (`vlzoo._paths.DATA_ROOT`: the
+checkout's `presets/`, or `vlzoo/_presets/` installed; or `$VLZOO_PRESETS_DIR/<name>/`), which
 `tools/build_presets.py` writes from their registry entries; its
 `list_presets`, `resolve_preset`, `read_metadata` and `model_config` are also
 names of this module, as is `presets_root`. This module imports no model class statically: a config
@@ -87,10 +88,16 @@ def import_defining_module(config):
     """Imports the vlzoo module a serialised Keras object names (`"module": "vlzoo.models.clip"`).
 
     Importing it registers its classes with Keras, so `keras.saving.deserialize_keras_object`
-    finds them whatever the process imported before. Only vlzoo's own modules are imported; a
-    module that no longer exists is left to the registry lookup, whose error names the class.
+    finds them whatever the process imported before. A config without `module` whose
+    `registered_name` is vlzoo's (`"vlzoo>CLIP"`) imports `vlzoo.models`, which registers every
+    family. Only vlzoo's own modules are imported; a module that no longer exists is left to the
+    registry lookup, whose error names the class.
     """
-    module = config.get("module") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return
+    module = config.get("module")
+    if module is None and str(config.get("registered_name")).startswith("vlzoo>"):
+        module = "vlzoo.models"
     if isinstance(module, str) and module.split(".")[0] == "vlzoo":
         try:
             importlib.import_module(module)

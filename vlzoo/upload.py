@@ -208,7 +208,7 @@ def model_card(preset_dir, handle=None, metadata=None):
 
 def preset_files(preset_dir):
     """`{path in the repository: local path}` of what an upload sends: every file of `preset_dir`, symbolic
-    links followed (registered presets link their tokenizer assets), hidden files and folders left out.
+    links followed, hidden files and folders left out.
 
     Example:
     >>> sorted(preset_files("runs/clip_tiny_finetuned"))  # doctest: +SKIP
