@@ -61,8 +61,9 @@ def _prefixed(side, embeds):
 class ContrastiveModel(keras.Model):
     """Image tower + text tower + learned temperature, trained with a family loss.
 
-    Subclasses set `family`, may override `tower_defaults()`, and implement
-    `score(image_embeds, text_embeds)` and `contrastive_loss(outputs)`.
+    Subclasses set `family` and the towers' defaults (`vision_defaults`, `text_defaults`), and
+    implement `score(image_embeds, text_embeds)`, `contrastive_loss(outputs)` and, for a step over
+    several replicas, `replica_loss(outputs, start, count)` (docs/adding_a_family.md).
 
     Args:
         vision: dict of `VisionTransformer` arguments (family defaults fill
