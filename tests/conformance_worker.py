@@ -64,10 +64,10 @@ import time
 
 import numpy as np
 
+from families import TINY_PRESETS
 from margins import decision_margins, stair_restricted_to
 
-FAMILIES = ("clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_tiny", "llip_tiny", "stair_tiny",
-            "flair_tiny")
+FAMILIES = TINY_PRESETS
 CAPTIONS = (
     "a photo of a cat",
     "a red circle on a white background",

@@ -41,9 +41,9 @@ import vlzoo  # noqa: E402
 from vlzoo import distribution, parallel  # noqa: E402
 from vlzoo.training import enable_lora, lock_tower  # noqa: E402
 
+from families import FAMILIES  # noqa: E402
 from margins import margin_batch, tiny_family_model  # noqa: E402
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 # The training features that change the step, on top of the families: CLIP with its image tower locked (LiT),
 # LoRA adapters on its text tower and micro-batches of 2 within each process (gradient caching); STAIR's stage
 # 2 (image tower frozen, text decoder against its snapshot) and 3.

@@ -573,6 +573,7 @@ def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsy
 # ----------------------------------------------------------------------------- help and errors
 
 
+@run_once  # argparse only: the same on every backend
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_documents_every_option(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -589,6 +590,7 @@ def test_help_documents_every_option(command, capsys):
             assert flag in out, f"{command}: {flag} missing from --help"
 
 
+@run_once  # argparse only: the same on every backend
 def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
@@ -597,6 +599,7 @@ def test_top_level_help_lists_every_command(capsys):
         assert command in out
 
 
+@run_once  # argparse only: the same on every backend
 @pytest.mark.parametrize("argv, named", [
     (["zeroshot", "--preset", "clip_tiny"], "--images"),
     (["zeroshot", "--preset", "clip_tiny", "--images", "x", "--top-k", "0"], "--top-k"),

@@ -13,6 +13,10 @@ import pytest
 from backend_utils import run_once
 from vlzoo import cli
 
+# The catalogue commands, --help and the entry point import no backend (test_structure checks it): one pass
+# checks them; the demo starts its own processes.
+pytestmark = run_once
+
 
 def test_list_prints_every_preset(capsys):
     assert cli.main(["list"]) == 0
@@ -64,7 +68,6 @@ def test_help_documents_every_option(command, capsys):
             assert flag in out
 
 
-@run_once  # starts its own process, on torch (the backend of the pass), and jax for the reload
 def test_demo_fast(tmp_path):
     """The `make demo` job, shortened, as `make demo` runs it (a new process): every step runs and reports,
     and the reloads match."""

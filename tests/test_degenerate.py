@@ -19,10 +19,10 @@ import keras
 import numpy as np
 import pytest
 from conftest import to_numpy
+from families import FAMILIES
 
 import vlzoo
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 # Families whose loss is a softmax cross-entropy over the batch alone at the first step
 # (STAIR's FLOPs regularisers ramp up from a weight of 0 at step 0).
 SOFTMAX = ("clip", "filip", "sparo", "stair")

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from backend_utils import to_numpy
 from conftest import tiny_batch
+from families import SHAPES_PRESETS
 
 import vlzoo
 from vlzoo.losses.llip import llip_contextualize
 
-PRESETS = ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes", "llip_shapes",
-           "stair_shapes", "flair_shapes"]
+PRESETS = list(SHAPES_PRESETS)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,9 +12,9 @@ from vlzoo import training
 from vlzoo.models.micro_batching import micro_batched
 
 from conftest import tiny_batch, to_numpy
+from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, threshold_gap, tiny_family_model, top_two_gap
 
-FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 # Every family on every backend: what depends on the backend is `keras.remat` around a micro-batch of
 # towers; what depends on the family is which features it computes per example (keys, values, mixture
 # tokens, queries, slots, sparse vocabulary vectors) and its loss's coupling of the batch. STAIR's loss

@@ -8,6 +8,7 @@ from vlzoo import training
 from vlzoo.training import lock_tower, tower_groups
 
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, tiny_model, to_numpy
+from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, tiny_family_model
 
 
@@ -73,7 +74,7 @@ def test_configure_locks_and_checks_its_arguments():
 
 # ------------------------------------------------------------------ a locked tower's cached outputs
 
-CACHE_FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
+CACHE_FAMILIES = FAMILIES
 # The cached path is the same code on every backend (a dict passed where the tower's output was); what
 # differs by family is which outputs it reads. So every family and tower runs on PyTorch; on JAX and
 # TensorFlow, whose compilations cost 10-20 s each, CLIP's image tower (the pooled output) and SPARC's

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_batch
+from families import FAMILIES
 from peers import open_clip_or_skip
 
 import vlzoo
@@ -39,7 +40,6 @@ from vlzoo.layers.contraction import float32_einsum
 from vlzoo.evaluation import build_prompts
 from vlzoo.evaluation import zero_shot_classifier
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
 POLICIES = ("mixed_bfloat16", "bfloat16")
 MIN_COSINE = 0.999  # pooled embeddings
 # Un-pooled outputs: per image patch, text token or Llip mixture token (Llip's `queries` are its

@@ -12,8 +12,8 @@ import vlzoo
 from vlzoo.data import shapes
 
 from backend_utils import run_once
+from families import FAMILIES
 
-FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 
 
 def _numpy(tree):

@@ -15,8 +15,8 @@ from vlzoo.data import shapes
 from vlzoo.serving import quantize_onnx, run_artefact, unsupported
 
 from backend_utils import run_once
+from families import FAMILIES
 
-FAMILIES = ["clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair"]
 BACKEND = keras.backend.backend()
 # What Keras exports from each backend (vlzoo.serving's table). ONNX from PyTorch goes through the
 # output naming: every family's entries. ONNX from TensorFlow goes through vlzoo's rewrite of

@@ -8,6 +8,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 from vlzoo.data import shapes
 from vlzoo.evaluation import shapes_benchmark
@@ -33,6 +34,7 @@ def _objects(data, i):
 # ------------------------------------------------------------------------- determinism
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_generate_is_deterministic():
     a = shapes.generate("train", 40, seed=5)
     b = shapes.generate("train", 40, seed=5)
@@ -50,6 +52,7 @@ def test_generate_is_deterministic():
         assert (" and a " in caption) == (n == 2) and (caption == other) == (n == 1)
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_generate_mixes_one_and_two_objects_and_honours_num_objects():
     mixed = shapes.generate("train", 200, seed=0)
     assert set(mixed["num_objects"]) == {1, 2}
@@ -61,6 +64,7 @@ def test_generate_mixes_one_and_two_objects_and_honours_num_objects():
         assert np.all((data["relations"] >= 0) == (count == 2))
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_classification_is_deterministic_and_hard_edged():
     demo = dict(colors=["red", "green", "blue", "yellow"], shapes=["circle", "square", "triangle"])
     a = shapes.classification(2, seed=3, **demo)
@@ -85,6 +89,7 @@ def test_classification_is_deterministic_and_hard_edged():
 # ------------------------------------------------------------------- captions vs pixels
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 @pytest.mark.parametrize("image_size", [32, 48])
 def test_captions_describe_the_pixels(image_size):
     data = shapes.generate("train", 150, image_size=image_size, seed=2)
@@ -135,6 +140,7 @@ def _ideal_coverage(shape, size, cy, cx, r, supersample=16):
     return inside.reshape(size, supersample, size, supersample).mean((1, 3))
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 @pytest.mark.parametrize("image_size", [32, 64])
 def test_the_named_shape_is_the_one_drawn(image_size):
     """Each object's anti-aliased coverage, read back from the pixels, matches its named shape
@@ -159,6 +165,7 @@ def test_the_named_shape_is_the_one_drawn(image_size):
 # ----------------------------------------------------------------------- binding pairs
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 @pytest.mark.parametrize("swap,style", [("color", "relation"), ("shape", "relation"),
                                         ("relation", "relation"), ("color", "and"), ("shape", "and")])
 def test_binding_pairs_differ_only_by_the_swap(swap, style):
@@ -178,6 +185,7 @@ def test_binding_pairs_differ_only_by_the_swap(swap, style):
             assert set(s["objects"]).isdisjoint(t["objects"])
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_relation_swap_needs_relation_captions():
     with pytest.raises(ValueError, match="style"):
         shapes.binding_pairs("test", 4, swap="relation", style="and")
@@ -188,6 +196,7 @@ def test_relation_swap_needs_relation_captions():
 # ------------------------------------------------------------------------------ splits
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_splits_hold_out_compositions():
     all_compositions = [(frozenset(c), frozenset(s))
                         for c in itertools.combinations(COLOR_NAMES, 2)
@@ -222,6 +231,7 @@ def test_splits_hold_out_compositions():
     assert set(singles["labels"]) == set(train["labels"][train["labels"] >= 0]) == set(range(24))
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_composition_split_ignores_order():
     assert shapes.composition_split(("red", "green"), ("circle", "square")) == "test"
     assert shapes.composition_split(("green", "red"), ("square", "circle")) == "test"
@@ -235,6 +245,7 @@ def test_composition_split_ignores_order():
 # ----------------------------------------------------------------------- vocabulary
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_class_names_and_parse_caption():
     names = shapes.class_names()
     assert len(names) == 24 and names[0] == "red circle" and names[1] == "red square"
@@ -253,6 +264,7 @@ def test_class_names_and_parse_caption():
         shapes.class_names(colors="red")
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 @pytest.mark.parametrize("kwargs,name", [
     (dict(split="val"), "`split`"), (dict(num_examples=0), "`num_examples`"),
     (dict(image_size=8), "`image_size`"), (dict(seed=-1), "`seed`"),
@@ -281,6 +293,7 @@ class FakeModel:
         return self.table[np.asarray(pixels)[:, 0].astype(int)][:, tokens["token_ids"]]
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_binding_accuracy_on_known_scores():
     texts = ["t0", "s0", "t1", "s1", "t2", "s2", "t3", "s3"]
     table = np.zeros((4, 8))
@@ -301,6 +314,7 @@ def test_binding_accuracy_on_known_scores():
         shapes_benchmark.binding_accuracy(FakeModel(texts, table), pixels, true, swapped, batch_size=0)
 
 
+@run_once  # numpy only: the dataset and the metrics on known scores
 def test_zero_shot_metrics_on_known_scores():
     names = ["red circle", "blue square", "green cross"]
     prompts = [f"a {n}" for n in names]

@@ -8,8 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from backend_utils import run_once
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Reads the source and starts processes with no backend: the same on every pass, so it runs in one.
+pytestmark = run_once
+
 PACKAGE = ROOT / "vlzoo"
 MAX_LINES = 800
 

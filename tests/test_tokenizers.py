@@ -8,6 +8,7 @@ import random
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 from vlzoo import tokenizers as T
 
@@ -18,6 +19,10 @@ except ImportError:  # tests/ imported as a package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS = os.path.join(ROOT, "presets", "_assets", "clip_bpe")
+
+# The tokenizers return numpy arrays whatever the backend (keras-hub's tokenizers run on TensorFlow on
+# every backend): one pass checks them.
+pytestmark = run_once
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,10 @@ import platform
 import sys
 import time
 
-FAMILIES = ("clip", "siglip", "filip", "sparc", "sparo", "llip", "stair", "flair")
+from vlzoo import registry  # reads presets/registry.json; imports no backend
+
+# Every family with a `<family>_shapes` preset in the registry, sorted.
+FAMILIES = tuple(family for family in registry.families() if f"{family}_shapes" in registry.definitions())
 METRICS_FILE = "training.json"
 # (column title, key of `shapes_benchmark.evaluate`) of the shapes table of docs/presets.md.
 TABLE_COLUMNS = (
