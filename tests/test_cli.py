@@ -543,9 +543,10 @@ def _open_clip_checkpoint(preset, directory):
     import vlzoo.convert as vc
 
     model = vlzoo.from_preset(preset)
+    state_dict = vc.to_open_clip_state_dict(model)
+    assert any(key.startswith("visual.") for key in state_dict)
     checkpoint, config = directory / "tiny_open_clip.safetensors", directory / "tiny.json"
-    safetensors.save_file({k: np.ascontiguousarray(v) for k, v in vc.to_open_clip_state_dict(model).items()},
-                          str(checkpoint))
+    safetensors.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, str(checkpoint))
     config.write_text(json.dumps(vc.open_clip_config(model)))
     return checkpoint, config
 

@@ -74,12 +74,11 @@ def test_configure_locks_and_checks_its_arguments():
 
 # ------------------------------------------------------------------ a locked tower's cached outputs
 
-CACHE_FAMILIES = FAMILIES
 # The cached path is the same code on every backend (a dict passed where the tower's output was); what
 # differs by family is which outputs it reads. So every family and tower runs on PyTorch; on JAX and
 # TensorFlow, whose compilations cost 10-20 s each, CLIP's image tower (the pooled output) and SPARC's
 # text tower (the token outputs, with the text mask beside them).
-CACHE_CASES = ([(family, tower) for family in CACHE_FAMILIES for tower in ("image", "text")]
+CACHE_CASES = ([(family, tower) for family in FAMILIES for tower in ("image", "text")]
                if keras.backend.backend() == "torch" else [("clip", "image"), ("sparc", "text")])
 
 

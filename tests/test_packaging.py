@@ -107,8 +107,8 @@ def test_the_wheel_installed_outside_the_checkout_lists_loads_scores_and_evaluat
     assert modules <= set(shipped), sorted(modules - set(shipped))
     data = {name.removeprefix("vlzoo/_presets/") for name in shipped if name.startswith("vlzoo/_presets/")}
     assert data == _files(ROOT / "presets")
-    for required in ("registry.json", "pretrained.json", "_assets/clip_bpe/merges.txt", "_assets/bert_uncased/vocab.txt",
-                     "clip_shapes/model.weights.h5"):
+    for required in ("registry.json", "pretrained.json", "_assets/clip_bpe/merges.txt",
+                     "_assets/bert_uncased/vocab.txt", "clip_shapes/model.weights.h5"):
         assert required in data
     big = {}
     for name, content in shipped.items():
@@ -117,7 +117,7 @@ def test_the_wheel_installed_outside_the_checkout_lists_loads_scores_and_evaluat
     assert [names for names in big.values() if len(names) > 1] == []
     with tarfile.open(sdist) as archive:  # the sdist carries the wheel's sources: presets/ and vlzoo/
         carried = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {f"presets/{name}" for name in data} <= carried and {m for m in modules} <= carried
+    assert {f"presets/{name}" for name in data} <= carried and modules <= carried
 
     site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",

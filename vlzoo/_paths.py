@@ -12,10 +12,9 @@ import pathlib
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent
 """The `vlzoo/` package directory."""
 
-INSTALLED_DATA = PACKAGE_ROOT / "_presets"
-"""Where an installed vlzoo (wheel or sdist) holds the `presets/` folder."""
+_INSTALLED_DATA = PACKAGE_ROOT / "_presets"  # where a wheel or sdist install holds the presets/ folder
 
-DATA_ROOT = INSTALLED_DATA if INSTALLED_DATA.is_dir() else PACKAGE_ROOT.parent / "presets"
+DATA_ROOT = _INSTALLED_DATA if _INSTALLED_DATA.is_dir() else PACKAGE_ROOT.parent / "presets"
 """vlzoo's data folder: `vlzoo/_presets/` when installed, the checkout's `presets/` otherwise.
 
 Holds `registry.json`, `pretrained.json`, `_assets/<vocabulary>/` and the registered presets'

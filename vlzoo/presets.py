@@ -90,8 +90,9 @@ def import_defining_module(config):
     Importing it registers its classes with Keras, so `keras.saving.deserialize_keras_object`
     finds them whatever the process imported before. A config without `module` whose
     `registered_name` is vlzoo's (`"vlzoo>CLIP"`) imports `vlzoo.models`, which registers every
-    family. Only vlzoo's own modules are imported; a module that no longer exists is left to the
-    registry lookup, whose error names the class.
+    family. Only vlzoo's own modules are imported; a module that no longer exists (a preset written
+    by another vlzoo) is left to the registry lookup, whose error names the class; any other import
+    error is raised.
     """
     if not isinstance(config, dict):
         return
@@ -101,8 +102,9 @@ def import_defining_module(config):
     if isinstance(module, str) and module.split(".")[0] == "vlzoo":
         try:
             importlib.import_module(module)
-        except ModuleNotFoundError:
-            return
+        except ModuleNotFoundError as error:
+            if error.name is None or not module.startswith(error.name):
+                raise
 
 
 def _deserialize(config, path):
