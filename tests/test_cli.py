@@ -503,7 +503,7 @@ def test_train_family_must_be_a_transfer_family(preset_dir, caption_file, tmp_pa
     status, _, err = run(capsys, "train", "--preset", preset_dir, "--family", "siglip", "--data",
                          caption_file[0], "--out", tmp_path / "x")
     assert status == 2
-    assert "argument --family" in err and "'siglip' is not one of filip, sparc, sparo, llip, stair" in err
+    assert "argument --family" in err and "'siglip' is not one of filip, flair, llip, sparc, sparo, stair" in err
 
 
 def test_handles_reach_the_loader_as_presets(caption_file, tmp_path, capsys):

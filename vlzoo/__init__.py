@@ -36,7 +36,7 @@ _NAMES = {
     "upload_preset": "vlzoo.upload",
 }
 _SUBMODULES = (
-    "catalogue", "convert", "data", "distribution", "evaluation", "host", "hub", "kaggle", "layers", "loading",
+    "catalogue", "convert", "data", "distribution", "evaluation", "families", "host", "hub", "kaggle", "layers", "loading",
     "losses", "models", "optimizers", "parallel", "preprocessing", "preset_files", "presets", "pretrained",
     "registry", "retrieval", "serving", "tokenizers", "training", "transfer", "upload", "viz",
 )

@@ -76,6 +76,11 @@ def resolve_preset(preset):
     path = pathlib.Path(os.path.expanduser(str(preset)))
     if path.is_dir():
         return path
+    if registry.defined_in_code(str(preset)):
+        raise FileNotFoundError(
+            f"Preset {preset!r} is defined in code (family {registry.definition(str(preset))['family']!r}); "
+            "`vlzoo.presets.resolve_preset` writes its directory, and `vlzoo.from_preset` loads it."
+        )
     if str(preset) in registry.definitions():
         directory = presets_root() / str(preset)
         if not directory.is_dir():

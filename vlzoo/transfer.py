@@ -42,27 +42,12 @@ import dataclasses
 import keras
 import numpy as np
 
-from vlzoo.models import CLIP, FILIP, FLAIR, SPARC, SPARO, STAIR, Llip
+from vlzoo import families
+from vlzoo.models import CLIP
+from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (public here since the first release)
+from vlzoo.models.stair import CLIP_BPE_SPECIAL_IDS  # noqa: F401
 from vlzoo.presets import merge_config
-from vlzoo.tokenizers import CLIP_BPE_VOCABULARY_SIZE
 
-FAMILIES = {"filip": FILIP, "sparc": SPARC, "sparo": SPARO, "llip": Llip, "stair": STAIR, "flair": FLAIR}
-# Llip's number of mixture tokens when none is given: the authors' released ViT-B/16 (K = 32).
-LLIP_MIXTURE_TOKENS = 32
-# CLIP BPE's <|startoftext|> and <|endoftext|>: not words, so never terms of a STAIR vector.
-CLIP_BPE_SPECIAL_IDS = (49406, 49407)
-# Families whose loss is softmax InfoNCE on `exp(logit_scale) * cos`, as CLIP's: the scale keeps its role.
-_SOFTMAX_FAMILIES = ("filip", "sparc", "sparo", "stair")
-# (target variable, source variable): CLIP's tower projections into the joint space, reused.
-_PROJECTIONS = {
-    "filip": (("image_projection/kernel", "vision/projection/kernel"),
-              ("text_projection/kernel", "text/projection/kernel")),
-    "sparc": (("image_projection/kernel", "vision/projection/kernel"),
-              ("text_projection/kernel", "text/projection/kernel")),
-    "llip": (("text_projection/kernel", "text/projection/kernel"),),
-    "flair": (("image_projection/kernel", "vision/projection/kernel"),
-              ("text_projection/kernel", "text/projection/kernel")),
-}
 _POSITIONS = "vision/position_embedding/embeddings"
 _PREFIX = "vision/prefix_tokens"
 
@@ -118,21 +103,26 @@ def transfer_config(clip, family):
     """The constructor arguments of `family` on `clip`'s towers (before any override).
 
     The towers keep every argument of the CLIP model's towers but their own
-    projection; FILIP, SPARC, Llip and FLAIR keep CLIP's `embed_dim`; Llip gets
-    `LLIP_MIXTURE_TOKENS` mixture tokens in place of the CLS token; STAIR
-    leaves CLIP BPE's start and end tokens out of its vectors.
+    projection; a family whose `CLIPTransfer` has `embed_dim` keeps CLIP's, and its
+    `configure` edits the rest (Llip's `LLIP_MIXTURE_TOKENS` mixture tokens in place of
+    the CLS token; STAIR leaving CLIP BPE's start and end tokens out of its vectors).
     """
-    vision = {**clip.vision_config, "output_dim": None}
-    text = {**clip.text_config, "output_dim": None}
-    config = dict(vision=vision, text=text)
-    if family in ("filip", "sparc", "llip", "flair"):
+    rules = _rules(family)
+    config = dict(vision={**clip.vision_config, "output_dim": None}, text={**clip.text_config, "output_dim": None})
+    if rules.embed_dim:
         config["embed_dim"] = clip.embed_dim
-    if family == "llip":
-        vision["num_prefix_tokens"] = LLIP_MIXTURE_TOKENS
-    if family == "stair":
-        bpe = text["vocabulary_size"] == CLIP_BPE_VOCABULARY_SIZE
-        config["excluded_token_ids"] = list(CLIP_BPE_SPECIAL_IDS) if bpe else None
+    if rules.configure is not None:
+        rules.configure(config, clip)
     return config
+
+
+def _rules(family):
+    """The `CLIPTransfer` of `family`; ValueError naming the families that have one otherwise."""
+    if family not in families.transfer_families():
+        raise ValueError(
+            f"`family` must be one of {list(families.transfer_families())} (or 'clip'); received {family!r}."
+        )
+    return families.get_family(family).from_clip
 
 
 def _variables(model):
@@ -152,8 +142,9 @@ def _plan(clip, model, family):
     source, target = _variables(clip), _variables(model)
     towers = [path for path in target if path.startswith(("vision/", "text/"))]
     pairs, transferred, new = [], {}, []
-    pairs_for = dict(_PROJECTIONS.get(family, ()))
-    if family in _SOFTMAX_FAMILIES:
+    rules = _rules(family)
+    pairs_for = dict(rules.projections)
+    if rules.logit_scale:
         pairs_for["logit_scale"] = "logit_scale"
     for path in towers:
         pairs_for.setdefault(path, path)
@@ -185,7 +176,9 @@ def from_clip(clip, family, verbose=True, **config_overrides):
     Args:
         clip: a `vlzoo.CLIP` (any CLIP preset, converted checkpoint or hub
             handle, loaded with its weights).
-        family: "filip", "sparc", "sparo", "llip", "stair" or "flair".
+        family: a registered family with a `CLIPTransfer`
+            (`vlzoo.families.transfer_families()`: "filip", "sparc", "sparo",
+            "llip", "stair", "flair" and any family registered so).
         verbose: print what was transferred and what is new.
         **config_overrides: the family's constructor arguments replacing
             `transfer_config`'s (e.g. `num_slots=32`, `lambda_fine=2.0`,
@@ -211,10 +204,8 @@ def from_clip(clip, family, verbose=True, **config_overrides):
             f"`family=` starts a family from a CLIP checkpoint; received a {type(clip).__name__} model "
             f"(family {getattr(clip, 'family', None)!r}). Load a CLIP preset, handle or directory."
         )
-    if family not in FAMILIES:
-        raise ValueError(f"`family` must be one of {sorted(FAMILIES)} (or 'clip'); received {family!r}.")
     config = merge_config(transfer_config(clip, family), config_overrides)
-    model = FAMILIES[family](**config, dtype=clip.dtype_policy.name)
+    model = families.get_family(family).model_class(**config, dtype=clip.dtype_policy.name)
     pairs, report = _plan(clip, model, family)
     for variable, value in pairs:
         variable.assign(keras.ops.cast(value, variable.dtype))

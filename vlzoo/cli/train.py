@@ -30,7 +30,7 @@ def register(sub):
     )
     _add_preset(p)
     p.add_argument("--family", default=None, metavar="FAMILY",
-                   help="train this family (filip, sparc, sparo, llip, stair or flair) built on the towers of "
+                   help="train this family (filip, sparc, sparo, llip, stair, flair or another registered with a CLIPTransfer) built on the towers of "
                    "--preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
     p.add_argument("--new-params-steps", type=_non_negative_int, default=100, metavar="N",
                    help="with --family: first train the parameters the family adds (SPARC's h_v, SPARO's read-outs, "
@@ -116,6 +116,7 @@ def run(args, out):
     import vlzoo
     from vlzoo import parallel
     from vlzoo.data import labels
+    from vlzoo.models import transfer_families
     from vlzoo.training import BackupAndRestore, configure, enable_lora, save_lora_weights
 
     parallel.initialize()  # torchrun, TF_CONFIG, KERAS_DISTRIBUTION_*: join the other processes
@@ -123,8 +124,8 @@ def run(args, out):
     if not writer:
         out = io.StringIO()  # one process reports; the others train silently
 
-    if args.family is not None and args.family not in vlzoo.transfer.FAMILIES:
-        raise UsageError("--family", f"{args.family!r} is not one of {', '.join(vlzoo.transfer.FAMILIES)}")
+    if args.family is not None and args.family not in transfer_families():
+        raise UsageError("--family", f"{args.family!r} is not one of {', '.join(transfer_families())}")
     for tower in ("image", "text"):
         if getattr(args, f"lock_{tower}_unlocked_groups") and not getattr(args, f"lock_{tower}"):
             raise UsageError(f"--lock-{tower}-unlocked-groups", f"needs --lock-{tower}")

@@ -50,6 +50,7 @@ Example:
 
 import dataclasses
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -61,11 +62,12 @@ from vlzoo.evaluation._common import batches, finite_numpy
 from vlzoo.evaluation.templates import DEFAULT_TEMPLATES
 from vlzoo.evaluation.zeroshot import zero_shot_classifier
 from vlzoo.losses import l2_normalize
+from vlzoo.models import get_family, registered_families
 from vlzoo.preprocessing import ImagePreprocessor
 
 __all__ = [
-    "BACKGROUND_NAMES", "CANDIDATES", "PATCH_FAMILIES", "VOC_CLASSES", "SegmentationBenchmark",
-    "SegmentationMetrics", "evaluate_segmentation", "patch_embeddings", "segmentation_metrics", "voc2012",
+    "BACKGROUND_NAMES", "CANDIDATES", "VOC_CLASSES", "SegmentationBenchmark", "SegmentationMetrics",
+    "evaluate_segmentation", "patch_families", "patch_embeddings", "segmentation_metrics", "voc2012",
 ]
 
 # Indices 0-20 of the masks; the dataset's `diningtable`, `pottedplant`, `tvmonitor` written as words.
@@ -76,7 +78,6 @@ VOC_CLASSES = (
 IGNORE_INDEX = 255
 # Stuff that fills VOC's background, each scored as a class with `background="prompts"`.
 BACKGROUND_NAMES = ("background", "sky", "wall", "floor", "ground", "grass", "tree", "road", "water", "building")
-PATCH_FAMILIES = ("filip", "sparc")
 CANDIDATES = ("all", "present")
 
 
@@ -219,13 +220,25 @@ def segmentation_metrics(predictions, labels, num_classes, ignore_index=IGNORE_I
 # ------------------------------------------------------------------------------ patch scores
 
 
+def patch_families():
+    """The registered families whose models give per-patch embeddings (`has_dense_embeddings`), sorted."""
+    return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
+
+
+def __getattr__(name):
+    if name == "PATCH_FAMILIES":  # a constant until the family registry; deprecated 2026-11-28
+        warnings.warn("`PATCH_FAMILIES` is deprecated; call `patch_families()`.", DeprecationWarning, stacklevel=2)
+        return patch_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_family(model):
     """Raises a `TypeError` naming the families that qualify unless `model` has per-patch embeddings."""
     if not model.has_dense_embeddings:
         raise TypeError(
             f"Zero-shot segmentation needs per-patch image embeddings; {type(model).__name__} models give only a "
             "global one. "
-            f"Families that qualify: {', '.join(PATCH_FAMILIES)} (`has_dense_embeddings`)."
+            f"Families that qualify: {', '.join(patch_families())} (`has_dense_embeddings`)."
         )
 
 
@@ -309,7 +322,7 @@ def evaluate_segmentation(model, benchmark, templates=DEFAULT_TEMPLATES, backgro
     bilinearly to each label's size; see the module docstring for the conventions.
 
     Args:
-        model: a FILIP or SPARC model (`PATCH_FAMILIES`); others raise `TypeError`.
+        model: a FILIP or SPARC model (`patch_families()`); others raise `TypeError`.
         benchmark: a `SegmentationBenchmark` (`voc2012(...)`); class 0 is the background.
         templates: prompt templates, e.g. `vlzoo.evaluation.SIMPLE_TEMPLATES`.
         background: `"ignore"` (VOC20, default), `"prompts"` or a threshold in (0, 1) (VOC21).

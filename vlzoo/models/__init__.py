@@ -1,5 +1,14 @@
-"""Model families."""
+"""Model families, and their registry (`vlzoo.families`): every built-in family is registered
+once this package is imported, so `registered_families()` read from here lists them all.
 
+Example:
+>>> from vlzoo.models import get_family, registered_families
+>>> "sparc" in registered_families()
+True
+"""
+
+from vlzoo.families import CLIPTransfer, Family, get_family, register_family, registered_families  # noqa: F401
+from vlzoo.families import transfer_families  # noqa: F401
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.filip import FILIP

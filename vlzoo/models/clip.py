@@ -4,6 +4,7 @@ import math
 
 import keras
 
+from vlzoo.families import Family, register_family
 from vlzoo.losses import clip_logits, clip_loss, clip_loss_rows
 from vlzoo.models.base import ContrastiveModel
 
@@ -54,3 +55,6 @@ class CLIP(ContrastiveModel):
     def replica_loss(self, outputs, start, count, training=False):
         """This replica's image and text rows against every text and image (open_clip's `local_loss`)."""
         return clip_loss_rows(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], start, count)
+
+
+register_family(Family("clip", CLIP))

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_loss_rows, filip_similarity, filip_token_alignment
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import TokenSimilarityMean
@@ -213,3 +214,6 @@ class FILIP(TokenContrastiveModel):
             similarity_dtype=self.similarity_dtype,
         )
         return config
+
+
+register_family(Family("filip", FILIP, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True)))

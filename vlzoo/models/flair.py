@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
 from vlzoo.losses._chunking import take_rows
@@ -254,3 +255,6 @@ class FLAIR(ContrastiveModel):
             use_global_loss=self.use_global_loss, chunk_size=self.chunk_size, seed=self.seed,
         )
         return config
+
+
+register_family(Family("flair", FLAIR, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), embed_dim=True)))

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, TEXT_PROJECTION, register_family
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_loss_rows, llip_template_average
@@ -263,3 +264,15 @@ class Llip(ContrastiveModel):
             init_logit_bias=self.init_logit_bias, chunk_size=self.chunk_size, num_chunks=self.num_chunks,
         )
         return config
+
+
+# Llip's number of mixture tokens when started from CLIP: the authors' released ViT-B/16 (K = 32).
+LLIP_MIXTURE_TOKENS = 32
+
+
+def _configure_from_clip(config, clip):
+    """From CLIP: `LLIP_MIXTURE_TOKENS` mixture tokens in place of the CLS token."""
+    config["vision"]["num_prefix_tokens"] = LLIP_MIXTURE_TOKENS
+
+
+register_family(Family("llip", Llip, from_clip=CLIPTransfer(projections=(TEXT_PROJECTION,), embed_dim=True, configure=_configure_from_clip)))

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.families import Family, register_family
 from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked, siglip_loss_rows
 from vlzoo.models.base import ContrastiveModel
 
@@ -77,3 +78,6 @@ class SigLIP(ContrastiveModel):
         config = super().get_config()
         config.update(init_logit_bias=self.init_logit_bias, loss_num_chunks=self.loss_num_chunks)
         return config
+
+
+register_family(Family("siglip", SigLIP))

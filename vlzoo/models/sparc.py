@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss, sparc_loss_rows
 from vlzoo.models.token_level import TokenContrastiveModel
 
@@ -161,3 +162,6 @@ class SPARC(TokenContrastiveModel):
             global_vision_head=self.global_vision_head, text_pool=self.text_pool,
         )
         return config
+
+
+register_family(Family("sparc", SPARC, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True)))

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.losses import clip_loss, clip_loss_rows, l2_normalize
 from vlzoo.losses._utils import check_embeds
@@ -295,3 +296,6 @@ class SPARO(ContrastiveModel):
             share_key_value=self.share_key_value, reduce_depth=self.reduce_depth, end_token_id=self.end_token_id,
         )
         return config
+
+
+register_family(Family("sparo", SPARO, from_clip=CLIPTransfer(logit_scale=True)))

@@ -6,13 +6,14 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
 from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_contrastive_loss_rows
 from vlzoo.losses.stair import stair_logits
 from vlzoo.models import stair_stages
 from vlzoo.models.base import ContrastiveModel
-from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, bundled_tokenizer
+from vlzoo.tokenizers import BERT_UNCASED, BERT_UNCASED_VOCABULARY_SIZE, CLIP_BPE_VOCABULARY_SIZE, bundled_tokenizer
 
 STAGES = (1, 2, 3)
 STAGE2_IMAGE_EMBEDS = ("snapshot", "shared")
@@ -517,3 +518,16 @@ def _check_excluded(excluded_token_ids, vocabulary_size):
             f"`excluded_token_ids` must lie in [0, {vocabulary_size}); received values in [{ids[0]}, {ids[-1]}]."
         )
     return ids
+
+
+# CLIP BPE's <|startoftext|> and <|endoftext|>: not words, so never terms of a STAIR vector.
+CLIP_BPE_SPECIAL_IDS = (49406, 49407)
+
+
+def _configure_from_clip(config, clip):
+    """From CLIP: CLIP BPE's start and end tokens are left out of the vectors."""
+    bpe = config["text"]["vocabulary_size"] == CLIP_BPE_VOCABULARY_SIZE
+    config["excluded_token_ids"] = list(CLIP_BPE_SPECIAL_IDS) if bpe else None
+
+
+register_family(Family("stair", STAIR, from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip)))
