@@ -22,11 +22,12 @@ from conftest import to_numpy
 from families import FAMILIES
 
 import vlzoo
+from vlzoo.models import get_family
 
-# Families whose loss is a softmax cross-entropy over the batch alone at the first step
-# (STAIR's FLOPs regularisers ramp up from a weight of 0 at step 0).
-SOFTMAX = ("clip", "filip", "sparo", "stair")
-SIGMOID = ("siglip", "llip", "flair")
+# Families whose loss at the first step is a softmax cross-entropy, or the sigmoid loss, of the batch's
+# scores alone, as each declares (`Family.score_loss`; STAIR's FLOPs regularisers ramp up from 0).
+SOFTMAX = tuple(family for family in FAMILIES if get_family(family).score_loss == "softmax")
+SIGMOID = tuple(family for family in FAMILIES if get_family(family).score_loss == "sigmoid")
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 from conftest import tiny_batch
 from families import FAMILIES
+from families import SHAPES_FAMILIES
 from peers import open_clip_or_skip
 
 import vlzoo
@@ -406,7 +407,7 @@ def shapes_queries():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHAPES_FAMILIES)
 def test_zero_shot_decisions_survive_bfloat16(family, shapes_queries):
     data = shapes_queries
     scores, models = {}, {}

@@ -13,6 +13,7 @@ from vlzoo.data import shapes
 
 from backend_utils import run_once
 from families import FAMILIES
+from families import SHAPES_FAMILIES
 
 
 
@@ -55,7 +56,7 @@ def test_int8_warns_where_it_is_slower_than_float32():
 
 
 @run_once  # seven models' scores twice; the int8 kernels of each backend round-trip above
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHAPES_FAMILIES)
 def test_int8_stays_close_to_float32_on_the_shapes_models(family):
     """Shapes images against the 24 class prompts. int8 rounds each kernel to 1/254 of its channel's range and
     each input row to 1/254 of its own. Measured on an AVX-512 EPYC (PyTorch, 240 images; this test draws

@@ -19,14 +19,14 @@ import pytest
 import vlzoo
 from backend_utils import run_once
 from conftest import to_numpy
-from families import FAMILIES
+from families import SHAPES_PRESETS
 from margins import DECISION_MARGIN
 from vlzoo import presets
 from vlzoo.data import shapes
 from vlzoo.evaluation import recall_at_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = [f"{family}_shapes" for family in FAMILIES]
+NAMES = list(SHAPES_PRESETS)
 
 
 def _train_shapes():

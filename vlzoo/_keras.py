@@ -31,6 +31,7 @@ Example:
 """
 
 import contextlib
+import random
 
 import keras
 from keras.src import backend
@@ -50,8 +51,12 @@ def without_weights():
     try to initialise them. The states of random generators
     (`keras.random.SeedGenerator`, two integers each, never among a model's
     weights) are initialised on exit: loading weights does not assign them.
+    Python's `random`, from which Keras draws the seed of every unseeded
+    initializer it constructs, is restored on exit: no value was drawn, so a
+    seeded caller's stream is left as it was.
     """
     pending = list(global_state.get_global_attribute(_PENDING, [], set_to_default=True))
+    random_state = random.getstate()
     try:
         with keras.StatelessScope(initialize_variables=False):
             yield
@@ -61,6 +66,7 @@ def without_weights():
         for variable in created:
             if variable.name == "seed_generator_state":
                 variable._deferred_initialize()
+        random.setstate(random_state)
 
 
 def in_stateless_scope():

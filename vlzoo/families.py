@@ -22,6 +22,7 @@ import types
 from vlzoo import registry
 
 _FAMILIES = {}
+SCORE_LOSSES = ("softmax", "sigmoid", None)
 
 # CLIP's tower projections into the joint space, as `(target path, CLIP path)` pairs of `CLIPTransfer`.
 IMAGE_PROJECTION = ("image_projection/kernel", "vision/projection/kernel")
@@ -59,6 +60,11 @@ class Family:
         name: the family name, also the model class's `family` attribute ("sparc").
         model_class: the `vlzoo.models.ContrastiveModel` subclass.
         from_clip: a `CLIPTransfer` when the family can start from a CLIP checkpoint, else None.
+        score_loss: what the loss is at the first training step, as a function of `similarity`'s
+            `(B, B)` scores of the batch alone: `"softmax"` (CLIP's symmetric InfoNCE: CLIP, FILIP,
+            SPARO, STAIR before its FLOPs weights ramp up), `"sigmoid"` (the pairwise sigmoid loss
+            with its bias: SigLIP, Llip; FLAIR averages two), or None (other terms too: SPARC's
+            token-level loss). What a constant or a single-pair batch must give follows from it.
         presets: `{preset name: registry entry}` of presets defined in code (the same fields as
             an entry of `presets/registry.json`, see `vlzoo.registry`); their directories are
             written when first loaded.
@@ -67,6 +73,7 @@ class Family:
     name: str
     model_class: type
     from_clip: CLIPTransfer = None
+    score_loss: str = None
     presets: types.MappingProxyType = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -79,6 +86,8 @@ class Family:
             )
         if self.from_clip is not None and not isinstance(self.from_clip, CLIPTransfer):
             raise TypeError(f"`from_clip` must be a CLIPTransfer or None; received {type(self.from_clip).__name__}.")
+        if self.score_loss not in SCORE_LOSSES:
+            raise ValueError(f"`score_loss` must be one of {SCORE_LOSSES}; received {self.score_loss!r}.")
         object.__setattr__(self, "presets", types.MappingProxyType(dict(self.presets)))
 
 

@@ -57,4 +57,4 @@ class CLIP(ContrastiveModel):
         return clip_loss_rows(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], start, count)
 
 
-register_family(Family("clip", CLIP))
+register_family(Family("clip", CLIP, score_loss="softmax"))

@@ -216,4 +216,7 @@ class FILIP(TokenContrastiveModel):
         return config
 
 
-register_family(Family("filip", FILIP, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True)))
+register_family(Family(
+    "filip", FILIP, score_loss="softmax",
+    from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True),
+))

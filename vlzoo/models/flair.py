@@ -257,4 +257,7 @@ class FLAIR(ContrastiveModel):
         return config
 
 
-register_family(Family("flair", FLAIR, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), embed_dim=True)))
+register_family(Family(
+    "flair", FLAIR, score_loss="sigmoid",
+    from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), embed_dim=True),
+))

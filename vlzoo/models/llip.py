@@ -275,4 +275,7 @@ def _configure_from_clip(config, clip):
     config["vision"]["num_prefix_tokens"] = LLIP_MIXTURE_TOKENS
 
 
-register_family(Family("llip", Llip, from_clip=CLIPTransfer(projections=(TEXT_PROJECTION,), embed_dim=True, configure=_configure_from_clip)))
+register_family(Family(
+    "llip", Llip, score_loss="sigmoid",
+    from_clip=CLIPTransfer(projections=(TEXT_PROJECTION,), embed_dim=True, configure=_configure_from_clip),
+))

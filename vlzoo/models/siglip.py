@@ -80,4 +80,4 @@ class SigLIP(ContrastiveModel):
         return config
 
 
-register_family(Family("siglip", SigLIP))
+register_family(Family("siglip", SigLIP, score_loss="sigmoid"))

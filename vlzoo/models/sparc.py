@@ -164,4 +164,7 @@ class SPARC(TokenContrastiveModel):
         return config
 
 
-register_family(Family("sparc", SPARC, from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True)))
+register_family(Family(
+    "sparc", SPARC,
+    from_clip=CLIPTransfer(projections=(IMAGE_PROJECTION, TEXT_PROJECTION), logit_scale=True, embed_dim=True),
+))

@@ -298,4 +298,4 @@ class SPARO(ContrastiveModel):
         return config
 
 
-register_family(Family("sparo", SPARO, from_clip=CLIPTransfer(logit_scale=True)))
+register_family(Family("sparo", SPARO, score_loss="softmax", from_clip=CLIPTransfer(logit_scale=True)))

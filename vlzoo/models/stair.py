@@ -530,4 +530,7 @@ def _configure_from_clip(config, clip):
     config["excluded_token_ids"] = list(CLIP_BPE_SPECIAL_IDS) if bpe else None
 
 
-register_family(Family("stair", STAIR, from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip)))
+register_family(Family(
+    "stair", STAIR, score_loss="softmax",
+    from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip),
+))

@@ -1,0 +1,142 @@
+"""A family defined outside vlzoo, as a third party would write one, following docs/adding_a_family.md:
+CLIP whose similarity is the mean over heads of per-head cosines, each with its own learned temperature.
+
+Importing this module registers the family "headwise_clip" and its preset `headwise_clip_tiny`
+(defined in code, no file under presets/). `tests/families.py` imports it, so every cross-cutting test
+that takes its families from the registry covers it without naming it: the measure that a new family
+is one registration.
+
+The family: embeddings split into `num_heads` heads of `embed_dim / num_heads` features; the score of
+image i and text j is `mean_h exp(s + o_h) * cos(image_i[h], text_j[h])`, with CLIP's learned
+log-temperature `s` and a learned offset `o_h` per head (`head_logit_offset`, shape `(num_heads,)`,
+zero at first); the loss is CLIP's symmetric InfoNCE on it.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from vlzoo.losses import l2_normalize
+from vlzoo.models import CLIP, CLIPTransfer, Family, register_family
+
+FAMILY = "headwise_clip"
+
+
+def headwise_logits(image, text, scales):
+    """`(N_image, N_text)` float32: `mean_h scales[h] * cos(image[:, h], text[:, h])`.
+
+    `image` `(N_image, H, d)`, `text` `(N_text, H, d)`, `scales` `(H,)`.
+    """
+    image, text = l2_normalize(image, axis=-1), l2_normalize(text, axis=-1)
+    cosines = ops.einsum("ihd,jhd->hij", image, text)
+    return ops.mean(ops.cast(scales, "float32")[:, None, None] * cosines, axis=0)
+
+
+def _cross_entropy(logits, labels):
+    """Mean over rows of `-log_softmax(logits)[row, labels[row]]`."""
+    picked = ops.one_hot(labels, ops.shape(logits)[1], dtype="float32") * ops.log_softmax(logits, axis=-1)
+    return -ops.mean(ops.sum(picked, axis=-1))
+
+
+def headwise_loss_rows(image, text, scales, start, count):
+    """This replica's share: images `start .. start + count - 1` against every text, and those texts
+    against every image. The shares of equal row ranges average to `headwise_loss_rows(..., 0, N)`."""
+    rows = lambda x: ops.slice(x, (start, 0, 0), (count, ops.shape(x)[1], ops.shape(x)[2]))  # noqa: E731
+    labels = start + ops.arange(count)
+    image_to_text = _cross_entropy(headwise_logits(rows(image), text, scales), labels)
+    text_to_image = _cross_entropy(headwise_logits(rows(text), image, scales), labels)
+    return (image_to_text + text_to_image) / 2
+
+
+@keras.saving.register_keras_serializable(package="vlzoo_tests")
+class HeadwiseCLIP(CLIP):
+    """CLIP with a temperature per head of the embedding.
+
+    Args:
+        vision, text, embed_dim, init_logit_scale: as `vlzoo.models.CLIP`.
+        num_heads: heads the embedding is split into; must divide `embed_dim`.
+    """
+
+    family = FAMILY
+
+    def __init__(self, vision, text, embed_dim=512, init_logit_scale=math.log(1 / 0.07), num_heads=2, **kwargs):
+        super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        if embed_dim % num_heads:
+            raise ValueError(f"`num_heads` must divide `embed_dim` {embed_dim}; received {num_heads}.")
+        self.num_heads = num_heads
+        self.head_logit_offset = self.add_weight(
+            shape=(num_heads,), initializer="zeros", dtype="float32", name="head_logit_offset",
+        )
+
+    def head_scales(self, logit_scale):
+        """`exp(s + o_h)` per head, `(num_heads,)`, from `logit_scale` = `exp(s)`."""
+        return logit_scale * ops.exp(ops.convert_to_tensor(self.head_logit_offset))
+
+    def _heads(self, embeds):
+        return ops.reshape(embeds, (-1, self.num_heads, ops.shape(embeds)[-1] // self.num_heads))
+
+    def score(self, image_embeds, text_embeds):
+        """The head-wise logits of the global embeddings, `(N_images, N_texts)` float32."""
+        image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
+        scales = self.head_scales(self.logit_scale_value())
+        return headwise_logits(self._heads(image["embeds"]), self._heads(text["embeds"]), scales)
+
+    def contrastive_loss(self, outputs, training=False):
+        return self.replica_loss(outputs, 0, ops.shape(outputs["image_embeds"])[0], training=training)
+
+    def replica_loss(self, outputs, start, count, training=False):
+        image, text = self._heads(outputs["image_embeds"]), self._heads(outputs["text_embeds"])
+        return headwise_loss_rows(image, text, self.head_scales(outputs["logit_scale"]), start, count)
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads}
+
+
+def _configure_from_clip(config, clip):
+    """From CLIP: the towers keep their projections (the family scores CLIP's own embedding)."""
+    config["vision"]["output_dim"] = clip.vision_config["output_dim"]
+    config["text"]["output_dim"] = clip.text_config["output_dim"]
+    config["num_heads"] = 2 if clip.embed_dim % 2 == 0 else 1
+
+
+TOWER = dict(hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64, activation="quick_gelu")
+TINY = {
+    "family": FAMILY,
+    "class_name": "HeadwiseCLIP",
+    "description": "Tiny head-wise CLIP, a family defined in the tests.",
+    "paper": "vlzoo's tests (tests/extension_family.py)",
+    "weights_note": "Random initialisation; for tests.",
+    "config": {
+        "vision": dict(image_size=32, patch_size=8, **TOWER),
+        "text": dict(vocabulary_size=49408, sequence_length=16, **TOWER),
+        "embed_dim": 24,
+        "num_heads": 2,
+    },
+    "tokenizer": {"class_name": "CLIPTokenizer", "assets": "clip_bpe"},
+    "preprocessor": {"image_size": 32},
+}
+
+register_family(Family(
+    FAMILY, HeadwiseCLIP, score_loss="softmax",
+    from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip),
+    presets={f"{FAMILY}_tiny": TINY},
+))
+
+
+def reference_loss(image, text, scales, num_heads):
+    """The family's whole-batch loss in numpy (float64), the independent reference of its tests."""
+    def split(x):
+        x = np.asarray(x, "float64").reshape(len(x), num_heads, -1)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    image, text = split(image), split(text)
+    logits = np.mean(np.asarray(scales, "float64")[:, None, None]
+                     * np.einsum("ihd,jhd->hij", image, text), axis=0)
+
+    def cross_entropy(z):
+        z = z - z.max(axis=1, keepdims=True)
+        return -np.mean(np.diag(z) - np.log(np.exp(z).sum(axis=1)))
+
+    return (cross_entropy(logits) + cross_entropy(logits.T)) / 2
