@@ -67,7 +67,7 @@ class HeadwiseCLIP(CLIP):
             raise ValueError(f"`num_heads` must divide `embed_dim` {embed_dim}; received {num_heads}.")
         self.num_heads = num_heads
         self.head_logit_offset = self.add_weight(
-            shape=(num_heads,), initializer="zeros", dtype="float32", name="head_logit_offset",
+            shape=(num_heads,), initializer="zeros", dtype="float32", autocast=False, name="head_logit_offset",
         )
 
     def head_scales(self, logit_scale):

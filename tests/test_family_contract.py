@@ -1,4 +1,7 @@
-"""The structure every family's encoders return, and what `score` and `predict` make of it."""
+"""The contract every registered family keeps: the structure its encoders return and what `score` and
+`predict` make of it; a saved preset that reloads exactly; `fit` on the family's own loss; replica shares
+that average to the whole loss. Families come from the registry (`families.py`), the one defined in the
+tests included: a new family is covered by registering it."""
 
 import functools
 
@@ -7,12 +10,18 @@ import numpy as np
 import pytest
 from backend_utils import to_numpy
 from conftest import tiny_batch
+from families import FAMILIES
+from families import SHAPES_FAMILIES
 from families import SHAPES_PRESETS
+from margins import assert_decision_margin
+from margins import margin_batch
+from margins import tiny_family_model
 
 import vlzoo
 from vlzoo.losses.llip import llip_contextualize
 
-PRESETS = list(SHAPES_PRESETS)
+# Each family's trained shapes preset, else its tiny one.
+PRESETS = list(SHAPES_PRESETS) + [f"{family}_tiny" for family in FAMILIES if family not in SHAPES_FAMILIES]
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,3 +136,63 @@ def test_dense_embeddings_are_one_per_patch_where_declared(preset):
     assert dense.shape == (3, patches, model.embed_dim)
     if preset == "filip_shapes" and not model.interaction_include_cls:
         np.testing.assert_allclose(dense.mean(axis=1), to_numpy(model.encode_image(images)["embeds"]), atol=1e-5)
+
+
+def _loaded_weights_and_scores(model, images, texts):
+    return [to_numpy(v) for v in model.weights], to_numpy(model.similarity(images, texts))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_saved_preset_reloads_exactly(family, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = tiny_family_model(family)
+    images, texts = _inputs(model)
+    model.save_to_preset(tmp_path / family)
+    again = vlzoo.from_preset(str(tmp_path / family))
+    assert type(again) is type(model) and again.get_config() == model.get_config()
+    assert [v.path for v in again.weights] == [v.path for v in model.weights]
+    want_weights, want_scores = _loaded_weights_and_scores(model, images, texts)
+    got_weights, got_scores = _loaded_weights_and_scores(again, images, texts)
+    for want, got in zip(want_weights, got_weights, strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_scores, want_scores)
+    assert again.tokenizer(["a red circle"])["token_ids"].tolist() == model.tokenizer(["a red circle"])[
+        "token_ids"].tolist()
+
+
+def _batch_for(family):
+    keras.utils.set_random_seed(0)
+    model = tiny_family_model(family, logit_scale_max=None)
+    batch = margin_batch(model)
+    assert_decision_margin(model, batch)  # the two computations below take the same discrete choices
+    return model, batch
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replica_shares_average_to_the_whole_loss(family):
+    # Two replicas of four rows: each gets `call`'s outputs of the global batch, but only its own rows of
+    # the outputs it declares local (`replica_local_outputs`), as `compute_loss` gives them in a launch.
+    model, batch = _batch_for(family)
+    outputs = model(batch, training=True)
+    whole = float(to_numpy(model.contrastive_loss(outputs, training=True)))
+    shares = []
+    for start in (0, 4):
+        local = {key: outputs[key][start:start + 4] for key in model.replica_local_outputs}
+        shares.append(float(to_numpy(model.replica_loss({**outputs, **local}, start, 4, training=True))))
+    assert np.mean(shares) == pytest.approx(whole, rel=1e-5, abs=1e-6)
+    assert abs(shares[0] - shares[1]) > 1e-4 * abs(whole), shares  # each its own rows, not the whole loss twice
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fit_trains_on_the_familys_own_loss(family):
+    # fit's loss on its one batch is the family's loss of that batch before the step (`compute_loss`, the
+    # regularisers included), and the step moves the weights, every one finite.
+    model, batch = _batch_for(family)
+    expected = float(to_numpy(model.compute_loss(batch, y_pred=model(batch, training=True))))
+    before = [to_numpy(v).copy() for v in model.trainable_variables]
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    history = model.fit(batch, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    after = [to_numpy(v) for v in model.trainable_variables]
+    assert all(np.isfinite(value).all() for value in after)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(after, before, strict=True)) > 1e-6

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import fit_and_measure, tiny_batch, to_numpy
+from families import TRANSFER_FAMILIES
 
 import vlzoo
 from vlzoo.transfer import TransferReport
@@ -170,8 +171,31 @@ def test_from_preset_family_on_a_saved_clip_and_the_errors(clip, tmp_path):
         vlzoo.transfer.from_clip(clip, "filip", verbose=False, vision=dict(intermediate_dim=128))
 
 
+def _below(model, variable):
+    """A variable's path below the model (`vision/block_0/...`, `logit_scale`), as the report names it."""
+    prefix = f"{model.name}/"
+    return variable.path[len(prefix):] if variable.path.startswith(prefix) else variable.path
+
+
+@pytest.mark.parametrize("family", TRANSFER_FAMILIES)
+def test_every_transferred_weight_is_clips_and_every_other_is_new(clip, family):
+    """The report accounts for every trainable variable: copied from CLIP (equal to the CLIP weight it names,
+    up to Llip's position rows, which repeat CLIP's CLS row) or new; CLIP's that were not used are left out."""
+    model, report = _transfer(clip, family)
+    source = {_below(clip, v): to_numpy(v) for v in clip.variables}
+    target = {_below(model, v): v for v in model.variables}
+    trainable = {_below(model, v) for v in model.trainable_variables}
+    assert trainable <= set(report.transferred) | set(report.new)
+    assert not set(report.transferred) & set(report.new)
+    for path, origin in report.transferred.items():
+        value = to_numpy(target[path])
+        if value.shape == source[origin].shape:
+            np.testing.assert_array_equal(value, source[origin], err_msg=path)
+    assert set(report.left_out) == set(source) - set(report.transferred.values())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["filip", "sparc", "sparo", "llip", "stair", "flair"])
+@pytest.mark.parametrize("family", TRANSFER_FAMILIES)
 def test_fit_fine_tunes_on_the_familys_own_loss(clip, family):
     model, _ = _transfer(clip, family)
     before, after = fit_and_measure(model, tiny_batch(**BATCH), epochs=6, training=True)

@@ -120,6 +120,8 @@ import time
 
 import numpy as np
 
+from vlzoo import registry
+
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no package (loaded from a path)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from bench_device import DevicePeakMemory, accelerator, wait_for  # noqa: E402
@@ -151,7 +153,8 @@ JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_cus
                  "--xla_cpu_use_xnnpack=true", "--xla_cpu_experimental_xnn_fusion_type=dot")
 GPU_MATMUL_SIZE = 8192  # the precision entry's roofline matmul on an accelerator (N = 2048 on the CPU)
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
-EXCHANGE_FAMILIES = ("clip", "llip", "siglip", "filip", "sparc", "sparo", "stair", "flair")
+# Every family with registered presets, CLIP and Llip (the --quick pair) first.
+EXCHANGE_FAMILIES = ("clip", "llip") + tuple(family for family in registry.families() if family not in ("clip", "llip"))
 # The shapes of the loss_memory and share_memory losses (--quick: smaller token counts).
 LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk_size=None),
                "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8),
