@@ -5,11 +5,14 @@ tests included: a new family is covered by registering it."""
 
 import functools
 
+import extension_family
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from backend_utils import to_numpy
 from conftest import tiny_batch
+from families import EXTENSION_FAMILY
 from families import FAMILIES
 from families import SHAPES_FAMILIES
 from families import SHAPES_PRESETS
@@ -18,7 +21,13 @@ from margins import margin_batch
 from margins import tiny_family_model
 
 import vlzoo
+from vlzoo import catalogue
+from vlzoo import presets
+from vlzoo import registry
 from vlzoo.losses.llip import llip_contextualize
+from vlzoo.models import Family
+from vlzoo.models import register_family
+from vlzoo.models import registered_families
 
 # Each family's trained shapes preset, else its tiny one.
 PRESETS = list(SHAPES_PRESETS) + [f"{family}_tiny" for family in FAMILIES if family not in SHAPES_FAMILIES]
@@ -196,3 +205,30 @@ def test_fit_trains_on_the_familys_own_loss(family):
     after = [to_numpy(v) for v in model.trainable_variables]
     assert all(np.isfinite(value).all() for value in after)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(after, before, strict=True)) > 1e-6
+
+
+@run_once
+def test_a_preset_defined_in_code_is_listed_counted_and_written_once():
+    name = f"{EXTENSION_FAMILY}_tiny"
+    assert vlzoo.list_presets(family=EXTENSION_FAMILY) == [name]
+    directory = presets.resolve_preset(name)
+    assert presets.resolve_preset(name) == directory and (directory / "config.json").is_file()
+    model = tiny_family_model(EXTENSION_FAMILY)
+    assert vlzoo.preset_info(name)["params"] == model.count_params()
+    with pytest.raises(FileNotFoundError, match="defined in code"):
+        catalogue.resolve_preset(name)  # no Keras there to write it: it says where it is written
+
+
+@run_once
+def test_registration_refuses_what_would_make_the_registry_ambiguous():
+    with pytest.raises(ValueError, match="has `family` 'headwise_clip'; set its class attribute"):
+        Family("another", extension_family.HeadwiseCLIP)
+    with pytest.raises(ValueError, match="already registered with vlzoo.models.clip.CLIP"):
+        register_family(Family("clip", type("CLIP2", (vlzoo.CLIP,), {"family": "clip"})))
+    with pytest.raises(ValueError, match="already defined in .*registry.json"):
+        registry.register("clip_tiny", registry.definition("clip_tiny"))
+    with pytest.raises(ValueError, match="lacks paper"):
+        registry.register("mine_tiny", {k: v for k, v in registry.definition("clip_tiny").items() if k != "paper"})
+    with pytest.raises(ValueError, match="`score_loss` must be one of"):
+        Family(EXTENSION_FAMILY, extension_family.HeadwiseCLIP, score_loss="hinge")
+    assert registered_families() == FAMILIES  # nothing above was registered
