@@ -108,11 +108,17 @@ def describe(name):
 
     The parameter count of a registered preset is its metadata's (written
     by `tools/build_presets.py` from the config, and checked by its `--check`);
-    for a directory it is None here: `vlzoo.preset_info` counts it from the
-    config (with Keras, without allocating weights).
+    for a directory, or a preset a family defines in code, it is None here:
+    `vlzoo.preset_info` counts it from the config (with Keras, without
+    allocating weights).
     """
     if name in pretrained_catalogue():
         return _pretrained_info(name)
+    if registry.defined_in_code(str(name)):  # no directory until it is loaded, and no count without Keras
+        entry = registry.definition(str(name))
+        return {"name": str(name), "family": entry["family"], "params": None, "paper": entry["paper"],
+                "weights_available": False, "weights_note": entry["weights_note"],
+                "description": entry["description"], "directory": None}
     directory = resolve_preset(name)
     metadata = read_json(directory / METADATA_FILE)
     config = read_json(directory / CONFIG_FILE)

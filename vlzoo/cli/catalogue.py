@@ -48,7 +48,7 @@ def _list(args, out):
         rows = [("name", "family", "params", "weights")]
     for name in catalogue.list_presets(family=args.family, pretrained=args.pretrained):
         info = catalogue.describe(name)
-        params = f"{info['params']:,} ({_format_params(info['params'])})"
+        params = "-" if info["params"] is None else f"{info['params']:,} ({_format_params(info['params'])})"
         if args.pretrained:
             rows.append((name, info["family"], params, info["download_size"] or "not stated", info["licence"],
                          info["handle"]))
