@@ -10,12 +10,10 @@ import os as _os
 import platform as _platform
 import sys as _sys
 
-# TensorFlow turns its oneDNN CPU kernels on by default only on CPUs with AVX-512 VNNI, AMX and the
-# like; on AVX2-only x86 hosts its own kernels are much slower (ViT-B/16 `encode_image`: 0.77x
-# open_clip's throughput without oneDNN, 1.04x with it; matmul 130 -> 171 GFLOP/s on a 2-core AMD
-# EPYC). TensorFlow reads the switch once, when it is imported, so this only takes effect when vlzoo
-# is imported before TensorFlow (or Keras on its TensorFlow backend); set TF_ENABLE_ONEDNN_OPTS
-# yourself (to 1, or to 0 to opt out) to decide either way.
+# TensorFlow's oneDNN CPU kernels, on by default only on CPUs with AVX-512 VNNI or AMX, are turned on
+# for every x86 CPU (the AVX2-only ones gain most; docs/workarounds.md). TensorFlow reads the switch
+# once, when it is imported, so this only takes effect when vlzoo is imported before TensorFlow (or
+# Keras on its TensorFlow backend); set TF_ENABLE_ONEDNN_OPTS yourself (1, or 0 to opt out).
 if "tensorflow" not in _sys.modules and _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -1,10 +1,9 @@
 """Eager inference calls that run as one compiled program: what differs per backend.
 
 A notebook's first call, `model.encode_image(x)`, is eager. An eager call
-dispatches every operation from Python, one by one, through Keras: on the
-`host_overhead` model of docs/benchmarks.md that is 17 to 30 times slower
-than open_clip on JAX and TensorFlow and 3 to 4 times on PyTorch, while the
-same computation compiled (`predict` on JAX and TensorFlow) is on par.
+dispatches every operation from Python, one by one, through Keras, which is
+many times slower than the same computation compiled (the `host_overhead`
+entry of docs/benchmarks.md).
 `inference_function(fn, variables)` (`variables`: a function returning the
 variables `fn` reads) returns `fn` run as a compiled program, with the same
 results up to the compiler's rounding:

@@ -51,8 +51,8 @@ def inference_function(fn, variables):
     (`vlzoo.compiled`).
 
     Keras' PyTorch backend dispatches each operation from Python (argument
-    checks, conversions, result dtypes: about 10 to 15 us an operation), which
-    makes an eager tower several times slower than the same torch kernels
+    checks, conversions, result dtypes), which makes an eager tower several
+    times slower than the same torch kernels
     called by PyTorch modules. `torch.jit.trace` records the kernels one call
     runs; the recorded program then runs them without Keras' Python. The
     values of the variables `fn` reads are inputs of the program, not

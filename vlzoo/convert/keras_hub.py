@@ -8,7 +8,7 @@ backbone.
 Known difference: keras-hub's CLIP text encoder normalises its output with
 LayerNorm epsilon 1e-6 while its blocks use 1e-5; vlzoo's text tower has one
 epsilon for all its LayerNorms (1e-5 here). The effect on normalised text
-embeddings is about 1e-7 (measured by the tests), below float32 noise.
+embeddings is below float32 noise (the tests bound it).
 
 keras-hub's CLIP image encoder looks its position table up through a
 `position_ids` weight (zeros in a freshly built encoder, `arange` in presets);

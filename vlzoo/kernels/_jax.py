@@ -1,11 +1,9 @@
 """JAX: kernels faster than those Keras' ops reach, for the towers' attention and dense layers.
 
 **Attention on a GPU: cuDNN's fused (flash) attention at any sequence length, by padding to a
-multiple of 64.** Keras checks cuDNN's flash attention for inference only, and in training cuDNN refused ViT-B/16's
-197 tokens on an H100 (JAX 0.11.2: "Unsupported sequence length Q 197, KV 197"), so vlzoo had XLA's
-unfused attention there, which materialises the `(B, heads, N, N)` logits, their softmax and its
-gradient in memory: with the elementwise work around it, half the kernel time of CLIP-B/16's
-`mixed_bfloat16` step on that card (docs/benchmarks.md). Padded to the next multiple of 64 (the
+multiple of 64.** Keras checks cuDNN's flash attention for inference only, and in training cuDNN
+refuses sequence lengths such as ViT-B/16's 197 tokens, leaving XLA's unfused attention, which
+materialises the `(B, heads, N, N)` logits, their softmax and its gradient in memory. Padded to the next multiple of 64 (the
 lengths cuDNN's kernels tile by), with the padding outside the sequence lengths of cuDNN's padding
 mask (`query_seq_lengths`, `key_value_seq_lengths` of `jax.nn.dot_product_attention`), the padded
 keys get no weight and the padded queries' rows are dropped: the attention of the unpadded inputs,
@@ -13,13 +11,12 @@ through the fused kernel forward and backward, with no bias (whose training kern
 lengths).
 
 **bfloat16 products on the CPU, accumulated in float32.** Keras' `ops.matmul` asks XLA for a
-bfloat16 product of bfloat16 operands, which XLA:CPU computes at half its float32 speed (N = 2048
-on an AVX-512 BF16 EPYC: 139 GFLOP/s, float32 161); asked for float32 results
-(`preferred_element_type`), it runs the CPU's bfloat16 instructions (274 GFLOP/s). `dense` is a
+bfloat16 product of bfloat16 operands, which XLA:CPU computes more slowly than float32; asked for
+float32 results (`preferred_element_type`), it runs the CPU's bfloat16 instructions. `dense` is a
 `keras.layers.Dense`'s call with that product, rounded to bfloat16 once it is summed, as Keras'
-result is: the same numbers in about half the time. `float32_attention` is attention with its two
-products asked for that way: on ViT-B/16's 197 tokens in bfloat16, 12 ms a block against 87 ms for
-`jax.nn.dot_product_attention`'s XLA implementation (whose bfloat16 products take the slow route).
+result is: the same numbers, faster. `float32_attention` is attention with its two products asked
+for that way (`jax.nn.dot_product_attention`'s XLA implementation takes the slow route). The
+figures and when each can go: docs/workarounds.md.
 """
 
 import jax

@@ -299,9 +299,9 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
     once per block. `scan=None` scans when training on JAX on the CPU
     (`scan_by_default`): given the unrolled stack, XLA's CPU compiler fuses
     the residual stream's gradient sums over all later blocks into every
-    block's backward pass, so a ViT-B/16 training step costs about 1.6x the
-    sum of its blocks; scanned, it costs their sum and compiles faster
-    (ViT-B/16 CLIP's gradient: 18.9 s -> 11.0 s, compile 24 s -> 14 s). On
+    block's backward pass, so a training step costs more than the sum of its
+    blocks; scanned, it costs their sum and compiles faster
+    (docs/benchmarks.md). On
     a GPU the scan costs more than it saves: stacking the weights and
     stashing each block's activations are copies of their own, and the
     stacked stash holds more memory (docs/benchmarks.md). Inference and the

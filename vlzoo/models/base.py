@@ -48,8 +48,7 @@ class ClampLogitScale(keras.constraints.Constraint):
         return {"max_value": self.max_value}
 
 
-# Backends whose Keras int8 inference is slower than float32 on the CPU (docs/serving.md: ViT-B/16 on a 2-core
-# AVX-512 EPYC, 0.15x open_clip float32 on PyTorch, 0.37x on TensorFlow, 1.38x on JAX): `quantize` warns there.
+# Backends whose Keras int8 inference is slower than float32 on the CPU (docs/serving.md): `quantize` warns there.
 SLOW_INT8_BACKENDS = ("torch", "tensorflow")
 
 

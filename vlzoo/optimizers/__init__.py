@@ -3,7 +3,7 @@
 Keras' AdamW on PyTorch updates the variables with ten `torch._foreach_*`
 passes over the weights and five temporaries the size of the model; on the
 CPU, where PyTorch's foreach operations loop over the tensors one by one, it
-takes about 1.6 times PyTorch's own AdamW (docs/benchmarks.md). This
+is much slower than PyTorch's own AdamW (docs/workarounds.md). This
 subclass hands the update to PyTorch's fused Adam kernel, which reads and
 writes each weight, gradient and moment once: the same update (Keras'
 epsilon placement, weight decay and exclusions), rounded in one pass. On JAX
