@@ -28,7 +28,8 @@ PYTEST := OMP_NUM_THREADS=1 $(PYTEST_RUN) tests
 # the code (tests/margins.py). For contributors; not part of `make test` or CI.
 NUMERICS_FILES := tests/test_gradient_caching.py tests/test_precision.py tests/test_conformance.py \
 	tests/test_contrastive_losses.py tests/test_filip_loss.py tests/test_sparc_loss.py tests/test_stair.py \
-	tests/test_degenerate.py tests/test_properties.py tests/test_locking.py tests/test_loss_shares.py
+	tests/test_degenerate.py tests/test_properties.py tests/test_locking.py tests/test_loss_shares.py \
+	tests/test_family_contract.py
 PERTURBATIONS ?= threads isa
 threads_ENV := OMP_NUM_THREADS=4 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
 	XLA_FLAGS=--xla_cpu_multi_thread_eigen=false

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import run_once
+from conftest import shipped_presets
 from test_selection_benchmarks import _winoground
 
 import vlzoo
