@@ -51,7 +51,9 @@ def build(root):
             continue
         cls = keras.saving.get_registered_object(f"vlzoo>{preset['class_name']}")
         if cls is None:
-            raise ValueError(f"presets/registry.json: {name!r} names class {preset['class_name']!r}, not a vlzoo model.")
+            raise ValueError(
+                f"presets/registry.json: {name!r} names class {preset['class_name']!r}, not a vlzoo model."
+            )
         write_registered_preset(name, preset, cls, pathlib.Path(root) / name)
         print(f"wrote {pathlib.Path(root) / name}")
 
