@@ -14,9 +14,9 @@ nowhere else in the package:
   `keras.src.saving.saving_lib.save_weights_only` takes `objects_to_skip`.
 - `call_sublayer()`: call a built sublayer from its parent's `call` without
   `Layer.__call__`'s bookkeeping where that bookkeeping would change nothing.
-  On PyTorch, eager calls spend most of their time there
-  (docs/workarounds.md). Whether it would change anything depends on the autocast scope
-  in force, which only `keras.src.backend` exposes.
+  On PyTorch, eager calls spend most of their time there (docs/workarounds.md).
+  Whether it would change anything depends on the autocast scope in force,
+  which only `keras.src.backend` exposes.
 - `in_stateless_scope()`: whether a `keras.StatelessScope` is open, so that
   the variables' values are the scope's, not their own (a stateless call, or
   Keras' shape inference). `keras.StatelessScope` is public; the question

@@ -103,10 +103,10 @@ def register_family(family):
     if not isinstance(family, Family):
         raise TypeError(f"`family` must be a vlzoo.families.Family; received {type(family).__name__}.")
     known = _FAMILIES.get(family.name)
-    if known is not None and known.model_class.__qualname__ != family.model_class.__qualname__:
+    if known is not None and _class_name(known.model_class) != _class_name(family.model_class):
         raise ValueError(
-            f"Family {family.name!r} is already registered with {known.model_class.__module__}."
-            f"{known.model_class.__qualname__}; choose another name."
+            f"Family {family.name!r} is already registered with {_class_name(known.model_class)}; "
+            "choose another name."
         )
     for name, entry in family.presets.items():
         if entry.get("family") != family.name:
@@ -114,6 +114,10 @@ def register_family(family):
         registry.register(name, entry)
     _FAMILIES[family.name] = family
     return family
+
+
+def _class_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def get_family(name):

@@ -20,6 +20,7 @@ Example:
 """
 
 import json
+import math
 import pathlib
 
 import keras
@@ -120,7 +121,7 @@ def write_registered_preset(name, entry, model_class, directory):
     with without_weights():
         model = model_class(**entry["config"], name=name)
         config = keras.saving.serialize_keras_object(model)
-        count = sum(_size(variable.shape) for variable in model.weights)
+        count = sum(math.prod(int(dim) for dim in variable.shape) for variable in model.weights)
     spec = entry["tokenizer"]
     tokenizer = bundled_tokenizer({**spec, "assets": None}, entry["config"]["text"]["sequence_length"])
     metadata = {
@@ -141,9 +142,3 @@ def write_registered_preset(name, entry, model_class, directory):
     write_preset(directory, config, metadata, tokenizer=tokenizer,
                  preprocessor=ImagePreprocessor(**entry["preprocessor"]), copy_assets=False)
 
-
-def _size(shape):
-    size = 1
-    for dim in shape:
-        size *= int(dim)
-    return size

@@ -92,7 +92,7 @@ def preset_info(name):
     checkpoint file and the `vlzoo convert` command that turns it into a
     preset directory.
     """
-    info = describe(resolve_preset(name) if registry.defined_in_code(str(name)) else name)
+    info = describe(name)
     if info["params"] is None:
         info["params"] = count_parameters_abstractly(read_json(resolve_preset(name) / CONFIG_FILE))
     return info

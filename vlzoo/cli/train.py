@@ -31,7 +31,8 @@ def register(sub):
     _add_preset(p)
     p.add_argument("--family", default=None, metavar="FAMILY",
                    help="train this family (filip, sparc, sparo, llip, stair, flair or another registered with a "
-                   "CLIPTransfer) built on the towers of --preset, a CLIP model (vlzoo.from_preset(..., family=...); docs/transfer.md)")
+                   "CLIPTransfer) built on the towers of --preset, a CLIP model "
+                   "(vlzoo.from_preset(..., family=...); docs/transfer.md)")
     p.add_argument("--new-params-steps", type=_non_negative_int, default=100, metavar="N",
                    help="with --family: first train the parameters the family adds (SPARC's h_v, SPARO's read-outs, "
                    "Llip's mixture tokens and cross-attention, FLAIR's pooling) alone for N steps, everything else "

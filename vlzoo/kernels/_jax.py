@@ -3,12 +3,12 @@
 **Attention on a GPU: cuDNN's fused (flash) attention at any sequence length, by padding to a
 multiple of 64.** Keras checks cuDNN's flash attention for inference only, and in training cuDNN
 refuses sequence lengths such as ViT-B/16's 197 tokens, leaving XLA's unfused attention, which
-materialises the `(B, heads, N, N)` logits, their softmax and its gradient in memory. Padded to the next multiple of 64 (the
-lengths cuDNN's kernels tile by), with the padding outside the sequence lengths of cuDNN's padding
-mask (`query_seq_lengths`, `key_value_seq_lengths` of `jax.nn.dot_product_attention`), the padded
-keys get no weight and the padded queries' rows are dropped: the attention of the unpadded inputs,
-through the fused kernel forward and backward, with no bias (whose training kernels want even
-lengths).
+materialises the `(B, heads, N, N)` logits, their softmax and its gradient in memory. Padded to the
+next multiple of 64 (the lengths cuDNN's kernels tile by), with the padding outside the sequence
+lengths of cuDNN's padding mask (`query_seq_lengths`, `key_value_seq_lengths` of
+`jax.nn.dot_product_attention`), the padded keys get no weight and the padded queries' rows are
+dropped: the attention of the unpadded inputs, through the fused kernel forward and backward, with
+no bias (whose training kernels want even lengths).
 
 **bfloat16 products on the CPU, accumulated in float32.** Keras' `ops.matmul` asks XLA for a
 bfloat16 product of bfloat16 operands, which XLA:CPU computes more slowly than float32; asked for

@@ -230,8 +230,7 @@ class TokenEmbedding(keras.layers.Embedding):
     `k` rows. Keras 3.15's Adam and AdamW square those rows one by one before
     they are summed, so the second moment of such a token's row is
     `sum_i g_i^2` instead of `(sum_i g_i)^2`, and its step is up to `sqrt(k)`
-    times too large. In text batches every caption's end
-    token repeats. In training this layer reads the table through `ops.where`,
+    times too large. In text batches every caption's end token repeats. In training this layer reads the table through `ops.where`,
     whose TensorFlow gradient sums the rows into one dense gradient first: the
     gradient JAX and PyTorch compute. Elsewhere it is `keras.layers.Embedding`.
 

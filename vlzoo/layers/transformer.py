@@ -300,9 +300,8 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
     (`scan_by_default`): given the unrolled stack, XLA's CPU compiler fuses
     the residual stream's gradient sums over all later blocks into every
     block's backward pass, so a training step costs more than the sum of its
-    blocks; scanned, it costs their sum and compiles faster
-    (docs/benchmarks.md). On
-    a GPU the scan costs more than it saves: stacking the weights and
+    blocks; scanned, it costs their sum and compiles faster (docs/benchmarks.md).
+    On a GPU the scan costs more than it saves: stacking the weights and
     stashing each block's activations are copies of their own, and the
     stacked stash holds more memory (docs/benchmarks.md). Inference and the
     other backends run the blocks one after another (an eager scan would be
