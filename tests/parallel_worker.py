@@ -251,7 +251,8 @@ def launch(backend, out_dir):
         coordinator = f"127.0.0.1:{free_port()}"
         add("jax_processes", [([sys.executable, worker, "jax"], worker_env(
             "jax", VLZOO_TEST_PROCESS=str(i), VLZOO_TEST_COORDINATOR=coordinator,
-            XLA_FLAGS="--xla_force_host_platform_device_count=4")) for i in range(2)])
+            XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()))
+            for i in range(2)])
     run_processes(commands)
     print(json.dumps({name: [os.path.join(out_dir, name, f"rank{r}.npz") for r in range(count)]
                       for name, count in counts.items()}))

@@ -80,7 +80,8 @@ def relative_difference(a, b, floor=0.0, where=None):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), floor, 1e-30)) if b.size else 0.0
 
 
-def check_against_single_process(records, family, launch):
+def check_against_single_process(launches, family):
+    """Each process's record of each of `launches` (`{launch: records}`) against this process's step."""
     loss, gradients, weights = single_process_step(family)
     if family != parallel_worker.MODEL_PARALLEL:
         # The processes did not train alone: 4 pairs give another loss than the global batch's 8.
@@ -88,45 +89,51 @@ def check_against_single_process(records, family, launch):
         half = {k: v[:4] for k, v in margin_batch(model, parallel_worker.GLOBAL_BATCH).items()}
         assert abs(float(model.test_on_batch(half, return_dict=True)["loss"]) - loss) > 1e-3
     floor = GRADIENT_FLOOR * max(float(np.max(np.abs(g))) for g in gradients.values())
-    for rank, record in enumerate(records):
-        assert abs(record[f"{family}/loss"] - loss) <= TOLERANCE * loss, (rank, record[f"{family}/loss"], loss)
-        worst = {}
-        for path, gradient in gradients.items():
-            worst[f"gradient {path}"] = relative_difference(record[f"{family}/gradient/{path}"], gradient, floor)
-        for path, weight in weights.items():
-            settled = np.abs(gradients[path]) >= ADAM_SETTLED if path in gradients else None
-            worst[f"weight {path}"] = relative_difference(record[f"{family}/after/{path}"], weight, where=settled)
-        loss_difference = abs(record[f"{family}/loss"] - loss) / loss
-        # The figures of docs/distributed.md (`pytest -s` shows them).
-        print(f"{launch} {family} rank {rank}: loss {loss_difference:.1e}, gradients "
-              f"{max(v for k, v in worst.items() if k.startswith('gradient')):.1e}, weights "
-              f"{max(v for k, v in worst.items() if k.startswith('weight')):.1e}")
-        assert max(worst.values()) <= TOLERANCE, (rank, sorted(worst.items(), key=lambda kv: -kv[1])[:3])
+    for launch, records in launches.items():
+        for rank, record in enumerate(records):
+            _check_record(record, rank, launch, family, loss, gradients, weights, floor)
     return loss
+
+
+def _check_record(record, rank, launch, family, loss, gradients, weights, floor):
+    assert abs(record[f"{family}/loss"] - loss) <= TOLERANCE * loss, (launch, rank, record[f"{family}/loss"], loss)
+    worst = {}
+    for path, gradient in gradients.items():
+        worst[f"gradient {path}"] = relative_difference(record[f"{family}/gradient/{path}"], gradient, floor)
+    for path, weight in weights.items():
+        settled = np.abs(gradients[path]) >= ADAM_SETTLED if path in gradients else None
+        worst[f"weight {path}"] = relative_difference(record[f"{family}/after/{path}"], weight, where=settled)
+    loss_difference = abs(record[f"{family}/loss"] - loss) / loss
+    # The figures of docs/distributed.md (`pytest -s` shows them).
+    print(f"{launch} {family} rank {rank}: loss {loss_difference:.1e}, gradients "
+          f"{max(v for k, v in worst.items() if k.startswith('gradient')):.1e}, weights "
+          f"{max(v for k, v in worst.items() if k.startswith('weight')):.1e}")
+    assert max(worst.values()) <= TOLERANCE, (launch, rank, sorted(worst.items(), key=lambda kv: -kv[1])[:3])
 
 
 @TORCH_ONLY
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
 def test_torchrun_step_is_the_global_batch_step(launches, family):
-    check_against_single_process(launches["torchrun"], family, "torchrun")
+    check_against_single_process(launches, family)
 
 
 @TF_ONLY
-@pytest.mark.parametrize("launch", ["tf_mirrored", "tf_multiworker"])
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
-def test_tf_distribute_step_is_the_global_batch_step(launches, launch, family):
-    check_against_single_process(launches[launch], family, launch)
+def test_tf_distribute_step_is_the_global_batch_step(launches, family):
+    """MirroredStrategy and MultiWorkerMirroredStrategy, each against the one step of this process."""
+    assert sorted(launches) == ["tf_mirrored", "tf_multiworker"]
+    check_against_single_process(launches, family)
 
 
 @JAX_ONLY
 @pytest.mark.parametrize("family", parallel_worker.RUNS)
 def test_two_jax_processes_step_is_the_global_batch_step(launches, family):
-    check_against_single_process(launches["jax_processes"], family, "jax_processes")
+    check_against_single_process(launches, family)
 
 
 @JAX_ONLY
 def test_llip_g14_layout_trains_model_parallel_over_two_processes(launches):
-    check_against_single_process(launches["jax_processes"], parallel_worker.MODEL_PARALLEL, "jax_processes")
+    check_against_single_process(launches, parallel_worker.MODEL_PARALLEL)
     for record in launches["jax_processes"]:
         key = parallel_worker.MODEL_PARALLEL
         assert int(record[f"{key}/num_prefix_tokens"]) == 64  # G/14's K = 64 mixture tokens kept
