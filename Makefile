@@ -22,7 +22,7 @@ PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p n
 # the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast
 # (docs/benchmarks.md, Quick start). JAX's and TensorFlow's own pools keep their defaults (no gain measured there).
 # XLA's CPU fusions are emitted by its older elemental emitter (`--xla_cpu_use_fusion_emitters=false`): the
-# same fused HLO, compiled about a third faster (docs/benchmarks.md, Test suite); `make test-numerics` keeps
+# same fused HLO, compiled about a third faster (docs/benchmarks.md, Quick start); `make test-numerics` keeps
 # XLA's default emitters, so the numerically sensitive files also run on the code users' programs get.
 PYTEST := OMP_NUM_THREADS=1 XLA_FLAGS=--xla_cpu_use_fusion_emitters=false $(PYTEST_RUN) tests
 # `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (other

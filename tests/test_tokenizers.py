@@ -139,6 +139,27 @@ def test_assets_layout(tok):
     assert lines[0].startswith("#version") and len(lines) == 1 + 48894
 
 
+def test_a_process_parses_each_vocabulary_once_and_each_tokenizer_owns_its_copy(tmp_path):
+    from vlzoo.tokenizers._base import parse_once
+
+    first = T.CLIPTokenizer.from_assets(ASSETS)
+    hits = parse_once.cache_info().hits
+    second = T.CLIPTokenizer.from_assets(ASSETS)
+    assert parse_once.cache_info().hits == hits + 2  # the vocabulary and the merges
+    assert second._vocabulary == first._vocabulary and second._vocabulary is not first._vocabulary
+    assert second._merges == first._merges and second._merges is not first._merges
+    # A changed file is parsed anew.
+    for name in ("vocabulary.json", "merges.txt"):
+        with open(os.path.join(ASSETS, name), encoding="utf-8") as f:
+            (tmp_path / name).write_text(f.read(), encoding="utf-8")
+    vocabulary = json.loads((tmp_path / "vocabulary.json").read_text(encoding="utf-8"))
+    vocabulary["<|endoftext|>"], vocabulary["<|startoftext|>"] = 49406, 49407
+    (tmp_path / "vocabulary.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+    swapped = T.CLIPTokenizer.from_assets(str(tmp_path))
+    assert (swapped.start_token_id, swapped.end_token_id) == (49407, 49406)
+    assert first.start_token_id == 49406
+
+
 def test_build_script_reproduces_assets(tmp_path):
     spec = importlib.util.spec_from_file_location(
         "build_clip_bpe_assets", os.path.join(ROOT, "tools", "build_clip_bpe_assets.py")

@@ -110,6 +110,14 @@ def _read_asset_file(path, what, hint, binary=False):
         return f.read()
 
 
+@functools.lru_cache(maxsize=8)
+def parse_once(parse, text):
+    """`parse(text)`, computed once per process for each (function, text): the presets a
+    process loads share their tokenizers' parsed vocabularies. The result is shared:
+    callers copy what they keep."""
+    return parse(text)
+
+
 class _PackingTokenizer:
     """What vlzoo's tokenizers share: the call contract, encoding through a lazily
     built keras_hub tokenizer, detokenization, the config and the asset files.

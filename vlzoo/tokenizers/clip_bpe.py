@@ -15,6 +15,7 @@ import numpy as np
 
 from vlzoo._arrays import to_numpy
 from vlzoo.tokenizers._base import _read_asset_file
+from vlzoo.tokenizers._base import parse_once
 from vlzoo.tokenizers._base import _VocabularyTokenizer
 
 _FTFY_WARNED = False
@@ -97,7 +98,15 @@ def _load_vocabulary(vocabulary):
             "CLIP BPE vocabulary",
             "Generate it with `python tools/build_clip_bpe_assets.py` or pass a dict.",
         )
-        vocabulary = json.loads(text)
+        return dict(parse_once(_vocabulary_from_json, text))
+    return _checked_vocabulary(vocabulary)
+
+
+def _vocabulary_from_json(text):
+    return _checked_vocabulary(json.loads(text))
+
+
+def _checked_vocabulary(vocabulary):
     if not isinstance(vocabulary, dict):
         raise TypeError(
             "`vocabulary` must be a path to a json file or a dict {token: id}; "
@@ -108,11 +117,20 @@ def _load_vocabulary(vocabulary):
 
 def _load_merges(merges):
     if isinstance(merges, (str, os.PathLike)):
-        merges = _read_asset_file(
+        text = _read_asset_file(
             merges,
             "CLIP BPE merges",
             "Generate it with `python tools/build_clip_bpe_assets.py` or pass a list.",
-        ).split("\n")
+        )
+        return list(parse_once(_merges_from_text, text))
+    return _checked_merges(merges)
+
+
+def _merges_from_text(text):
+    return _checked_merges(text.split("\n"))
+
+
+def _checked_merges(merges):
     if not isinstance(merges, (list, tuple)):
         raise TypeError(
             "`merges` must be a path to a text file or a list of 'a b' strings; "

@@ -8,19 +8,30 @@ import unicodedata
 import keras
 
 from vlzoo.tokenizers._base import _read_asset_file
+from vlzoo.tokenizers._base import parse_once
 from vlzoo.tokenizers._base import _VocabularyTokenizer
 
 
 def _load_wordpiece_vocabulary(vocabulary):
     if isinstance(vocabulary, (str, os.PathLike)):
-        vocabulary = _read_asset_file(
+        text = _read_asset_file(
             vocabulary,
             "WordPiece vocabulary",
             "Generate the bundled BERT uncased one with "
             "`python tools/build_wordpiece_assets.py` or pass a list.",
-        ).split("\n")
-        if vocabulary and vocabulary[-1] == "":
-            vocabulary = vocabulary[:-1]
+        )
+        return list(parse_once(_wordpiece_vocabulary_from_text, text))
+    return _checked_wordpiece_vocabulary(vocabulary)
+
+
+def _wordpiece_vocabulary_from_text(text):
+    vocabulary = text.split("\n")
+    if vocabulary and vocabulary[-1] == "":
+        vocabulary = vocabulary[:-1]
+    return _checked_wordpiece_vocabulary(vocabulary)
+
+
+def _checked_wordpiece_vocabulary(vocabulary):
     if not isinstance(vocabulary, (list, tuple)) or not all(isinstance(t, str) for t in vocabulary):
         raise TypeError(
             "`vocabulary` must be a path to a text file (one token per line) or a list of "
