@@ -1,8 +1,9 @@
 """A family defined outside vlzoo, as a third party would write one, following docs/adding_a_family.md:
 CLIP whose similarity is the mean over heads of per-head cosines, each with its own learned temperature.
 
-Importing this module registers the family "headwise_clip" and its preset `headwise_clip_tiny`
-(defined in code, no file under presets/). `tests/families.py` imports it, so every cross-cutting test
+Importing this module registers the family "headwise_clip", its preset `headwise_clip_tiny`
+(defined in code, no file under presets/) and the checkpoint format "headwise" of its (imagined)
+authors' code, with its converter (`vlzoo convert --from headwise --preset headwise_clip_tiny`). `tests/families.py` imports it, so every cross-cutting test
 that takes its families from the registry covers it without naming it: the measure that a new family
 is one registration.
 
@@ -18,6 +19,9 @@ import keras
 import numpy as np
 from keras import ops
 
+import vlzoo
+from vlzoo.convert import register_converter
+from vlzoo.formats import CheckpointFormat, register_format
 from vlzoo.losses import l2_normalize
 from vlzoo.models import CLIP, CLIPTransfer, Family, register_family
 
@@ -123,6 +127,34 @@ register_family(Family(
     from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip),
     presets={f"{FAMILY}_tiny": TINY},
 ))
+
+
+def from_headwise_checkpoint(weights, preset, *, dtype=None, progress=None):
+    """The `headwise_clip` model of `preset` holding `weights`, the `{variable path: array}` its authors' code
+    saves (`progress`: unused, the model is small).
+
+    Raises:
+        KeyError: naming the variables the checkpoint lacks and the keys no variable takes.
+        ValueError: naming a key whose array has another shape than its variable.
+    """
+    del progress
+    model = vlzoo.from_preset(preset, dtype=dtype, load_weights=False)
+    variables = {variable.path: variable for variable in model.weights}
+    missing, unused = sorted(set(variables) - set(weights)), sorted(set(weights) - set(variables))
+    if missing or unused:
+        raise KeyError(f"headwise checkpoint: no array for {missing}; no variable for {unused}.")
+    for path, variable in variables.items():
+        if tuple(weights[path].shape) != tuple(variable.shape):
+            raise ValueError(f"headwise checkpoint: {path} is {tuple(weights[path].shape)}, the variable "
+                             f"{tuple(variable.shape)}.")
+    for path, variable in variables.items():
+        variable.assign(np.asarray(weights[path]))
+    return model
+
+
+register_format(CheckpointFormat("headwise", "a checkpoint of the head-wise CLIP authors' code",
+                                 architecture=f"{FAMILY}_tiny"))
+register_converter("headwise", from_headwise_checkpoint)
 
 
 def reference_loss(image, text, scales, num_heads):

@@ -7,7 +7,7 @@ loss goes through a discrete choice (a max or min, a top-k, a threshold, a
 ReLU at 0), the two computations take the same branch only when the candidates
 differ by more than that. Near a tie each branch gives a valid gradient, and
 they can differ by a whole term: STAIR's max pooling with two positions
-3.7e-8 apart failed the gradient-caching test on an Intel AMX host (issue 43).
+3.7e-8 apart failed the gradient-caching test on an Intel AMX host.
 
 A test that compares gradients or values through such a choice calls
 `assert_decision_margin(model, batch)` first: every choice of the family's
@@ -41,7 +41,7 @@ DECISION_MARGIN = 1e-5
 # One training step of a tiny preset (seeded with `keras.utils.set_random_seed(0)`) on `tiny_batch(8, seed=
 # MARGIN_SEED)` keeps every choice `DECISION_MARGIN` from a tie on each backend (at least 5e-5 of the scale),
 # with STAIR's vocabulary cut to 32 entries: with 30,522 its 2 x 8 x 30,522 pooled maxima always hold near-ties
-# (3.7e-8 apart with seed 1 on JAX: the AMX failure of issue 43).
+# (3.7e-8 apart with seed 1 on JAX: the failure seen on an Intel AMX host).
 MARGIN_SEED = 2
 TINY_OVERRIDES = {"stair": dict(text={"vocabulary_size": 32}, embed_dim=None, excluded_token_ids=None)}
 

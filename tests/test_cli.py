@@ -2,6 +2,11 @@
 
 Every metric printed by a command is checked against the library function computed
 directly on the same preset (saved once with weights, so both sides use the same ones).
+
+These tests check the commands' wiring (arguments, data files, what reaches the library, what is
+printed and written) and run once, in the torch pass: each library function a command calls is
+checked on every backend in its own file (test_evaluation, test_training, test_presets, test_locking,
+test_gradient_caching, test_lora, test_stair, test_convert_open_clip).
 """
 
 import csv
@@ -27,6 +32,8 @@ from vlzoo.evaluation import SIMPLE_TEMPLATES, retrieval_recall, zero_shot_accur
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 # One batch size everywhere: fewer distinct shapes for JAX's eager op compilation.
 BATCH = 4
+
+pytestmark = run_once
 COMMANDS = ("list", "info", "zeroshot", "retrieve", "eval", "train", "upload", "convert", "demo")
 
 
@@ -286,7 +293,6 @@ def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_pat
 # ----------------------------------------------------------------------------- train
 
 
-@run_once  # the command's wiring; fit and save_to_preset are checked on every backend in test_training, test_presets
 def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "trained"
@@ -310,7 +316,6 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
     assert metadata["base_preset"]["preset"] == str(preset_dir)
 
 
-@run_once  # STAIR's stages in one fit are checked on every backend in test_stair; this is the command's wiring
 def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     common = ["train", "--preset", "stair_tiny", "--data", path, "--steps-per-epoch", "4", "--batch-size", "4",
@@ -348,7 +353,6 @@ def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     assert vlzoo.from_preset(str(tmp_path / "again")).stage == 3
 
 
-@run_once  # the command's wiring; lock_tower under fit is checked on every backend in test_locking
 def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "lit"
@@ -366,7 +370,6 @@ def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_f
     assert status == 2 and "--lock-text-unlocked-groups: needs --lock-text" in err
 
 
-@run_once  # the command's wiring; cache_tower's steps are checked per family on every backend in test_locking
 def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     common = ["train", "--preset", preset_dir, "--data", path, "--batch-size", "2", "--epochs", "2",
@@ -399,7 +402,6 @@ def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_di
         assert status == 2 and message in err
 
 
-@run_once  # the command's wiring; micro-batched gradients are checked on every backend in test_gradient_caching
 def test_train_micro_batches_give_the_whole_batchs_model(preset_dir, caption_file, tmp_path, capsys):
     # Gradient caching changes the memory, not the training (test_gradient_caching checks the
     # gradients to 1e-5): the same seed, data and steps end at the same loss with --micro-batch-size 2
@@ -421,7 +423,6 @@ def test_train_micro_batches_give_the_whole_batchs_model(preset_dir, caption_fil
     assert status == 2 and "--micro-batch-size: 3 does not divide --batch-size 4" in err
 
 
-@run_once  # the command's wiring; merging, saving and loading the adapters are checked on every backend in test_lora
 def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     out_dir, adapters = tmp_path / "lora", tmp_path / "adapters.npz"
@@ -471,8 +472,6 @@ def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, 
     assert not np.array_equal(keras.ops.convert_to_numpy(trained.vision.patch_embedding.conv.kernel), before)
 
 
-@run_once  # the command's wiring; holding variables under fit is checked on every backend in test_locking, the
-# transfer itself in test_transfer
 def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_dir, caption_file, tmp_path,
                                                                          capsys):
     """SPARC's h_v (new) trains alone first; a main phase at lr 1e-12 then leaves every weight where it was:
@@ -577,7 +576,6 @@ def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsy
 # ----------------------------------------------------------------------------- help and errors
 
 
-@run_once  # argparse only: the same on every backend
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_documents_every_option(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -594,7 +592,6 @@ def test_help_documents_every_option(command, capsys):
             assert flag in out, f"{command}: {flag} missing from --help"
 
 
-@run_once  # argparse only: the same on every backend
 def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
@@ -603,7 +600,6 @@ def test_top_level_help_lists_every_command(capsys):
         assert command in out
 
 
-@run_once  # argparse only: the same on every backend
 @pytest.mark.parametrize("argv, named", [
     (["zeroshot", "--preset", "clip_tiny"], "--images"),
     (["zeroshot", "--preset", "clip_tiny", "--images", "x", "--top-k", "0"], "--top-k"),
@@ -659,7 +655,6 @@ def test_user_mistakes_are_one_line_errors_naming_the_argument(preset_dir, image
 FRESH_ELSEWHERE = {"demo", "upload", "download"}
 
 
-@run_once
 @pytest.mark.slow
 def test_every_command_runs_in_a_fresh_process_quietly(preset_dir, caption_file, tmp_path):
     """Each command as a user runs it: a new process whose first vlzoo call it is (the backends taken in

@@ -205,7 +205,11 @@ def test_keeps_the_presets_tokenizer_and_preprocessor(converted):
 
 # ----------------------------------------------------------------------------- accepted forms
 
+# How a checkpoint is read (files, key prefixes) is numpy; the converted model's numbers are checked
+# on every backend above, so these run once.
 
+
+@run_once
 @pytest.mark.parametrize("prefix", ["_orig_mod.module.", "module._orig_mod.", "module.", ""])
 def test_training_checkpoint_with_prefixes_and_alias(prefix):
     """As the authors' `save_checkpoint` writes it (their training compiles the DDP-wrapped model)."""
@@ -218,6 +222,7 @@ def test_training_checkpoint_with_prefixes_and_alias(prefix):
     assert_logits_match(from_llip_checkpoint(checkpoint, "llip_tiny", **overrides(config)), inputs, outputs)
 
 
+@run_once
 def test_torch_checkpoint_file(tmp_path):
     torch = pytest.importorskip("torch")
     config, state_dict, inputs, outputs = load("qkv_norm_on")
@@ -227,6 +232,7 @@ def test_torch_checkpoint_file(tmp_path):
     assert_logits_match(from_llip_checkpoint(str(path), "llip_tiny", **overrides(config)), inputs, outputs)
 
 
+@run_once
 def test_safetensors_file(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     config, state_dict, inputs, outputs = load("qkv_norm_off")

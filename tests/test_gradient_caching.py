@@ -93,7 +93,7 @@ def test_jax_traces_the_towers_once_whatever_the_number_of_micro_batches():
 
 def test_the_margin_check_refuses_the_near_tie_of_the_full_vocabulary():
     """With BERT's 30,522 entries, STAIR's 2 x 8 x 30,522 pooled maxima hold near-ties on every backend (with
-    JAX's init, 3.7e-8 between two positions of one caption: the AMX failure of issue 43); the check must say
+    JAX's init, 3.7e-8 between two positions of one caption: a failure seen on an Intel AMX host); the check must say
     so rather than let the comparison depend on the CPU."""
     keras.utils.set_random_seed(0)
     with warnings.catch_warnings():

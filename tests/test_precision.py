@@ -16,8 +16,8 @@ set by their concentration. Then zero-shot decisions on the shapes test set.
 The train step of every family, the shapes models and the CLIP-B/16 check are `slow` (one
 pass); the rest runs on every backend.
 
-Zero-shot rankings: issue 11 asks that bfloat16 leaves at least 99% of the
-queries' rankings unchanged. Measured (see docs/benchmarks.md, precision),
+Zero-shot rankings: the precision target was that bfloat16 leaves at least 99% of
+the queries' rankings unchanged. Measured (see docs/benchmarks.md, precision),
 the top-1 class is unchanged for 95-99.6% of the 240 queries depending on the
 family, and every change is a near-tie of the float32 scores (top-2 margin
 under 0.004 in cosine): bfloat16 arithmetic perturbs each score by about

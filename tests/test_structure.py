@@ -36,8 +36,8 @@ FORBIDDEN = {
     "vlzoo.kernels": ("vlzoo.models", "vlzoo.layers", "vlzoo.presets", "vlzoo.training", "vlzoo.cli"),
 }
 # Modules that must import without Keras (what listing and checking names reads).
-KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.pretrained",
-              "vlzoo._paths", "vlzoo._arrays")
+KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.formats",
+              "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
 
 
 def _module_name(path):

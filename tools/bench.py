@@ -39,8 +39,8 @@ Entries:
                ViT-B/16's depth (12 + 12 blocks) but widths of 32 and 32 x 32 images
                (DEEP_NARROW_CLIP), where the arithmetic is negligible: each step's
                time is the framework's host work, which a GPU waits for. Time per
-               call of vlzoo and of open_clip, alternated; target on PyTorch
-               (issue 45): within 1.3x of open_clip's time.
+               call of vlzoo and of open_clip, alternated; target on PyTorch:
+               within 1.3x of open_clip's time.
   precision    bfloat16 against float32: each backend's own N x N matmul in
                float32 and bfloat16 (N = 2048; the roofline, as GFLOP/s; on JAX also
                with the XLA:CPU options of JAX_CPU_FLAGS) and PyTorch's int8 product

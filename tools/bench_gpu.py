@@ -1,4 +1,5 @@
-"""Issue 45's checks on one GPU, which `make bench` does not run there: `python tools/bench_gpu.py --out DIR`.
+"""The GPU checks (step time against open_clip, GPU busy share, MFU, bfloat16 attention), which `make bench`
+does not run there: `python tools/bench_gpu.py --out DIR`.
 
 Each backend runs in a fresh process of its own (PyTorch, then JAX), case after case, each
 result printed as it comes and kept in `DIR/gpu_<backend>.json` (a failing case records its

@@ -16,11 +16,11 @@ running. Nothing here runs a benchmark or imports a framework.
 # Throughput targets on the CPU machine, as vlzoo's images/s over open_clip's, per (task, backend).
 PEER_TARGETS = {"train_step": {"jax": 1.0, "tensorflow": 0.9, "torch": 0.9}}
 INFERENCE_TARGET = 0.95
-BF16_ROOFLINE_TARGET = 0.5  # serving: vlzoo's best bfloat16 path at half the host's bfloat16 matmul rate (issue 45)
+BF16_ROOFLINE_TARGET = 0.5  # serving: vlzoo's best bfloat16 path at half the host's bfloat16 matmul rate
 BF16_COSINE = 0.999  # ... at this cosine to open_clip's float32 embeddings
-HOST_OVERHEAD_TARGET = 1.3  # host_overhead on PyTorch: vlzoo's time within 1.3x open_clip's (issue 45)
+HOST_OVERHEAD_TARGET = 1.3  # host_overhead on PyTorch: vlzoo's time within 1.3x open_clip's
 # The serving entry's target: the best vlzoo path's embeddings/s over open_clip float32's, at a smallest
-# cosine to open_clip's float32 embeddings of at least SERVING_COSINE (issue 31, a CPU with AVX-512 BF16).
+# cosine to open_clip's float32 embeddings of at least SERVING_COSINE (on a CPU with AVX-512 BF16).
 SERVING_TARGET, SERVING_COSINE = 4.0, 0.99
 
 
@@ -99,7 +99,7 @@ def memory_kind(rows):
 
 
 def peer_target(task, backend):
-    """vlzoo's required throughput over open_clip's for `task` on `backend` (issue 8's CPU targets)."""
+    """vlzoo's required throughput over open_clip's for `task` on `backend` (the CPU targets)."""
     return PEER_TARGETS.get(task, {}).get(backend, INFERENCE_TARGET)
 
 

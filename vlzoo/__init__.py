@@ -34,9 +34,9 @@ _NAMES = {
     "upload_preset": "vlzoo.upload",
 }
 _SUBMODULES = (
-    "catalogue", "convert", "data", "distribution", "evaluation", "families", "host", "hub", "kaggle", "layers",
-    "loading", "losses", "models", "optimizers", "parallel", "preprocessing", "preset_files", "presets", "pretrained",
-    "registry", "retrieval", "serving", "tokenizers", "training", "transfer", "upload", "viz",
+    "catalogue", "convert", "data", "distribution", "evaluation", "families", "formats", "host", "hub", "kaggle",
+    "layers", "loading", "losses", "models", "optimizers", "parallel", "preprocessing", "preset_files", "presets",
+    "pretrained", "registry", "retrieval", "serving", "tokenizers", "training", "transfer", "upload", "viz",
 )
 __all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]
 

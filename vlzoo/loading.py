@@ -25,18 +25,17 @@ import pathlib
 import shutil
 import tempfile
 
+from vlzoo import formats
 from vlzoo import hub
 from vlzoo import kaggle
 from vlzoo import presets
 from vlzoo import pretrained
 from vlzoo import transfer
 from vlzoo.convert.checkpoints import progress_bar
-from vlzoo.convert.flair import from_flair_checkpoint
-from vlzoo.convert.llip import from_llip_checkpoint
+from vlzoo.convert.converters import converter
 from vlzoo.convert.repository import convert_repository
 from vlzoo.convert.repository import detect_format
 from vlzoo.convert.repository import weight_files
-from vlzoo.convert.state_dict import load_state_dict
 
 _COMMIT = 40
 
@@ -137,21 +136,17 @@ def local_preset(handle):
     return _converted(handle, directory, repo_id, commit, blob_ids)
 
 
-# The authors' checkpoints published as single files, by catalogue `format`.
-_URL_CONVERTERS = {"llip": from_llip_checkpoint, "flair": from_flair_checkpoint}
-
-
 def _url_preset(entry):
     """A local vlzoo preset for a catalogue entry whose weights are one file at a URL."""
     path = hub.fetch_url(entry["handle"], entry["sha256"])
     target = hub.cache_dir() / "converted" / "urls" / path.parent.name
     if target.is_dir():
         return target
-    if entry["format"] not in _URL_CONVERTERS:
-        raise ValueError(f"A URL entry of the catalogue must have `format` one of {sorted(_URL_CONVERTERS)}; "
+    if entry["format"] not in formats.url_formats():
+        raise ValueError(f"A URL entry of the catalogue must have `format` one of {sorted(formats.url_formats())}; "
                          f"found {entry['format']!r}.")
-    state_dict = load_state_dict(path, torchscript=False)
-    model = _URL_CONVERTERS[entry["format"]](state_dict, entry["architecture"], progress=progress_bar())
+    read, convert = converter(entry["format"])
+    model = convert(read(path), entry["architecture"], progress=progress_bar())
     return _save_into_cache(entry["handle"], model, target)
 
 

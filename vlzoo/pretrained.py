@@ -15,11 +15,12 @@ Example:
 
 import functools
 import json
+import warnings
 
+from vlzoo import formats
 from vlzoo._paths import DATA_ROOT
 
 CATALOGUE_FILE = DATA_ROOT / "pretrained.json"
-FORMATS = ("vlzoo", "keras_hub", "transformers", "open_clip", "llip", "flair")
 REQUIRED = ("handle", "format", "family", "architecture", "source", "licence", "reference", "description")
 
 
@@ -27,14 +28,23 @@ def _check(name, entry):
     missing = [key for key in REQUIRED if key not in entry]
     if missing:
         raise ValueError(f"{CATALOGUE_FILE}: pretrained preset {name!r} lacks {', '.join(missing)}.")
-    if entry["format"] not in FORMATS:
-        raise ValueError(f"{CATALOGUE_FILE}: {name!r} has `format` {entry['format']!r}; expected one of {FORMATS}.")
+    if entry["format"] not in formats.catalogue_formats():
+        raise ValueError(f"{CATALOGUE_FILE}: {name!r} has `format` {entry['format']!r}; expected one of "
+                         f"{formats.catalogue_formats()}.")
     if not entry["handle"].startswith(("hf://", "kaggle://", "https://")):
         raise ValueError(
             f"{CATALOGUE_FILE}: {name!r} has handle {entry['handle']!r}; expected hf://, kaggle:// or https://.")
     if entry["handle"].startswith("https://") and "sha256" not in entry:
         raise ValueError(f"{CATALOGUE_FILE}: {name!r} downloads a URL: give its `sha256` (null where none is "
                          "published).")
+
+
+def __getattr__(name):
+    if name == "FORMATS":  # a constant until the table of checkpoint formats; deprecated 2026-11-28
+        warnings.warn("`FORMATS` is deprecated; call `vlzoo.formats.catalogue_formats()`.", DeprecationWarning,
+                      stacklevel=2)
+        return formats.catalogue_formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.cache

@@ -4,6 +4,7 @@
 import argparse
 import time
 
+from vlzoo import formats
 from vlzoo.cli._common import UsageError, _add_command, _check_file, _positive_int
 
 
@@ -45,7 +46,7 @@ def register(sub):
          "vlzoo convert --from big_vision --checkpoint siglip2_b16_224.npz --preset siglip2_vit_b16 --out my_siglip2"],
     )
     p.add_argument("--from", dest="from_", required=True,
-                   choices=("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair", "big_vision"), help="the checkpoint's library")
+                   choices=formats.converted_formats(), help="the checkpoint's library")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="checkpoint file or directory (see above for each library; formerly --source)")
     p.add_argument("--source", nargs="?", action=_Renamed, help=argparse.SUPPRESS)
@@ -74,17 +75,18 @@ def run(args, out):
     # heavy: imports a backend
     import keras
 
-    from vlzoo.convert.checkpoints import AUTHOR_SOURCES, convert_checkpoint
+    from vlzoo.convert.checkpoints import convert_checkpoint
 
-    if args.from_ in AUTHOR_SOURCES:
+    architectures = formats.architecture_formats()
+    if args.from_ in architectures:
         if args.model or args.config:
             raise UsageError("--config" if args.config else "--model", f"does not apply to --from {args.from_}; "
                              "name the architecture with --preset")
         if not args.preset:
             raise UsageError("--preset", f"--from {args.from_} needs --preset NAME, the vlzoo preset of the "
-                                         f"checkpoint's architecture (e.g. {AUTHOR_SOURCES[args.from_]})")
+                                         f"checkpoint's architecture (e.g. {architectures[args.from_]})")
     elif args.preset:
-        raise UsageError("--preset", "applies to --from llip, sparo, flair and big_vision only")
+        raise UsageError("--preset", f"applies to --from {', '.join(architectures)} only")
     if args.from_ == "open_clip" and not (args.model or args.config):
         raise UsageError("--model", "--from open_clip needs --model NAME (open_clip's model config) "
                                     "or --config model.json")

@@ -17,6 +17,8 @@
 - `to_open_clip_state_dict(model)`: vlzoo -> open_clip state dict (exact round
   trip); `open_clip_config(model)` describes the open_clip model to load it into.
 - `parity(model, peer)`: max abs differences against the peer on random inputs.
+- `register_converter(name, convert)`: the converter of a checkpoint format declared in
+  `vlzoo.formats` whose checkpoints take a vlzoo preset for their architecture.
 - `convert_checkpoint(source, checkpoint, out)`: a checkpoint file or directory
   on disk -> a preset directory (what `vlzoo convert` and `tools/convert.py`
   run; only its optional parity check imports a peer package);
@@ -53,6 +55,7 @@ from vlzoo.convert.open_clip import (
     to_open_clip_state_dict,
 )
 from vlzoo.convert.checkpoints import convert_checkpoint
+from vlzoo.convert.converters import register_converter
 from vlzoo.convert.sparo import from_sparo_checkpoint
 from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.convert.transformers import from_transformers, from_transformers_state_dict
@@ -76,4 +79,5 @@ __all__ = [
     "checkpoints",
     "convert_checkpoint",
     "load_state_dict",
+    "register_converter",
 ]

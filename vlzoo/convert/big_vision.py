@@ -33,6 +33,7 @@ import numpy as np
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
+from vlzoo.convert.converters import register_converter
 from vlzoo.presets import from_preset
 
 _STACKED = re.compile(r"^(.*/encoderblock)/(.*)$")
@@ -202,3 +203,6 @@ def _check_geometry(params, model, preset, naflex):
         ("embed dim", "txt/head/kernel", C.key_dim(params, "txt/head/kernel", -1), model.embed_dim),
     ]
     C.check_geometry(checks, params, preset)
+
+
+register_converter("big_vision", from_big_vision_checkpoint, read=read_big_vision_params)

@@ -22,31 +22,38 @@ import sys
 
 import numpy as np
 
+import warnings
+
+from vlzoo import formats
 from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
-from vlzoo.convert.big_vision import from_big_vision_checkpoint, read_big_vision_params
+from vlzoo.convert import big_vision, flair, llip, sparo  # noqa: F401  (they register their converters)
+from vlzoo.convert.converters import converter
 from vlzoo.convert.keras_hub import from_keras_hub
-from vlzoo.convert.flair import from_flair_checkpoint
-from vlzoo.convert.llip import from_llip_checkpoint
 from vlzoo.convert.open_clip import from_open_clip_state_dict
-from vlzoo.convert.sparo import from_sparo_checkpoint
 from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.convert.state_dict import strip_prefix
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.presets import from_preset
 
-SOURCES = ("open_clip", "transformers", "keras_hub", "llip", "sparo", "flair", "big_vision")
-# The authors' checkpoints of these families carry no architecture: a vlzoo preset names it.
-AUTHOR_SOURCES = {"llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16", "flair": "flair_vit_b16",
-                  "big_vision": "siglip2_vit_b16"}
-_AUTHOR_CONVERTERS = {"llip": from_llip_checkpoint, "sparo": from_sparo_checkpoint, "flair": from_flair_checkpoint,
-                      "big_vision": from_big_vision_checkpoint}
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
 __all__ = [
-    "AUTHOR_SOURCES", "SOURCES", "TOLERANCES", "convert_checkpoint", "open_clip_model_config",
-    "open_clip_peer", "transformers_files", "transformers_peer",
+    "TOLERANCES", "convert_checkpoint", "open_clip_model_config", "open_clip_peer", "transformers_files",
+    "transformers_peer",
 ]
+
+# Constants until the table of checkpoint formats (`vlzoo.formats`); deprecated 2026-11-28.
+_DEPRECATED = {"SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
+               "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats)}
+
+
+def __getattr__(name):
+    if name in _DEPRECATED:
+        replacement, value = _DEPRECATED[name]
+        warnings.warn(f"`{name}` is deprecated; call `{replacement}`.", DeprecationWarning, stacklevel=2)
+        return value()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- reading files
@@ -241,13 +248,14 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     Raises:
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
     """
-    if source not in SOURCES:
-        raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(SOURCES)}.")
-    if (source in AUTHOR_SOURCES) != (preset is not None):
+    sources, architectures = formats.converted_formats(), formats.architecture_formats()
+    if source not in sources:
+        raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(sources)}.")
+    if (source in architectures) != (preset is not None):
         raise ValueError(
             f"{source} checkpoints need `preset`, the vlzoo preset of their architecture (e.g. "
-            f"{AUTHOR_SOURCES[source]!r})." if source in AUTHOR_SOURCES
-            else f"`preset` applies to the authors' checkpoints ({', '.join(AUTHOR_SOURCES)}), not to {source}."
+            f"{architectures[source]!r})." if source in architectures
+            else f"`preset` applies to the authors' checkpoints ({', '.join(architectures)}), not to {source}."
         )
     bar = progress_bar() if progress else None
     log(f"Reading {checkpoint} ...")
@@ -272,10 +280,11 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
             return transformers_peer(config_dict, state_dict)
 
         peer_name = "transformers"
-    elif source in AUTHOR_SOURCES:
-        state_dict = read_big_vision_params(checkpoint) if source == "big_vision" else load_state_dict(checkpoint, log)
+    elif source in architectures:
+        read, convert = converter(source)
+        state_dict = read(checkpoint)
         log(f"Assigning {len(state_dict)} tensors to {preset}:")
-        model = _AUTHOR_CONVERTERS[source](state_dict, preset, dtype=dtype, progress=bar)
+        model = convert(state_dict, preset, dtype=dtype, progress=bar)
         peer_factory = peer_name = None
     else:
         if not pathlib.Path(checkpoint).is_dir():
@@ -308,7 +317,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         return 0
     if peer_factory is None:
         log(f"parity check: none here (the {source} authors' code is not an installable package); vlzoo's "
-            "test suite checks this converter against outputs of their code")
+            "converter is checked against outputs of their code by its tests")
         return 0
     try:
         peer = peer_factory()

@@ -22,6 +22,7 @@ preset supplies them.
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
+from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
@@ -87,3 +88,6 @@ def _rules(model):
     for name in ("q", "k", "v"):
         rules += C.torch_layer_norm(f"visual_proj.ln_{name}", f"text_pooling/{name}_norm")
     return rules + [C.scalar("logit_scale", "logit_scale"), C.scalar("logit_bias", "logit_bias")]
+
+
+register_converter("flair", from_flair_checkpoint)

@@ -21,6 +21,7 @@ the checkpoint; the vlzoo preset supplies them.
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
+from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
@@ -121,3 +122,6 @@ def _check_geometry(state_dict, model, preset):
         ("qkv_norm", "Q_norm.weight", "Q_norm.weight" in state_dict, model.cross_attention.use_qkv_norm),
     ]
     C.check_geometry(checks, state_dict, preset)
+
+
+register_converter("llip", from_llip_checkpoint)

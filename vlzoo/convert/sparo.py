@@ -26,6 +26,7 @@ import numpy as np
 
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
+from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
 from vlzoo.presets import from_preset
@@ -190,3 +191,6 @@ def _rules(model):
         rules += C.torch_linear(f"{p}.proj", f"{readout_name}/output")
     rules.append(C.scalar("logit_scale", "logit_scale"))
     return rules
+
+
+register_converter("sparo", from_sparo_checkpoint)
