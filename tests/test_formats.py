@@ -15,6 +15,7 @@ from families import EXTENSION_FAMILY
 import vlzoo
 from vlzoo import cli, formats, pretrained
 from vlzoo.convert import checkpoints, converters, repository
+from vlzoo.evaluation import segmentation
 
 pytestmark = run_once
 
@@ -64,13 +65,16 @@ def test_registration_refusals_name_what_is_wrong():
         converters.converter("vlzoo")
 
 
-def test_the_former_constants_warn_and_read_the_table():
+def test_the_former_constants_warn_and_read_the_registries():
     for module, name, value in ((checkpoints, "SOURCES", formats.converted_formats()),
                                 (checkpoints, "AUTHOR_SOURCES", formats.architecture_formats()),
                                 (pretrained, "FORMATS", formats.catalogue_formats()),
-                                (repository, "FORMATS", formats.repository_formats())):
+                                (repository, "FORMATS", formats.repository_formats()),
+                                (segmentation, "PATCH_FAMILIES", segmentation.patch_families())):
         with pytest.warns(DeprecationWarning, match=f"`{name}` is deprecated"):
             assert getattr(module, name) == value
+    with pytest.raises(AttributeError, match="has no attribute 'SOURCE'"):
+        checkpoints.SOURCE  # noqa: B018
 
 
 def test_a_format_registered_outside_vlzoo_converts_through_the_command(tmp_path, capsys):

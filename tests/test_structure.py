@@ -37,7 +37,7 @@ FORBIDDEN = {
 }
 # Modules that must import without Keras (what listing and checking names reads).
 KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.formats",
-              "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
+              "vlzoo._deprecation", "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
 
 
 def _module_name(path):

@@ -15,9 +15,9 @@ Example:
 
 import functools
 import json
-import warnings
 
 from vlzoo import formats
+from vlzoo._deprecation import deprecated_constants
 from vlzoo._paths import DATA_ROOT
 
 CATALOGUE_FILE = DATA_ROOT / "pretrained.json"
@@ -39,12 +39,9 @@ def _check(name, entry):
                          "published).")
 
 
-def __getattr__(name):
-    if name == "FORMATS":  # a constant until the table of checkpoint formats; deprecated 2026-11-28
-        warnings.warn("`FORMATS` is deprecated; call `vlzoo.formats.catalogue_formats()`.", DeprecationWarning,
-                      stacklevel=2)
-        return formats.catalogue_formats()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# A constant until the table of checkpoint formats; deprecated 2026-11-28.
+__getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.catalogue_formats()",
+                                                          formats.catalogue_formats)})
 
 
 @functools.cache

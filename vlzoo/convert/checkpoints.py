@@ -22,9 +22,8 @@ import sys
 
 import numpy as np
 
-import warnings
-
 from vlzoo import formats
+from vlzoo._deprecation import deprecated_constants
 from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
 from vlzoo.convert import big_vision, flair, llip, sparo  # noqa: F401  (they register their converters)
@@ -44,16 +43,10 @@ __all__ = [
 ]
 
 # Constants until the table of checkpoint formats (`vlzoo.formats`); deprecated 2026-11-28.
-_DEPRECATED = {"SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
-               "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats)}
-
-
-def __getattr__(name):
-    if name in _DEPRECATED:
-        replacement, value = _DEPRECATED[name]
-        warnings.warn(f"`{name}` is deprecated; call `{replacement}`.", DeprecationWarning, stacklevel=2)
-        return value()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_constants(__name__, {
+    "SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
+    "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats),
+})
 
 
 # ----------------------------------------------------------------------------- reading files

@@ -24,11 +24,11 @@ Example:
 
 import json
 import pathlib
-import warnings
 
 import numpy as np
 
 from vlzoo import formats
+from vlzoo._deprecation import deprecated_constants
 from vlzoo.catalogue import read_json
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
@@ -40,14 +40,9 @@ from vlzoo.tokenizers import CLIPTokenizer
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 
-def __getattr__(name):
-    if name == "FORMATS":  # a constant until the table of checkpoint formats; deprecated 2026-11-28
-        warnings.warn("`FORMATS` is deprecated; call `vlzoo.formats.repository_formats()`.", DeprecationWarning,
-                      stacklevel=2)
-        return formats.repository_formats()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+# A constant until the table of checkpoint formats; deprecated 2026-11-28.
+__getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.repository_formats()",
+                                                          formats.repository_formats)})
 _TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 _KERAS_HUB_BACKBONES = ("CLIPBackbone", "SigLIPBackbone")

@@ -50,13 +50,13 @@ Example:
 
 import dataclasses
 import os
-import warnings
 
 import keras
 import numpy as np
 from keras import ops
 from PIL import Image
 
+from vlzoo._deprecation import deprecated_constants
 from vlzoo.data.labels import ImageFiles
 from vlzoo.evaluation._common import batches, finite_numpy
 from vlzoo.evaluation.templates import DEFAULT_TEMPLATES
@@ -225,11 +225,8 @@ def patch_families():
     return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
 
 
-def __getattr__(name):
-    if name == "PATCH_FAMILIES":  # a constant until the family registry; deprecated 2026-11-28
-        warnings.warn("`PATCH_FAMILIES` is deprecated; call `patch_families()`.", DeprecationWarning, stacklevel=2)
-        return patch_families()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# A constant until the family registry; deprecated 2026-11-28.
+__getattr__ = deprecated_constants(__name__, {"PATCH_FAMILIES": ("patch_families()", patch_families)})
 
 
 def check_family(model):
