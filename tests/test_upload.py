@@ -233,14 +233,18 @@ def test_a_commit_against_a_moved_branch_is_refused(saved, hub_env, monkeypatch)
     assert hub_env.repos[REPO] == {"theirs.txt": b"x"}
 
 
-def test_model_upload_preset_saves_then_uploads(hub_env):
+def test_a_model_uploads_through_a_temporary_preset(hub_env):
     keras.utils.set_random_seed(3)
     model = vlzoo.from_preset("clip_tiny", load_weights=False)
-    commit = model.upload_preset("hf://me/from-the-model")
+    commit = vlzoo.upload_preset("hf://me/from-the-model", model)
     files = hub_env.repos["me/from-the-model"]
     assert commit == hub_env.commits["me/from-the-model"]
     assert {"config.json", "metadata.json", "model.weights.h5", "tokenizer.json", "README.md"} <= set(files)
     assert "# from-the-model" in files["README.md"].decode()
+    # The model's own method, deprecated: the same upload.
+    with pytest.warns(DeprecationWarning, match=r"call `vlzoo.upload_preset\(handle, model\)`"):
+        assert model.upload_preset("hf://me/from-the-method") == hub_env.commits["me/from-the-method"]
+    assert set(hub_env.repos["me/from-the-method"]) == set(files)
 
 
 @run_once

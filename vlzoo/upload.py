@@ -25,7 +25,7 @@ revision read before it, so a failed upload leaves the repository as it was) and
 Example:
 >>> model = vlzoo.from_preset("clip_vit_b16_openai")  # doctest: +SKIP
 >>> model.fit(...)  # doctest: +SKIP
->>> model.upload_preset("hf://me/clip-b16-finetuned")  # doctest: +SKIP
+>>> vlzoo.upload_preset("hf://me/clip-b16-finetuned", model)  # doctest: +SKIP
 '3f9a...'  # the commit
 """
 
@@ -303,7 +303,8 @@ def upload_preset(handle, preset_dir, message=None):
             repository, created when absent; or `"kaggle://user/model/keras/variant"`: a new
             version of a Kaggle Models variation (the model and variation created when absent).
         preset_dir: a directory written by `save_to_preset` (`model.save_to_preset`,
-            `vlzoo train --out`, `vlzoo convert --out`).
+            `vlzoo train --out`, `vlzoo convert --out`), or a vlzoo model, saved to a temporary
+            directory first.
         message: the commit message (Hub) or version notes (Kaggle); default "Upload vlzoo preset".
 
     Returns:
@@ -322,6 +323,8 @@ def upload_preset(handle, preset_dir, message=None):
     'c0ffee...'
     >>> vlzoo.upload_preset("kaggle://me/clip-tiny/keras/shapes", "runs/clip_tiny")  # doctest: +SKIP
     1
+    >>> vlzoo.upload_preset("hf://me/clip-tiny", model)  # doctest: +SKIP
+    'c0ffee...'
     """
     if not isinstance(handle, str) or not (hub.is_handle(handle) or kaggle.is_kaggle_handle(handle)):
         raise ValueError(f"`handle` {handle!r} is not an upload handle: expected 'hf://user/name[@branch]' or "
@@ -330,6 +333,10 @@ def upload_preset(handle, preset_dir, message=None):
         hub.parse_hf_handle(handle)
     else:
         kaggle.parse_kaggle_handle(handle)
+    if hasattr(preset_dir, "save_to_preset"):  # a model
+        with tempfile.TemporaryDirectory(prefix="vlzoo-upload-") as directory:
+            preset_dir.save_to_preset(directory)
+            return upload_preset(handle, directory, message=message)
     directory = _directory(preset_dir)
     validate_preset(directory)  # before any request
     if hub.is_handle(handle):

@@ -3,15 +3,14 @@
 import functools
 import gc
 import math
-import tempfile
 import warnings
 
 import keras
 from keras import ops
 
+import vlzoo
 from vlzoo import compiled, optimizers, parallel
 from vlzoo import preset_files
-from vlzoo import upload
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -654,25 +653,11 @@ class ContrastiveModel(keras.Model):
         preset_files.save_to_preset(self, directory, metadata=metadata)
 
     def upload_preset(self, handle, message=None):
-        """Publishes this model at `handle` (`vlzoo.upload_preset`): saved with `save_to_preset` to a temporary
-        directory, checked, then uploaded.
-
-        Args:
-            handle: `"hf://user/name[@branch]"` (a Hugging Face Hub repository) or
-                `"kaggle://user/model/keras/variant"` (a Kaggle Models variation).
-            message: the commit message or version notes.
-
-        Returns:
-            The Hub's commit sha, or Kaggle's new version number (None when not listed yet).
-
-        Example:
-        >>> model = vlzoo.from_preset("clip_tiny")
-        >>> model.upload_preset("hf://me/clip-tiny")  # doctest: +SKIP
-        'c0ffee...'
-        """
-        with tempfile.TemporaryDirectory(prefix="vlzoo-upload-") as directory:
-            self.save_to_preset(directory)
-            return upload.upload_preset(handle, directory, message=message)
+        """Deprecated: `vlzoo.upload_preset(handle, model, message)` publishes a model (uploading is not
+        the model's job, so that the model classes import no hub client)."""
+        warnings.warn("`model.upload_preset(handle)` is deprecated; call `vlzoo.upload_preset(handle, model)`.",
+                      DeprecationWarning, stacklevel=2)
+        return vlzoo.upload_preset(handle, self, message=message)
 
     def get_config(self):
         config = super().get_config()
