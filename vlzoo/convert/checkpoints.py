@@ -26,7 +26,6 @@ from vlzoo import formats
 from vlzoo._deprecation import deprecated_constants
 from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
-from vlzoo.convert import big_vision, flair, llip, sparo  # noqa: F401  (they register their converters)
 from vlzoo.convert.converters import converter
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
@@ -309,8 +308,8 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     if not peer_check:
         return 0
     if peer_factory is None:
-        log(f"parity check: none here (the {source} authors' code is not an installable package); vlzoo's "
-            "converter is checked against outputs of their code by its tests")
+        log(f"parity check: none here (the {source} authors' code is not an installable package; the "
+            "converter's tests compare it with outputs of their code)")
         return 0
     try:
         peer = peer_factory()
