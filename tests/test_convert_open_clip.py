@@ -14,6 +14,7 @@ import pytest
 
 import vlzoo
 import vlzoo.convert as vc
+from backend_utils import run_once
 
 try:
     import peers
@@ -319,6 +320,7 @@ def test_resnet_tower_is_refused(open_clip, torch):
 # ----------------------------------------------------------------------------- tools/convert.py
 
 
+@run_once  # the tool's wiring; the conversion's parity with open_clip is checked on every backend above
 def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     config = CLIP_CONFIGS["gelu_avgpool_noln_projbias"]
     peer = build_clip(open_clip, torch, config)
@@ -339,6 +341,7 @@ def test_tool_converts_a_local_checkpoint(open_clip, torch, tmp_path, capsys):
     assert_parity(torch, model, peer, "tools/convert.py preset")
 
 
+@run_once
 def test_tool_safetensors_and_named_model_config(open_clip, torch, tmp_path, capsys):
     safetensors = pytest.importorskip("safetensors.torch")
     tool = peers.load_convert_tool()

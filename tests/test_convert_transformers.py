@@ -14,6 +14,8 @@ import vlzoo
 import vlzoo.convert as vc
 from vlzoo.convert.checkpoints import import_transformers
 
+from backend_utils import run_once
+
 try:
     import peers
 except ImportError:  # tests/ imported as a package
@@ -192,6 +194,7 @@ def test_unsupported_models_are_named(hf, torch):
 # ----------------------------------------------------------------------------- tools/convert.py
 
 
+@run_once  # the tool's wiring; the conversions' parity with transformers is checked on every backend above
 @pytest.mark.parametrize("family", ["clip", "siglip"])
 def test_tool_converts_a_local_transformers_directory(hf, torch, tmp_path, capsys, family):
     peer = build_clip(hf, torch) if family == "clip" else build_siglip(hf, torch)

@@ -189,6 +189,26 @@ def test_torch_step_releases_its_gradients():
         np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
 
 
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras defers the optimizer's build on TensorFlow")
+def test_tensorflow_fit_traces_its_step_once_and_trains_as_keras():
+    # Keras' TensorFlow trainer would create the optimizer's variables inside the first traced step, which
+    # `tf.function` then traces a second time; vlzoo builds them first. `train_step` runs once per trace.
+    model = tiny_model("clip")
+    reference = tiny_model("clip")
+    reference.set_weights(model.get_weights())
+    batch = tiny_batch(4, seed=3)
+    traces = []
+    step = model.train_step
+    model.train_step = lambda data: (traces.append(1), step(data))[1]
+    for m in (model, reference):
+        m.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    model.fit(batch, batch_size=2, epochs=2, verbose=0, shuffle=False)
+    assert len(traces) == 1
+    keras.Model.fit(reference, batch, batch_size=2, epochs=2, verbose=0, shuffle=False)  # built in the trace
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
+
 # ----------------------------------------------------- gradient accumulation
 
 

@@ -11,6 +11,7 @@ from keras import ops
 import vlzoo
 from vlzoo import compiled, optimizers, parallel
 from vlzoo import preset_files
+from vlzoo._keras import build_optimizer_before_tracing
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -482,6 +483,7 @@ class ContrastiveModel(keras.Model):
     def fit(self, x=None, y=None, *args, **kwargs):
         validation.check_paired_arrays(x, "fit")
         parallel.check_launch()
+        build_optimizer_before_tracing(self)
         return super().fit(x, y, *args, **kwargs)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
