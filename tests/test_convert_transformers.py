@@ -191,6 +191,26 @@ def test_unsupported_models_are_named(hf, torch):
         vc.from_transformers_state_dict(build_clip(hf, torch).state_dict(), bad)
 
 
+def test_a_registered_model_type_converts_as_its_spec_says(hf, torch):
+    # A family published for transformers registers its `model_type` beside its model, as a third party
+    # would (MetaCLIP 2's `MetaClip2Model` is CLIP's geometry under its own type): here CLIP's spec under a
+    # new type and class name, which must convert to the peer's numbers and be accepted by class name.
+    from vlzoo.convert import converters, repository_tokenizers
+    from vlzoo.convert.transformers import register_model_type
+
+    clip = converters.architecture("transformers", "clip")
+    register_model_type("clip_under_another_name", clip.spec, ("AnotherCLIPModel",),
+                        repository_tokenizers.clip_bpe_tokenizer)
+    assert converters.architectures("transformers")[-1] == "clip_under_another_name"
+    peer = build_clip(hf, torch, seed=3)
+    config = {**peer.config.to_dict(), "model_type": "clip_under_another_name"}
+    assert_parity(torch, vc.from_transformers_state_dict(peer.state_dict(), config), peer, "registered model type")
+    renamed = type("AnotherCLIPModel", (), {"state_dict": peer.state_dict, "config": config})()
+    assert_parity(torch, vc.from_transformers(renamed), peer, "registered model class")
+    with pytest.raises(ValueError, match="carry their configuration"):
+        converters.register_architecture("llip", "x", clip.spec)
+
+
 # ----------------------------------------------------------------------------- tools/convert.py
 
 

@@ -21,10 +21,23 @@ import warnings
 import numpy as np
 
 from vlzoo.convert import _common as C
+from vlzoo.convert.converters import architecture
+from vlzoo.convert.converters import architectures
+from vlzoo.convert.converters import register_architecture
+
+
+def register_backbone(class_name, spec):
+    """Registers the conversion of the keras-hub backbone class `class_name` (a subclass converts as it).
+
+    `spec(backbone)` -> `{"family", "vision", "text", "logit_scale", "logit_bias", "rules", "sources"}`:
+    as a transformers spec (`vlzoo.convert.transformers.TransformersModelType`), with `sources` the
+    backbone's variables by the names the rules read; every backbone variable must be among them.
+    """
+    register_architecture("keras_hub", class_name, spec)
 
 
 def from_keras_hub(backbone, *, dtype=None, tokenizer=None, preprocessor=None, progress=None):
-    """Converts a keras-hub `CLIPBackbone` or `SigLIPBackbone` to the matching vlzoo model.
+    """Converts a keras-hub backbone of a registered class (`CLIPBackbone`, `SigLIPBackbone`) to a vlzoo model.
 
     Args:
         backbone: the keras-hub backbone.
@@ -43,14 +56,13 @@ def from_keras_hub(backbone, *, dtype=None, tokenizer=None, preprocessor=None, p
         NotImplementedError: an unsupported backbone or feature.
     """
     name = type(backbone).__name__
-    if hasattr(backbone, "clip_head") and hasattr(backbone, "vision_projection"):
-        spec = _clip(backbone)
-    elif hasattr(backbone, "siglip_head"):
-        spec = _siglip(backbone)
-    else:
+    registered = architectures("keras_hub")
+    key = next((cls.__name__ for cls in type(backbone).__mro__ if cls.__name__ in registered), None)
+    if key is None:
         raise NotImplementedError(
-            f"from_keras_hub: {name} is not supported; pass a keras-hub `CLIPBackbone` or `SigLIPBackbone`."
+            f"from_keras_hub: {name} is not supported; pass a keras-hub {' or '.join(registered)}."
         )
+    spec = architecture("keras_hub", key)(backbone)
     sources = spec["sources"]
     mapped = {id(v) for v in sources.values()}
     for variable in backbone.weights:
@@ -354,3 +366,7 @@ def _siglip(backbone):
         family="siglip", vision=vision, text=text, sources=sources, rules=rules,
         logit_scale=_scalar(head.logit_scale), logit_bias=_scalar(head.logit_bias),
     )
+
+
+register_backbone("CLIPBackbone", _clip)
+register_backbone("SigLIPBackbone", _siglip)

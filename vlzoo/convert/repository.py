@@ -22,7 +22,6 @@ Example:
 >>> model = convert_repository("/path/to/clip-vit-base-patch32")  # doctest: +SKIP
 """
 
-import json
 import pathlib
 
 import numpy as np
@@ -32,11 +31,13 @@ from vlzoo._deprecation import deprecated_constants
 from vlzoo.catalogue import read_json
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
+from vlzoo.convert.converters import architecture
+from vlzoo.convert.converters import architectures
+from vlzoo.convert.repository_tokenizers import json_or_none
 from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.convert._common import open_clip_preprocess
 from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.preprocessing import ImagePreprocessor
-from vlzoo.tokenizers import CLIPTokenizer
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 
@@ -45,7 +46,6 @@ __getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.reposit
                                                           formats.repository_formats)})
 _TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-_KERAS_HUB_BACKBONES = ("CLIPBackbone", "SigLIPBackbone")
 # PIL's resampling filters as transformers' `resample` numbers them.
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}
 
@@ -56,13 +56,6 @@ def _files(directory):
 
 def _first(directory, names):
     return next((directory / n for n in names if (directory / n).is_file()), None)
-
-
-def _json(path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
 
 
 def detect_format(directory, names=None):
@@ -78,15 +71,15 @@ def detect_format(directory, names=None):
     """
     directory = pathlib.Path(directory)
     names = set(_files(directory) if names is None else names)
-    config = _json(directory / "config.json") if "config.json" in names else None
+    config = json_or_none(directory / "config.json") if "config.json" in names else None
     registered = str((config or {}).get("registered_name", ""))
     if registered.startswith("vlzoo>") and "metadata.json" in names:
         return "vlzoo"
     if registered.startswith("keras_hub>") or str((config or {}).get("module", "")).startswith("keras_hub"):
-        if config.get("class_name") not in _KERAS_HUB_BACKBONES:
+        if config.get("class_name") not in architectures("keras_hub"):
             raise ValueError(
                 f"{directory} is a keras-hub preset of a {config.get('class_name')}; vlzoo converts "
-                f"{' and '.join(_KERAS_HUB_BACKBONES)} presets."
+                f"{' and '.join(architectures('keras_hub'))} presets."
             )
         return "keras_hub"
     # A repository that holds open_clip's layout is loaded from it: open_clip wrote the weights first.
@@ -110,96 +103,9 @@ def weight_files(directory, names):
     return [next(n for n in candidates if n in names)]
 
 
-def _piece(token, default):
-    """A special token of `tokenizer_config.json`: a string, or an AddedToken serialised as a dict."""
-    if isinstance(token, dict):
-        token = token.get("content")
-    return token if isinstance(token, str) else default
-
-
-def _token_id(vocabulary, token, default):
-    token = _piece(token, None)
-    return vocabulary.get(token, default) if token is not None else default
-
-
-def _clip_bpe(directory):
-    """`(vocabulary, merges)` of a repository's CLIP BPE: `vocab.json` + `merges.txt`, or `tokenizer.json`."""
-    if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
-        return read_json(directory / "vocab.json", "CLIP vocabulary"), str(directory / "merges.txt")
-    if (directory / "tokenizer.json").is_file():
-        model = read_json(directory / "tokenizer.json", "tokenizer file").get("model") or {}
-        if model.get("type") == "BPE":
-            merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", ())]
-            return model.get("vocab", {}), merges
-    return None
-
-
-def transformers_tokenizer(directory, config):
-    """The tokenizer of a transformers repository, from its own files (None when it ships none)."""
-    settings = _json(directory / "tokenizer_config.json") or {}
-    text = config.get("text_config") or {}
-    bpe = _clip_bpe(directory) if config["model_type"] == "clip" else None
-    if bpe is not None:
-        vocabulary, merges = bpe
-        pad = _token_id(vocabulary, settings.get("pad_token"), vocabulary.get(CLIPTokenizer.END_TOKEN))
-        return CLIPTokenizer(
-            vocabulary, merges, sequence_length=text.get("max_position_embeddings", 77), pad_value=pad,
-        )
-    if config["model_type"] == "siglip" and (directory / "spiece.model").is_file():
-        return SentencePieceTokenizer(
-            str(directory / "spiece.model"), sequence_length=text.get("max_position_embeddings", 64),
-        )
-    if config["model_type"] in ("siglip", "siglip2") and (directory / "tokenizer.model").is_file():
-        return _gemma_tokenizer(directory, settings, text.get("max_position_embeddings", 64))
-    return None
-
-
-# transformers' tokenizer classes of SigLIP 2 repositories (Gemma's SentencePiece model, `tokenizer.model`)
-# and their text cleaning: GemmaTokenizer's none, Siglip2Tokenizer's lowercasing.
-_GEMMA_CLEANING = {"GemmaTokenizer": "none", "GemmaTokenizerFast": "none", "Siglip2Tokenizer": "lower"}
-
-
-def _gemma_special_pieces(directory, settings):
-    """`(start, end)` pieces a Gemma tokenizer puts around a text (None: none). `tokenizer_config.json`'s
-    `add_bos_token` / `add_eos_token` where it has them (transformers 4 writes them); else the single-text
-    template of `tokenizer.json`'s post-processor (transformers 5 writes only that); else Gemma's
-    defaults, a start piece and no end piece."""
-    bos = _piece(settings.get("bos_token"), "<bos>")
-    eos = _piece(settings.get("eos_token"), "<eos>")
-    if "add_bos_token" in settings or "add_eos_token" in settings:
-        return (bos if settings.get("add_bos_token", True) else None,
-                eos if settings.get("add_eos_token", False) else None)
-    template = ((_json(directory / "tokenizer.json") or {}).get("post_processor") or {})
-    if template.get("type") == "TemplateProcessing":
-        items = [next(iter(item.items())) for item in template.get("single", ())]
-        text = next((k for k, (kind, _) in enumerate(items) if kind == "Sequence"), None)
-        if text is not None and all(kind in ("Sequence", "SpecialToken") for kind, _ in items) and len(items) <= 3:
-            before = [value["id"] for kind, value in items[:text]]
-            after = [value["id"] for kind, value in items[text + 1:]]
-            if len(before) <= 1 and len(after) <= 1:
-                return (before or [None])[0], (after or [None])[0]
-    return bos, None
-
-
-def _gemma_tokenizer(directory, settings, sequence_length):
-    """A SigLIP 2 repository's tokenizer: Gemma's `tokenizer.model`, with the start and end pieces the
-    repository's tokenizer adds (`_gemma_special_pieces`; SigLIP 2's: none, then `<eos>`), padded with its
-    pad piece, cleaned as the class `tokenizer_config.json` names cleans (`_GEMMA_CLEANING`)."""
-    class_name = settings.get("tokenizer_class") or "GemmaTokenizer"
-    if class_name not in _GEMMA_CLEANING:
-        raise ValueError(f"{directory / 'tokenizer_config.json'} names tokenizer_class {class_name!r}; vlzoo reads "
-                         f"`tokenizer.model` for {sorted(_GEMMA_CLEANING)}.")
-    start, end = _gemma_special_pieces(directory, settings)
-    options = dict(sequence_length=sequence_length, proto_file="tokenizer.model", clean=_GEMMA_CLEANING[class_name],
-                   start_token=start, end_token=end)
-    proto = str(directory / "tokenizer.model")
-    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
-    return SentencePieceTokenizer(proto, pad_value=pad, **options)
-
-
 def transformers_preprocessor(directory, config):
     """The `ImagePreprocessor` that `preprocessor_config.json` describes (None when absent)."""
-    settings = _json(directory / "preprocessor_config.json")
+    settings = json_or_none(directory / "preprocessor_config.json")
     if not settings:
         return None
     size = settings.get("size") or {}
@@ -211,6 +117,13 @@ def transformers_preprocessor(directory, config):
         image_size=int(side), mean=settings.get("image_mean", (0.5,) * 3), std=settings.get("image_std", (0.5,) * 3),
         interpolation=_RESAMPLE.get(settings.get("resample"), "bicubic"), crop="center" if crop else "none",
     )
+
+
+def transformers_tokenizer(directory, config):
+    """The tokenizer a transformers repository ships, read by its `model_type`'s reader (None when it ships
+    none, or its type has no reader)."""
+    read = architecture("transformers", config.get("model_type")).tokenizer
+    return read(directory, config) if read is not None else None
 
 
 def _from_transformers(directory, dtype, progress):
@@ -236,7 +149,7 @@ def _from_open_clip(directory, dtype, progress):
 
 def _keras_hub_config(directory, name):
     """The `config` of a keras-hub preset's serialised layer file (`{}` when absent)."""
-    return (_json(directory / name) or {}).get("config") or {}
+    return (json_or_none(directory / name) or {}).get("config") or {}
 
 
 # The SentencePiece tokenizers of keras-hub's SigLIP presets, by the class their `tokenizer.json` names: the
@@ -252,7 +165,7 @@ def keras_hub_tokenizer(directory, sequence_length):
     the file is absent, as in keras-hub's published presets), with the end and
     padding pieces of the class `tokenizer.json` names (`KERAS_HUB_SIGLIP_TOKENIZERS`).
     """
-    class_name = (_json(directory / "tokenizer.json") or {}).get("class_name")
+    class_name = (json_or_none(directory / "tokenizer.json") or {}).get("class_name")
     if class_name not in KERAS_HUB_SIGLIP_TOKENIZERS:
         return None
     end, pad = KERAS_HUB_SIGLIP_TOKENIZERS[class_name]

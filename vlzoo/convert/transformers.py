@@ -2,13 +2,23 @@
 
 Reads the model you pass (its `state_dict()` and `config`) or a bare state
 dict plus the `config.json` dict; never imports or downloads anything.
+
+Each `model_type` converts through what `register_model_type` registered for it
+(`TransformersModelType`): "clip", "siglip" and "siglip2" here; a family whose
+weights are published for transformers registers its own beside its model.
 """
 
+import functools
+import typing
 import warnings
 
 import numpy as np
 
 from vlzoo.convert import _common as C
+from vlzoo.convert import repository_tokenizers
+from vlzoo.convert.converters import architecture
+from vlzoo.convert.converters import architectures
+from vlzoo.convert.converters import register_architecture
 from vlzoo.convert.state_dict import numpy_state_dict
 from vlzoo.convert.state_dict import strip_prefix
 
@@ -59,10 +69,10 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
     if not hasattr(model, "state_dict") or not hasattr(model, "config"):
         raise TypeError(f"from_transformers expects a transformers model; received {type(model).__name__}.")
     name = type(model).__name__
-    if name not in ("CLIPModel", "SiglipModel", "Siglip2Model"):
+    classes = [cls for key in architectures("transformers") for cls in architecture("transformers", key).model_classes]
+    if name not in classes:
         raise NotImplementedError(
-            f"from_transformers: {name} is not supported; pass a `CLIPModel`, `SiglipModel` or `Siglip2Model` "
-            "(the dual encoder)."
+            f"from_transformers: {name} is not supported; pass one of {', '.join(classes)} (the dual encoder)."
         )
     return from_transformers_state_dict(
         dict(model.state_dict()), model.config, dtype=dtype, tokenizer=tokenizer, preprocessor=preprocessor,
@@ -77,7 +87,8 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         state_dict: `{key: tensor or array}` (e.g. read from
             `model.safetensors` or `pytorch_model.bin`).
         config: the `config.json` dict (or a transformers config object);
-            `model_type` must be `"clip"`, `"siglip"` or `"siglip2"`.
+            its `model_type` one that `register_model_type` registered (`"clip"`, `"siglip"`,
+            `"siglip2"`, ...).
         dtype, tokenizer, preprocessor, progress: as in `from_transformers`.
 
     Raises:
@@ -91,15 +102,7 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         raise TypeError(f"`config` must be a dict (config.json) or a transformers config; received {type(config).__name__}.")
     state_dict = strip_prefix(numpy_state_dict(state_dict))
     model_type = config.get("model_type")
-    if model_type == "clip":
-        spec = _clip_spec(config, state_dict)
-    elif model_type in ("siglip", "siglip2"):
-        spec = _siglip_spec(config, state_dict, naflex=model_type == "siglip2")
-    else:
-        raise NotImplementedError(
-            f"from_transformers: `model_type={model_type!r}` is not supported (supported: 'clip', 'siglip', "
-            "'siglip2')."
-        )
+    spec = architecture("transformers", model_type).spec(config, state_dict)
     C.warn_logit_scale(spec["logit_scale"], f"transformers {model_type} checkpoint")
     model = C.build_model(
         spec["family"], spec["vision"], spec["text"], spec["logit_scale"], spec["logit_bias"], dtype=dtype,
@@ -109,6 +112,32 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
     return C.attach_processing(
         model, spec["family"], spec["vision"]["image_size"], tokenizer=tokenizer, preprocessor=preprocessor,
     )
+
+
+class TransformersModelType(typing.NamedTuple):
+    """How one transformers `model_type` converts (`register_model_type`).
+
+    Attributes:
+        spec: `spec(config, state_dict)` -> `{"family", "vision", "text", "logit_scale", "logit_bias",
+            "rules"}`: the vlzoo family and tower arguments, the scalars, and the assignment rules of
+            `vlzoo.convert._common.load_rules` (raises naming a missing, unexpected or misshaped key).
+        model_classes: the transformers class names `from_transformers` accepts for it.
+        tokenizer: `tokenizer(directory, config)` -> the tokenizer a repository of this type ships, read
+            from its files (`vlzoo.convert.repository_tokenizers`), or None.
+    """
+
+    spec: typing.Callable
+    model_classes: tuple
+    tokenizer: typing.Callable = None
+
+
+def register_model_type(model_type, spec, model_classes, tokenizer=None):
+    """Registers the conversion of transformers' `model_type` (see `TransformersModelType`).
+
+    Example:
+    >>> register_model_type("my_clip", my_spec, ("MyClipModel",), repository_tokenizers.clip_bpe_tokenizer)  # doctest: +SKIP
+    """
+    register_architecture("transformers", model_type, TransformersModelType(spec, tuple(model_classes), tokenizer))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -279,3 +308,9 @@ def _siglip_spec(config, state_dict, naflex=False):
         family="siglip", vision=vision, text=text, rules=rules,
         logit_scale=_scalar(state_dict, "logit_scale", 0.0), logit_bias=_scalar(state_dict, "logit_bias", 0.0),
     )
+
+
+register_model_type("clip", _clip_spec, ("CLIPModel",), repository_tokenizers.clip_bpe_tokenizer)
+register_model_type("siglip", _siglip_spec, ("SiglipModel",), repository_tokenizers.siglip_tokenizer)
+register_model_type("siglip2", functools.partial(_siglip_spec, naflex=True), ("Siglip2Model",),
+                    repository_tokenizers.gemma_tokenizer)
