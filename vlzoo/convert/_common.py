@@ -12,6 +12,7 @@ direction (vlzoo -> checkpoint); every transform is a pure data move, so a
 round trip is exact.
 """
 
+import inspect
 import math
 import re
 import warnings
@@ -20,8 +21,7 @@ import numpy as np
 
 from vlzoo._arrays import to_numpy
 from vlzoo._keras import without_weights
-from vlzoo.models import CLIP
-from vlzoo.models import SigLIP
+from vlzoo import families
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.preprocessing import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD, ImagePreprocessor
 from vlzoo.tokenizers import UnavailableTokenizer
@@ -506,11 +506,16 @@ def warn_logit_scale(log_scale, source):
 
 
 def build_model(family, vision, text, logit_scale, logit_bias=None, dtype=None, name=None, initialize=False):
-    """Builds a vlzoo CLIP/SigLIP model from complete tower argument dicts.
+    """Builds the model of the registered `family` (`vlzoo.families`) from complete tower argument dicts.
 
-    With `initialize=False` the variables stay uninitialised until
-    `load_rules` fills them; such a model must not be used before that.
+    `logit_bias`, when given, is the model's `init_logit_bias` (SigLIP's). With `initialize=False` the
+    variables stay uninitialised until `load_rules` fills them; such a model must not be used before that.
+
+    Raises:
+        KeyError: `family` is not registered.
+        ValueError: a `logit_bias` for a family whose model has none.
     """
+    model_class = families.get_family(family).model_class
     kwargs = dict(
         vision=dict(vision), text=dict(text),
         embed_dim=int(text["output_dim"] if text.get("output_dim") is not None else text["hidden_dim"]),
@@ -518,18 +523,14 @@ def build_model(family, vision, text, logit_scale, logit_bias=None, dtype=None, 
     )
     if name is not None:
         kwargs["name"] = name
-    if family == "siglip":
-        build = lambda: SigLIP(init_logit_bias=float(0.0 if logit_bias is None else logit_bias), **kwargs)  # noqa: E731
-    elif family == "clip":
-        if logit_bias is not None:
-            raise ValueError("A CLIP-family model has no `logit_bias`; use family 'siglip'.")
-        build = lambda: CLIP(**kwargs)  # noqa: E731
-    else:
-        raise ValueError(f"Unknown family {family!r}; expected 'clip' or 'siglip'.")
+    if logit_bias is not None:
+        if "init_logit_bias" not in inspect.signature(model_class).parameters:
+            raise ValueError(f"A {model_class.__name__} model has no `logit_bias`; received {logit_bias}.")
+        kwargs["init_logit_bias"] = float(logit_bias)
     if initialize:
-        return build()
+        return model_class(**kwargs)
     with without_weights():
-        return build()
+        return model_class(**kwargs)
 
 
 def attach_processing(model, family, image_size, preprocess=None, tokenizer=None, preprocessor=None):
