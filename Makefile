@@ -16,8 +16,10 @@ WORKERS ?= 2
 # same small programs; a hit loads the executable XLA compiled before, so results are unchanged.
 JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) $(PY) -m pytest -p no:cacheprovider -n $(WORKERS) \
-	--durations=25 $(PYTEST_ARGS)
+# Temporary files (pytest's, TensorFlow's autograph sources, the processes the tests start) go to the same
+# directory, removed when the run ends.
+PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) TMPDIR=$$cache $(PY) -m pytest -p no:cacheprovider \
+	-n $(WORKERS) --durations=25 $(PYTEST_ARGS)
 # One OpenMP thread per worker (PyTorch's and numpy's pools): with PyTorch's default of a thread per core,
 # the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast
 # (docs/benchmarks.md, Quick start). JAX's and TensorFlow's own pools keep their defaults (no gain measured there).

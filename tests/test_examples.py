@@ -32,10 +32,11 @@ for number, cell in enumerate(cells, start=1):
 """
 
 
-def run_notebook(name, **env):
+def run_notebook(name, scratch, **env):
+    """The notebook's output; its temporary files (a user's notebook leaves them to the system) go to `scratch`."""
     path = os.path.join(EXAMPLES, name)
     environment = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="2",
-                       MPLBACKEND="Agg", VLZOO_EXAMPLE_STEPS="8", **env)
+                       MPLBACKEND="Agg", VLZOO_EXAMPLE_STEPS="8", TMPDIR=str(scratch), **env)
     done = subprocess.run([sys.executable, "-c", RUNNER, path], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -56,8 +57,8 @@ def test_every_notebook_is_tested_and_clean():
                 assert cell["outputs"] == [] and cell["execution_count"] is None, name
 
 
-def test_quickstart():
-    out = run_notebook("quickstart.ipynb")
+def test_quickstart(tmp_path):
+    out = run_notebook("quickstart.ipynb", tmp_path)
     assert f"backend: {keras.backend.backend()}" in out
     assert re.search(r"^CLIP: 1,846,081 parameters, weights bundled: True$", out, re.M), out
     assert re.search(r"^zero-shot over 24 classes \(chance 0\.042\): \{'top1': [01]\.\d+, 'top5': [01]\.\d+\}$",
@@ -68,8 +69,8 @@ def test_quickstart():
 
 
 @run_once
-def test_finetune_sparc():
-    out = run_notebook("finetune_sparc.ipynb")
+def test_finetune_sparc(tmp_path):
+    out = run_notebook("finetune_sparc.ipynb", tmp_path)
     before = re.search(r"binding accuracy on 'and' captions before: ([01]\.\d{3})", out)
     after = re.search(r"binding accuracy on 'and' captions after: ([01]\.\d{3})", out)
     assert before and after, out
@@ -81,8 +82,8 @@ def test_finetune_sparc():
 
 
 @run_once
-def test_cross_backend():
-    out = run_notebook("cross_backend.ipynb")
+def test_cross_backend(tmp_path):
+    out = run_notebook("cross_backend.ipynb", tmp_path)
     for backend in ("jax", "tensorflow", "torch"):
         assert f"{backend} done" in out
     assert re.search(r"^encode_image/embeds\s+\S+\s+\S+$", out, re.M), out  # SPARC's dict entries
@@ -90,8 +91,8 @@ def test_cross_backend():
 
 
 @run_once
-def test_zero_shot_evaluation():
-    out = run_notebook("zero_shot_evaluation.ipynb")
+def test_zero_shot_evaluation(tmp_path):
+    out = run_notebook("zero_shot_evaluation.ipynb", tmp_path)
     assert "80 ImageNet templates" in out
     table = dict(re.findall(r"^(\w+_shapes)\s+(\w+)(?:\s+[01]\.\d{3}){4}$", out, re.M))
     assert table == {"clip_shapes": "EmbeddingMean", "filip_shapes": "TokenSimilarityMean",
