@@ -87,11 +87,9 @@ class HeadwiseCLIP(CLIP):
         scales = self.head_scales(self.logit_scale_value())
         return headwise_logits(self._heads(image["embeds"]), self._heads(text["embeds"]), scales)
 
-    def contrastive_loss(self, outputs, training=False):
-        return self.replica_loss(outputs, 0, ops.shape(outputs["image_embeds"])[0], training=training)
-
-    def replica_loss(self, outputs, start, count, training=False):
+    def contrastive_loss(self, outputs, rows=None, training=False):
         image, text = self._heads(outputs["image_embeds"]), self._heads(outputs["text_embeds"])
+        start, count = rows if rows is not None else (0, ops.shape(image)[0])
         return headwise_loss_rows(image, text, self.head_scales(outputs["logit_scale"]), start, count)
 
     def get_config(self):

@@ -8,6 +8,7 @@ every family (and of LiT + LoRA + gradient caching, and STAIR's stages 2 and 3) 
 process on the whole batch.
 """
 
+import functools
 import json
 import os
 import re
@@ -168,7 +169,7 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
 
 @pytest.mark.parametrize("family", parallel_worker.FAMILIES)
 def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
-    """`replica_loss` of each replica's rows, averaged over 2 and 4 replicas, is `contrastive_loss` in training
+    """`contrastive_loss` of each replica's rows, averaged over 2 and 4 replicas, is the whole loss in training
     (FILIP drops tokens; FLAIR, with two captions per image, draws the other images' captions as one process)."""
     keras.utils.set_random_seed(0)
     model = tiny_family_model(family)
@@ -188,7 +189,7 @@ def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
 
     def share(start, count):  # what compute_loss passes: the replica's own rows of `replica_local_outputs`
         rows = {key: outputs[key][start:start + count] for key in model.replica_local_outputs}
-        return loss(model.replica_loss, {**outputs, **rows}, start, count)
+        return loss(functools.partial(model.contrastive_loss, rows=(start, count)), {**outputs, **rows})
 
     whole = loss(model.contrastive_loss, outputs)
     for replicas in (2, 4):
@@ -196,16 +197,41 @@ def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
         shares = [share(r * count, count) for r in range(replicas)]
         assert abs(np.mean(shares) - whole) <= 2e-6 * abs(whole), (replicas, shares, whole)
     assert max(shares) - min(shares) > 1e-3 * abs(whole)  # the rows' own shares, not the whole loss four times
-    assert type(model)._owner("replica_loss") is type(model)._owner("contrastive_loss")
 
 
-def test_a_subclass_that_changes_the_loss_gets_the_whole_loss_on_every_replica():
-    class Doubled(vlzoo.CLIP):
-        def contrastive_loss(self, outputs, training=False):
-            return 2.0 * super().contrastive_loss(outputs, training=training)
+def test_families_written_against_the_former_loss_interface_keep_their_loss_with_a_warning():
+    # `contrastive_loss(outputs, training)` alone: the whole loss on every replica, every output gathered
+    # (SigLIP's images too). With `replica_loss(outputs, start, count, training)`: that is the share.
+    with pytest.warns(DeprecationWarning, match="rows=None"):
+        class Doubled(vlzoo.SigLIP):
+            def contrastive_loss(self, outputs, training=False):
+                return 2.0 * super().contrastive_loss(outputs, training=training)
 
-    assert vlzoo.CLIP._owner("replica_loss") is vlzoo.CLIP._owner("contrastive_loss")
-    assert Doubled._owner("replica_loss") is not Doubled._owner("contrastive_loss")
+    with pytest.warns(DeprecationWarning, match="replica_loss"):
+        class Shared(vlzoo.CLIP):
+            def contrastive_loss(self, outputs, training=False):
+                return self.replica_loss(outputs, 0, keras.ops.shape(outputs["image_embeds"])[0], training=training)
+
+            def replica_loss(self, outputs, start, count, training=False):
+                return 3.0 * vlzoo.CLIP.contrastive_loss(self, outputs, rows=(start, count))
+
+    assert Doubled.replica_local_outputs == () and vlzoo.SigLIP.replica_local_outputs == ("image_embeds",)
+    keras.utils.set_random_seed(0)
+    siglip = tiny_family_model("siglip")
+    outputs = siglip(margin_batch(siglip, 4), training=True)
+    doubled = Doubled.from_config(siglip.get_config())
+    whole = float(keras.ops.convert_to_numpy(siglip.contrastive_loss(outputs)))
+    for rows in (None, (2, 2)):
+        got = float(keras.ops.convert_to_numpy(doubled.contrastive_loss(outputs, rows=rows)))
+        assert got == pytest.approx(2.0 * whole, rel=1e-6)
+    clip = tiny_family_model("clip")
+    outputs = clip(margin_batch(clip, 4), training=True)
+    shared = Shared.from_config(clip.get_config())
+    for rows in ((0, 4), (2, 2)):
+        want = 3.0 * float(keras.ops.convert_to_numpy(clip.contrastive_loss(outputs, rows=rows)))
+        assert float(keras.ops.convert_to_numpy(shared.contrastive_loss(outputs, rows=rows))) == pytest.approx(want)
+        with pytest.warns(DeprecationWarning, match="rows=\\(start, count\\)"):
+            assert float(keras.ops.convert_to_numpy(shared.replica_loss(outputs, *rows))) == pytest.approx(want)
 
 
 def caption_folder(root, pairs=8):

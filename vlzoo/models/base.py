@@ -2,6 +2,7 @@
 
 import functools
 import gc
+import inspect
 import math
 import warnings
 
@@ -61,8 +62,8 @@ class ContrastiveModel(keras.Model):
     """Image tower + text tower + learned temperature, trained with a family loss.
 
     Subclasses set `family` and the towers' defaults (`vision_defaults`, `text_defaults`), and
-    implement `score(image_embeds, text_embeds)`, `contrastive_loss(outputs)` and, for a step over
-    several replicas, `replica_loss(outputs, start, count)` (docs/adding_a_family.md).
+    implement `score(image_embeds, text_embeds)` and `contrastive_loss(outputs, rows=None)`, whose `rows`
+    give one replica's share of a step over several (docs/adding_a_family.md).
 
     Args:
         vision: dict of `VisionTransformer` arguments (family defaults fill
@@ -427,11 +428,11 @@ class ContrastiveModel(keras.Model):
         every replica are gathered first, so that each image is compared with every caption of the step."""
         if y_pred is None:
             y_pred = self(x, training=training)
-        if training and parallel.world_size() > 1 and self._owner("replica_loss") is self._owner("contrastive_loss"):
+        if training and parallel.world_size() > 1:
             local = {key: y_pred[key] for key in self.replica_local_outputs}
             outputs = {**parallel.gather_batch({k: v for k, v in y_pred.items() if k not in local}), **local}
             count = ops.shape(y_pred["image_embeds"])[0]  # a tensor where the batch size is traced (TensorFlow)
-            loss = self.replica_loss(outputs, parallel.replica_index() * count, count, training=training)
+            loss = self.contrastive_loss(outputs, rows=(parallel.replica_index() * count, count), training=training)
         else:
             loss = self.contrastive_loss(parallel.gather_batch(y_pred), training=training)
         if self.losses:
@@ -575,33 +576,58 @@ class ContrastiveModel(keras.Model):
             f"{type(self).__name__} has no token-to-patch alignment; SPARC and FILIP models have one."
         )
 
-    def contrastive_loss(self, outputs, training=False):
-        """The family loss from `call`'s outputs; `training` is Keras' flag
-        (True in `fit`'s train step, False in `evaluate`)."""
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """The family loss, float32 scalar, from `call`'s outputs.
+
+        Args:
+            outputs: `call`'s outputs of the batch (of the global batch in a step over several replicas).
+            rows: None for the whole batch's loss; `(start, count)` for one replica's share, its own pairs
+                being rows `start .. start + count - 1` of the global batch, where the entries named in
+                `replica_local_outputs` hold those rows only. The shares' mean over the replicas must be
+                the whole loss: then the averaged gradients are the global loss's. A family that computes
+                its own rows against every column needs memory linear in the global batch per device; one
+                that ignores `rows` must keep `replica_local_outputs` empty (every replica then computes
+                the whole loss).
+            training: Keras' flag (True in `fit`'s train step, False in `evaluate`).
+        """
         raise NotImplementedError
 
-    # `call`'s outputs that `replica_loss` reads at this replica's own rows only (SigLIP's images against
-    # every caption), or not at all: they are not gathered across replicas, which saves their exchange and
-    # memory.
+    # `call`'s outputs that `contrastive_loss(..., rows=...)` reads at this replica's own rows only (SigLIP's
+    # images against every caption), or not at all: they are not gathered across replicas, which saves their
+    # exchange and memory.
     replica_local_outputs = ()
 
     def replica_loss(self, outputs, start, count, training=False):
-        """One replica's share of the global batch's loss in a step over several replicas (`vlzoo.parallel`).
+        """Deprecated: `contrastive_loss(outputs, rows=(start, count))`."""
+        warnings.warn("`replica_loss(outputs, start, count)` is deprecated; call "
+                      "`contrastive_loss(outputs, rows=(start, count))`.", DeprecationWarning, stacklevel=2)
+        return self.contrastive_loss(outputs, rows=(start, count), training=training)
 
-        `outputs` are `call`'s outputs of the global batch, and this replica's own pairs are rows
-        `start .. start + count - 1`; the entries named in `replica_local_outputs` hold those rows
-        only. The shares' mean over the replicas must be `contrastive_loss(outputs)`: then the
-        averaged gradients are the global loss's. Here every replica computes the whole loss; every
-        family of vlzoo computes its own rows against every column instead (`vlzoo.losses`'
-        `*_loss_rows`), so that its memory per device is linear in the global batch. A subclass
-        that overrides `contrastive_loss` but not this method gets the whole loss again.
-        """
-        return self.contrastive_loss(outputs, training=training)
+    def __init_subclass__(cls, **kwargs):
+        """A family written against the earlier interface (`contrastive_loss(outputs, training)` for the
+        whole batch, `replica_loss(outputs, start, count, training)` for a share) keeps working, with a
+        DeprecationWarning; delete once no such family is in use."""
+        super().__init_subclass__(**kwargs)
+        loss = cls.__dict__.get("contrastive_loss")
+        own_rows = cls.__dict__.get("replica_loss")
+        if (loss is None or "rows" in inspect.signature(loss).parameters) and own_rows is None:
+            return
+        warnings.warn(f"{cls.__name__} defines `contrastive_loss(outputs, training)`"
+                      + (" and `replica_loss`" if own_rows is not None else "")
+                      + "; define `contrastive_loss(outputs, rows=None, training=False)` instead.",
+                      DeprecationWarning, stacklevel=2)
+        whole = loss or cls.contrastive_loss
+        if own_rows is None:  # the former behaviour: the whole loss on every replica, every output gathered
+            cls.replica_local_outputs = ()
 
-    @classmethod
-    def _owner(cls, name):
-        """The class of `cls`'s MRO that defines `name`."""
-        return next(klass for klass in cls.__mro__ if name in vars(klass))
+        def contrastive_loss(self, outputs, rows=None, training=False):
+            if rows is None or own_rows is None:
+                return whole(self, outputs, training=training)
+            return own_rows(self, outputs, *rows, training=training)
+
+        cls.contrastive_loss = contrastive_loss
+        if own_rows is not None:
+            del cls.replica_loss  # the deprecated alias again, which calls the adapter above
 
     # ---------------------------------------------------------- persistence
 

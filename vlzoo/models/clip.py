@@ -49,12 +49,11 @@ class CLIP(ContrastiveModel):
         image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
         return clip_logits(image["embeds"], text["embeds"], self.logit_scale_value())
 
-    def contrastive_loss(self, outputs, training=False):
-        return clip_loss(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
-
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's image and text rows against every text and image (open_clip's `local_loss`)."""
-        return clip_loss_rows(outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], start, count)
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """Symmetric InfoNCE; with `rows`, those images and texts against every text and image (open_clip's
+        `local_loss`)."""
+        args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
+        return clip_loss(*args) if rows is None else clip_loss_rows(*args, *rows)
 
 
 register_family(Family("clip", CLIP, score_loss="softmax"))

@@ -185,21 +185,16 @@ class FILIP(TokenContrastiveModel):
         text = self.encode_text(texts)
         return filip_token_alignment(self.encode_image(images)["tokens"], text["tokens"], text["mask"])
 
-    def contrastive_loss(self, outputs, training=False):
-        return filip_loss(
-            outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
-            **self._loss_options(training),
-        )
-
     replica_local_outputs = ("image_embeds", "text_embeds")  # the loss reads the tokens
 
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's images against every caption and its captions against every image, each late
-        interaction chunked over the global batch (tokens dropped as on the whole batch)."""
-        return filip_loss_rows(
-            outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"],
-            start, count, **self._loss_options(training),
-        )
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """InfoNCE over the late-interaction scores; with `rows`, this replica's images against every caption
+        and its captions against every image, each chunked over the global batch (tokens dropped as on the
+        whole batch)."""
+        args = (outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"])
+        if rows is None:
+            return filip_loss(*args, **self._loss_options(training))
+        return filip_loss_rows(*args, *rows, **self._loss_options(training))
 
     def _loss_options(self, training):
         return dict(keep_ratio=self.keep_ratio if training else 1.0, selection_group_size=self.selection_group_size,

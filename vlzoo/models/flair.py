@@ -149,14 +149,15 @@ class FLAIR(ContrastiveModel):
         outputs["logit_bias"] = ops.convert_to_tensor(self.logit_bias)
         return outputs
 
-    def contrastive_loss(self, outputs, training=False):
-        return flair_loss(*self._loss_logits(outputs))
-
     replica_local_outputs = ("image_embeds", "image_tokens")
 
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's images, each pooled on its own captions and one drawn from every other image of
-        the global batch (the draw of one process on the whole batch), against all captions."""
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """FLAIR's text-conditioned sigmoid loss (and the global one if set); with `rows`, this replica's
+        images, each pooled on its own captions and one drawn from every other image of the global batch
+        (the draw of one process on the whole batch), against all captions."""
+        if rows is None:
+            return flair_loss(*self._loss_logits(outputs))
+        start, count = rows
         conditioned, captions, overall = self._loss_logits(outputs, lambda x: take_rows(x, start, count))
         return flair_loss_rows(conditioned, captions, start, overall)
 

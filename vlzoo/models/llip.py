@@ -168,14 +168,6 @@ class Llip(ContrastiveModel):
 
     replica_local_outputs = ("image_keys", "image_values", "image_mixture_tokens", "image_embeds")
 
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's images, each mixed by every caption of the global batch, chunked over the captions."""
-        return llip_loss_rows(
-            outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
-            outputs["logit_scale"], outputs["logit_bias"], self.temperature, start,
-            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
-        )
-
     def similarity(self, images, texts, temperature=None):
         """Scores `(N_images, N_texts)`, each pair with its own contextualised image embedding."""
         return self.score(self.encode_image(images), self.encode_text(texts), temperature=temperature)
@@ -245,12 +237,14 @@ class Llip(ContrastiveModel):
 
     # ------------------------------------------------------------- training
 
-    def contrastive_loss(self, outputs, training=False):
-        return llip_loss(
-            outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
-            outputs["logit_scale"], outputs["logit_bias"], self.temperature,
-            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
-        )
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """Llip's sigmoid loss on the caption-mixed image embeddings; with `rows`, this replica's images (the
+        only ones the image entries then hold), each mixed by every caption of the global batch, chunked over
+        the captions."""
+        args = (outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
+                outputs["logit_scale"], outputs["logit_bias"], self.temperature)
+        chunks = dict(chunk_size=self.chunk_size, num_chunks=self.num_chunks)
+        return llip_loss(*args, **chunks) if rows is None else llip_loss_rows(*args, rows[0], **chunks)
 
     def no_weight_decay_variables(self):
         """LayerNorm parameters, biases and the logit scale/bias: the variables of rank < 2."""

@@ -61,18 +61,17 @@ class SigLIP(ContrastiveModel):
         image, text = self.check_embeds(image_embeds, "image"), self.check_embeds(text_embeds, "text")
         return siglip_logits(image["embeds"], text["embeds"], self.logit_scale_value(), self.logit_bias)
 
-    def contrastive_loss(self, outputs, training=False):
+    replica_local_outputs = ("image_embeds",)
+
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """The sigmoid loss over all pairs, in `loss_num_chunks` chunks of texts if set; with `rows`, this
+        replica's images (the only ones `image_embeds` then holds) against every text."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
+        if rows is not None:
+            return siglip_loss_rows(*args, rows[0], num_chunks=self.loss_num_chunks)
         if self.loss_num_chunks:
             return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)
         return siglip_loss(*args)
-
-    replica_local_outputs = ("image_embeds",)
-
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's images against every text, in `loss_num_chunks` chunks of texts if set."""
-        args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
-        return siglip_loss_rows(*args, start, num_chunks=self.loss_num_chunks)
 
     def get_config(self):
         config = super().get_config()

@@ -136,14 +136,14 @@ class SPARC(TokenContrastiveModel):
         return sparc_alignment_weights(self.encode_image(images)["tokens"], text["tokens"],
                                        threshold=self.threshold)
 
-    def contrastive_loss(self, outputs, training=False):
-        return sparc_loss(*self._loss_inputs(outputs), **self._loss_options())
-
     replica_local_outputs = ("image_tokens", "text_tokens")
 
-    def replica_loss(self, outputs, start, count, training=False):
-        """CLIP's share of this replica's rows, and the fine-grained loss of its own pairs."""
-        return sparc_loss_rows(*self._loss_inputs(outputs), start, count, **self._loss_options())
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """The global InfoNCE plus the fine-grained loss; with `rows`, CLIP's share of this replica's rows and
+        the fine-grained loss of its own pairs (whose tokens are the only ones the token entries then hold)."""
+        if rows is None:
+            return sparc_loss(*self._loss_inputs(outputs), **self._loss_options())
+        return sparc_loss_rows(*self._loss_inputs(outputs), *rows, **self._loss_options())
 
     @staticmethod
     def _loss_inputs(outputs):

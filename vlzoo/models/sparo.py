@@ -270,19 +270,12 @@ class SPARO(ContrastiveModel):
         """Scores of every image against every text `(N_images, N_texts)`; see `score`."""
         return self.score(self.encode_image(images), self.encode_text(texts), slots=slots)
 
-    def contrastive_loss(self, outputs, training=False):
-        # clip_loss re-normalises globally: a no-op on these unit-norm encodings.
-        return clip_loss(
-            self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
-            outputs["logit_scale"],
-        )
-
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's rows of CLIP's loss on the SPARO encodings (open_clip's `local_loss`)."""
-        return clip_loss_rows(
-            self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
-            outputs["logit_scale"], start, count,
-        )
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """CLIP's loss on the SPARO encodings (normalised per slot; clip_loss's global re-normalisation is then
+        a no-op); with `rows`, those rows' share (open_clip's `local_loss`)."""
+        args = (self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
+                outputs["logit_scale"])
+        return clip_loss(*args) if rows is None else clip_loss_rows(*args, *rows)
 
     # ------------------------------------------------------ slot selection
 

@@ -436,15 +436,15 @@ class STAIR(ContrastiveModel):
             text = text * outputs["caption_mask"]
         return outputs["image_embeds"], text
 
-    def contrastive_loss(self, outputs, training=False):
-        return self._loss(outputs, stair_contrastive_loss)
-
-    def replica_loss(self, outputs, start, count, training=False):
-        """This replica's rows of the contrastive term, and the FLOPs regularisers of the global batch
-        (not a mean over rows: every replica adds them whole). Its `contrastive` metric records the replica's
-        share: averaged over the replicas under tf.distribute, rank 0's own on PyTorch."""
+    def contrastive_loss(self, outputs, rows=None, training=False):
+        """The contrastive term plus the FLOPs regularisers; with `rows`, those rows' share of the contrastive
+        term, and the regularisers of the global batch (not a mean over rows: every replica adds them whole).
+        Its `contrastive` metric records the replica's share: averaged over the replicas under
+        tf.distribute, rank 0's own on PyTorch."""
+        if rows is None:
+            return self._loss(outputs, stair_contrastive_loss)
         return self._loss(outputs, lambda image, text, scale, epsilon: stair_contrastive_loss_rows(
-            image, text, scale, start, count, epsilon))
+            image, text, scale, *rows, epsilon))
 
     def _loss(self, outputs, contrastive_loss):
         """The stage's loss, its contrastive term from `contrastive_loss(image, text, scale, epsilon)`."""

@@ -47,7 +47,7 @@ Per backend:
   sums the replicas' gradients.
 
 Why every replica may compute the global loss `L` (or its share of the rows,
-`ContrastiveModel.replica_loss`): with the gather's gradient summed over the
+`ContrastiveModel.contrastive_loss` with `rows`): with the gather's gradient summed over the
 replicas and the gradients averaged (PyTorch) or each replica's loss divided by
 the replica count and summed (TensorFlow), the update is the one of a single
 device holding the whole batch; see docs/distributed.md.

@@ -193,7 +193,7 @@ def train_step(model, keras_step, data):
     model.zero_grad(set_to_none=True)
     y_pred, loss = _replicated(model)(x, y, sample_weight)
     batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-    # The logged loss is the global batch's: the mean of the ranks' shares (`replica_loss`). Keras' epoch logs
+    # The logged loss is the global batch's: the mean of the ranks' shares (`contrastive_loss` with `rows`). Keras' epoch logs
     # read the tracker's state, so the mean goes into it.
     logged = functional_collectives.all_reduce(loss.detach(), "sum", dist.group.WORLD) / dist.get_world_size()
     model._loss_tracker.update_state(logged, sample_weight=batch)  # as Keras' train step does
