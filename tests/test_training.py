@@ -168,16 +168,25 @@ def test_configure_sets_jit_compile_and_remat_and_checks_its_model():
         training.configure(model, learning_rat=1e-3)
 
 
+def _twin_clips():
+    """Two tiny CLIPs with the same weights, compiled with AdamW, and a batch of 4."""
+    model, reference = tiny_model("clip"), tiny_model("clip")
+    reference.set_weights(model.get_weights())
+    for m in (model, reference):
+        m.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    return model, reference, tiny_batch(4, seed=3)
+
+
+def _assert_same_weights(model, reference):
+    for got, want in zip(model.trainable_variables, reference.trainable_variables, strict=True):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch keeps gradients on its tensors (`.grad`)")
 def test_torch_step_releases_its_gradients():
     # Keras' torch trainer clears the last step's gradients only after the next forward pass; vlzoo's
     # train step releases them when the update is done, and trains the same (the update just happened).
-    model = tiny_model("clip")
-    reference = tiny_model("clip")
-    reference.set_weights(model.get_weights())
-    batch = tiny_batch(4, seed=3)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3))
-    reference.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    model, reference, batch = _twin_clips()
     model.train_on_batch(batch)
     assert all(v.value.grad is None for v in model.trainable_variables)
     # The reference runs Keras' own step (the method the override wraps): the same weights after it.
@@ -185,29 +194,22 @@ def test_torch_step_releases_its_gradients():
     reference.make_train_function(force=True)
     reference.train_on_batch(batch)
     assert any(v.value.grad is not None for v in reference.trainable_variables)
-    for got, want in zip(model.trainable_variables, reference.trainable_variables):
-        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
-
+    _assert_same_weights(model, reference)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras defers the optimizer's build on TensorFlow")
 def test_tensorflow_fit_traces_its_step_once_and_trains_as_keras():
     # Keras' TensorFlow trainer would create the optimizer's variables inside the first traced step, which
     # `tf.function` then traces a second time; vlzoo builds them first. `train_step` runs once per trace.
-    model = tiny_model("clip")
-    reference = tiny_model("clip")
-    reference.set_weights(model.get_weights())
-    batch = tiny_batch(4, seed=3)
+    model, reference, batch = _twin_clips()
     traces = []
     step = model.train_step
     model.train_step = lambda data: (traces.append(1), step(data))[1]
-    for m in (model, reference):
-        m.compile(optimizer=keras.optimizers.AdamW(1e-3))
     model.fit(batch, batch_size=2, epochs=2, verbose=0, shuffle=False)
     assert len(traces) == 1
     keras.Model.fit(reference, batch, batch_size=2, epochs=2, verbose=0, shuffle=False)  # built in the trace
-    for got, want in zip(model.trainable_variables, reference.trainable_variables):
-        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=got.path)
+    _assert_same_weights(model, reference)
+
 
 # ----------------------------------------------------- gradient accumulation
 
