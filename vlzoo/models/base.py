@@ -610,12 +610,13 @@ class ContrastiveModel(keras.Model):
         super().__init_subclass__(**kwargs)
         loss = cls.__dict__.get("contrastive_loss")
         own_rows = cls.__dict__.get("replica_loss")
-        if (loss is None or "rows" in inspect.signature(loss).parameters) and own_rows is None:
+        whole_only = loss is not None and "rows" not in inspect.signature(loss).parameters
+        if not whole_only and own_rows is None:
             return
-        warnings.warn(f"{cls.__name__} defines `contrastive_loss(outputs, training)`"
-                      + (" and `replica_loss`" if own_rows is not None else "")
-                      + "; define `contrastive_loss(outputs, rows=None, training=False)` instead.",
-                      DeprecationWarning, stacklevel=2)
+        former = [name for name, defined in (("`contrastive_loss` without `rows`", whole_only),
+                                             ("`replica_loss`", own_rows is not None)) if defined]
+        warnings.warn(f"{cls.__name__} defines {' and '.join(former)}; define "
+                      "`contrastive_loss(outputs, rows=None, training=False)` instead.", DeprecationWarning, stacklevel=2)
         whole = loss or cls.contrastive_loss
         if own_rows is None:  # the former behaviour: the whole loss on every replica, every output gathered
             cls.replica_local_outputs = ()
