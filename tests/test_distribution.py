@@ -9,6 +9,7 @@ import pytest
 
 import vlzoo
 from vlzoo import distribution
+from vlzoo.models import layout
 
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax",
                               reason="keras.distribution runs on JAX only (Keras 3.15)")
@@ -30,9 +31,9 @@ def test_layout_map_of_the_big_presets_is_built_abstractly():
 
 def test_dimension_the_model_axis_does_not_divide_is_replicated():
     rules = (("a/kernel", (None, "model")),)
-    assert distribution._axes_for(rules, "a/kernel", (8, 12), "model", 4) == (None, "model")
-    assert distribution._axes_for(rules, "a/kernel", (8, 10), "model", 4) == (None, None)
-    assert distribution._axes_for(rules, "b/kernel", (8, 12), "model", 4) is None
+    assert layout.axes_for(rules, "a/kernel", (8, 12), "model", 4) == (None, "model")
+    assert layout.axes_for(rules, "a/kernel", (8, 10), "model", 4) == (None, None)
+    assert layout.axes_for(rules, "b/kernel", (8, 12), "model", 4) is None
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="the other backends' error")
@@ -46,3 +47,23 @@ def test_other_backends_refuse_with_a_clear_error():
         with keras.distribution.DataParallel(device_mesh=mesh).scope():
             with pytest.raises(NotImplementedError, match="Building CLIP under a keras.distribution"):
                 vlzoo.from_preset("clip_tiny")
+
+
+@JAX_ONLY
+def test_a_model_gives_its_own_layout_map():
+    mesh = keras.distribution.DeviceMesh((1, 1), ("batch", "model"), keras.distribution.list_devices()[:1])
+    model = vlzoo.from_preset("sparc_tiny")
+    layouts = model.get_layout_map(mesh)
+    assert isinstance(layouts, keras.distribution.LayoutMap)
+    assert sorted(layouts) == sorted(distribution.layout_map("sparc_tiny", mesh))
+    assert layouts["vision/block_0/attention/query/kernel"].axes == (None, "model")
+    assert layouts["vision_head/kernel"].axes == (None, "model")  # SPARC's extra_layout_rules
+    with pytest.raises(ValueError, match="`model_axis` 'tensor'"):
+        model.get_layout_map(mesh, model_axis="tensor")
+
+
+def test_layout_rules_is_deprecated_for_get_layout_map():
+    model = vlzoo.from_preset("sparc_tiny")
+    with pytest.warns(DeprecationWarning, match=r"model\.get_layout_map\(mesh\)"):
+        rules = model.layout_rules()
+    assert rules == layout.TOWER_RULES + model.extra_layout_rules

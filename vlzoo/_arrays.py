@@ -1,4 +1,5 @@
-"""Array conversion shared by the tokenizers, image preprocessing and the converters (a leaf module)."""
+"""Array conversion shared by the tokenizers, image preprocessing and the converters, and where a tensor lives
+(`on_the_cpu`); a leaf module."""
 
 import numpy as np
 
@@ -22,3 +23,14 @@ def to_numpy(x):
     if hasattr(x, "numpy") and callable(x.numpy):  # tf eager
         return np.asarray(x.numpy())
     return np.asarray(x)  # jax arrays, lists, scalars
+
+
+def on_the_cpu(x):
+    """Whether a backend tensor lives in host memory: JAX's devices' platform, else its `device` name
+    (PyTorch's "cpu", TensorFlow's ".../device:CPU:0"). False where that cannot be told (traced values)."""
+    try:
+        if callable(getattr(x, "devices", None)):  # a JAX array
+            return all(device.platform == "cpu" for device in x.devices())
+        return "cpu" in str(x.device).lower()
+    except Exception:  # a traced or symbolic tensor
+        return False

@@ -1,6 +1,6 @@
 """The places where vlzoo needs Keras internals, each behind one helper.
 
-Keras 3 has no public API for either job, so `keras.src` is imported here and
+Keras 3 has no public API for these jobs, so `keras.src` is imported here and
 nowhere else in the package:
 
 - `without_weights()`: build a model whose variables have shapes but no
@@ -21,10 +21,6 @@ nowhere else in the package:
   the variables' values are the scope's, not their own (a stateless call, or
   Keras' shape inference). `keras.StatelessScope` is public; the question
   whether one is open is asked through `keras.src.backend`.
-- `build_optimizer_before_tracing()`: build a model's optimizer before `fit`
-  traces its first step. Keras' TensorFlow trainer without a `tf.distribute`
-  strategy (whose private `_distribute_strategy` it checks) builds it inside
-  that trace, and `tf.function` then traces the step twice.
 
 Example:
 
@@ -143,19 +139,3 @@ def calls_directly(layer, values):
     else:
         wanted = compute if compute != layer.variable_dtype else None
     return wanted == current
-
-
-def build_optimizer_before_tracing(model):
-    """Builds `model`'s optimizer for its trainable variables where Keras would build it inside `fit`'s trace.
-
-    Keras' TensorFlow trainer without a `tf.distribute` strategy defers the optimizer's variables to the
-    first traced training step; `tf.function` then traces the step twice (one trace creates the
-    variables, a second uses them). Built beforehand, with the variables `fit` trains, as Keras itself
-    does on JAX and PyTorch and under a strategy, the step traces once and starts from the same values.
-    Does nothing elsewhere, or when the model has no optimizer or a built one.
-    """
-    optimizer = model.optimizer
-    if (keras.backend.backend() != "tensorflow" or optimizer is None or optimizer.built
-            or getattr(model, "_distribute_strategy", None) is not None):
-        return
-    optimizer.build(model.trainable_variables)

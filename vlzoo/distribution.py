@@ -8,9 +8,9 @@ captions of all the devices, as the papers train, and the loss and gradients are
 those of one device holding the whole batch (tested for every family on 8 simulated
 CPU devices).
 
-Model parallelism shards the big presets' weights: `layout_map(model, mesh)` gives
-the `keras.distribution.LayoutMap` of a model (an instance, a preset name or a
-preset directory, built without allocating its weights): the Megatron split of
+Model parallelism shards the big presets' weights: a model's `get_layout_map(mesh)`
+gives its `keras.distribution.LayoutMap`, and `layout_map(preset, mesh)` the same
+for a preset name or directory, built without allocating its weights: the Megatron split of
 every transformer block (query, key, value and first MLP matrices by output
 column, the attention output and second MLP matrices by input row), token and
 position tables by width, projections by input row, and each family's own large
@@ -38,17 +38,15 @@ compiling a vlzoo model while a `keras.distribution` is set raises an error that
 says so (`check_backend`).
 """
 
-import re
-
 import keras
 
 from vlzoo import presets
 from vlzoo._keras import without_weights
+from vlzoo._workarounds import check_distribution_backend as check_backend
 from vlzoo.models.layout import MODEL_AXIS
-from vlzoo.models.layout import MODEL_AXIS as _M
-from vlzoo.models.layout import check_backend
 
 __all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]
+
 
 def _model_for(model):
     """`model` itself, or the preset it names built without allocating weights."""
@@ -62,18 +60,9 @@ def _model_for(model):
         return keras.saving.deserialize_keras_object(config)
 
 
-def _axes_for(rules, path, shape, model_axis, size):
-    for pattern, axes in rules:
-        if re.fullmatch(pattern, path):
-            if len(axes) != len(shape):
-                raise ValueError(f"Layout rule {pattern!r} gives {len(axes)} axes to {path} of shape {shape}.")
-            return tuple(model_axis if axis == _M and dim % size == 0 else None
-                         for axis, dim in zip(axes, shape))
-    return None
-
-
 def layout_map(model, mesh, model_axis=MODEL_AXIS):
-    """The `keras.distribution.LayoutMap` that shards `model`'s weights over `mesh`.
+    """The `keras.distribution.LayoutMap` that shards `model`'s weights over `mesh`: `model.get_layout_map(mesh)`,
+    also for a preset that is not built.
 
     Args:
         model: a vlzoo model, or a preset name or directory (built abstractly:
@@ -90,6 +79,7 @@ def layout_map(model, mesh, model_axis=MODEL_AXIS):
 
     Raises:
         NotImplementedError: on a backend other than JAX.
+        TypeError: if `mesh` is not a `keras.distribution.DeviceMesh`.
         ValueError: if `mesh` has no axis `model_axis`.
 
     Example:
@@ -99,18 +89,7 @@ def layout_map(model, mesh, model_axis=MODEL_AXIS):
     (None, 'model')
     """
     check_backend("vlzoo.distribution.layout_map")
-    if not isinstance(mesh, keras.distribution.DeviceMesh):
-        raise TypeError(f"`mesh` must be a keras.distribution.DeviceMesh; received {type(mesh).__name__}.")
-    if model_axis not in mesh.axis_names:
-        raise ValueError(f"`mesh` has axes {tuple(mesh.axis_names)}; `model_axis` {model_axis!r} is not one of them.")
-    size = mesh.shape[list(mesh.axis_names).index(model_axis)]
-    built = _model_for(model)
-    layouts = keras.distribution.LayoutMap(mesh)
-    for variable in built.weights:
-        axes = _axes_for(built.layout_rules(), variable.path, tuple(variable.shape), model_axis, size)
-        if axes is not None and model_axis in axes:
-            layouts[variable.path] = axes
-    return layouts
+    return _model_for(model).get_layout_map(mesh, model_axis)
 
 
 def sharded_dimensions(model):

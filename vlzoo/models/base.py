@@ -1,7 +1,6 @@
 """`ContrastiveModel`: the dual-encoder base every family builds on."""
 
 import functools
-import gc
 import inspect
 import math
 import warnings
@@ -10,9 +9,8 @@ import keras
 from keras import ops
 
 import vlzoo
-from vlzoo import compiled, optimizers, parallel
+from vlzoo import _workarounds, compiled, parallel
 from vlzoo import preset_files
-from vlzoo._keras import build_optimizer_before_tracing
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -20,15 +18,11 @@ from vlzoo.models import layout
 from vlzoo.models import validation
 from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.models.micro_batching import micro_batched
+from vlzoo.parallel.trainer import Trainer
 from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
 LOGIT_SCALE_MAX = math.log(100.0)
-
-# Variable names that never receive weight decay besides rank < 2 tensors
-# (biases, norms, logit scale and bias): embedding tables and learned tokens.
-_NO_DECAY_NAMES = ("embeddings", "prefix_tokens", "latent")
-
 
 @keras.saving.register_keras_serializable(package="vlzoo")
 class ClampLogitScale(keras.constraints.Constraint):
@@ -49,21 +43,20 @@ class ClampLogitScale(keras.constraints.Constraint):
         return {"max_value": self.max_value}
 
 
-# Backends whose Keras int8 inference is slower than float32 on the CPU (docs/serving.md): `quantize` warns there.
-SLOW_INT8_BACKENDS = ("torch", "tensorflow")
-
-
 def _prefixed(side, embeds):
     """`{"embeds": x, "tokens": y}` -> `{"image_embeds": x, "image_tokens": y}` (`side="image"`)."""
     return {f"{side}_{key}": value for key, value in embeds.items()}
 
 
-class ContrastiveModel(keras.Model):
+class ContrastiveModel(Trainer):
     """Image tower + text tower + learned temperature, trained with a family loss.
 
     Subclasses set `family` and the towers' defaults (`vision_defaults`, `text_defaults`), and
     implement `score(image_embeds, text_embeds)` and `contrastive_loss(outputs, rows=None)`, whose `rows`
     give one replica's share of a step over several (docs/adding_a_family.md).
+
+    `compile`, `fit`, `evaluate` and the train and test steps come from `vlzoo.parallel.trainer.Trainer`;
+    `get_layout_map(mesh)` gives the `keras.distribution.LayoutMap` that shards the weights.
 
     Args:
         vision: dict of `VisionTransformer` arguments (family defaults fill
@@ -84,8 +77,8 @@ class ContrastiveModel(keras.Model):
     family = None
     vision_defaults = {}
     text_defaults = {}
-    # `(path pattern, axes)` for the family's own large weights, after the towers' rules;
-    # see `layout_rules` and `vlzoo.distribution.layout_map`.
+    # `(path pattern, axes)` for the family's own large weights, after the towers' rules
+    # (`get_layout_map`).
     extra_layout_rules = ()
 
     def __init__(
@@ -93,7 +86,7 @@ class ContrastiveModel(keras.Model):
         logit_scale_max=LOGIT_SCALE_MAX, dtype=None, **kwargs,
     ):
         if keras.distribution.distribution() is not None:
-            layout.check_backend(f"Building {type(self).__name__} under a keras.distribution")
+            _workarounds.check_distribution_backend(f"Building {type(self).__name__} under a keras.distribution")
         super().__init__(dtype=dtype, **kwargs)
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
@@ -439,76 +432,40 @@ class ContrastiveModel(keras.Model):
             loss = loss + ops.cast(ops.sum(self.losses), "float32")
         return parallel.scale_loss(loss)
 
-    def train_step(self, *args, **kwargs):
-        """Keras' train step (on PyTorch under `torch.distributed`, through DistributedDataParallel:
-        `vlzoo.parallel`); on PyTorch the gradients are then released at once.
+    def get_layout_map(self, mesh, model_axis=layout.MODEL_AXIS):
+        """The `keras.distribution.LayoutMap` that shards this model's weights over `mesh` (JAX).
 
-        Keras' PyTorch trainer clears the previous step's gradients after the next forward pass, so a
-        gradient for every weight (the model's size again: 600 MB for ViT-B/16 CLIP) stays alive through
-        the activations' peak. Releasing them when the update is done gives the same values.
+        The towers' Megatron split (`vlzoo.models.layout.TOWER_RULES`), then the family's
+        `extra_layout_rules`; a dimension that the mesh's `model_axis` does not divide is replicated,
+        and so is every weight without a rule.
+
+        Args:
+            mesh: a `keras.distribution.DeviceMesh` with an axis named `model_axis`.
+            model_axis: the mesh axis that splits the weights.
+
+        Returns:
+            A `LayoutMap` with one entry (the weight's exact path) per sharded weight, for
+            `keras.distribution.ModelParallel(layout_map=..., batch_dim_name=...)`.
+
+        Raises:
+            NotImplementedError: on a backend other than JAX.
+            TypeError: if `mesh` is not a `DeviceMesh`; ValueError: if it has no axis `model_axis`.
+
+        Example:
+        >>> mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+        >>> model.get_layout_map(mesh)["vision/block_0/mlp/fc1/kernel"].axes
+        (None, 'model')
         """
-        logs = parallel.train_step(self, super().train_step, *args, **kwargs)
-        if keras.backend.backend() == "torch":
-            self.zero_grad(set_to_none=True)  # torch.nn.Module's, as Keras' trainer calls it
-        return logs
+        return layout.layout_map(self.weights, self._layout_rules(), mesh, model_axis)
 
-    def test_step(self, *args, **kwargs):
-        return parallel.step_logs(super().test_step(*args, **kwargs))
-
-    def compile(self, optimizer="adamw", **kwargs):
-        """Configures training with the family's own loss (no `loss` argument).
-
-        `optimizer="adamw"` is `vlzoo.optimizers.AdamW()` (Keras' AdamW, its
-        update one fused kernel on PyTorch). Biases, norms, embedding tables,
-        learned tokens and the logit scale/bias are excluded from the
-        optimizer's weight decay.
-        `vlzoo.training.configure(model, ...)` compiles with the papers'
-        AdamW, warm-up + cosine schedule and optional remat in one call.
-        """
-        if kwargs.get("loss") is not None:
-            raise ValueError(
-                f"{type(self).__name__} trains with its family's own loss; do not pass `loss` "
-                "to `compile` (override `contrastive_loss` to change it)."
-            )
-        kwargs.pop("loss", None)
-        if keras.distribution.distribution() is not None:
-            layout.check_backend(f"Training {type(self).__name__} under a keras.distribution")
-        # "adamw": Keras' AdamW, its update fused on PyTorch (`vlzoo.optimizers.AdamW`)
-        if isinstance(optimizer, str) and optimizer.lower() == "adamw":
-            optimizer = optimizers.AdamW()
-        optimizer = keras.optimizers.get(optimizer)
-        if getattr(optimizer, "weight_decay", None):
-            optimizer.exclude_from_weight_decay(var_list=self.no_weight_decay_variables())
-        super().compile(optimizer=optimizer, **kwargs)
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        validation.check_paired_arrays(x, "fit")
-        parallel.check_launch()
-        build_optimizer_before_tracing(self)
-        return super().fit(x, y, *args, **kwargs)
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Keras' TensorFlow trainer builds the optimizer and metrics under a `tf.distribute` strategy from the
-        first batch; it averages that batch over the replicas first, which fails for a boolean padding mask and,
-        under MultiWorkerMirroredStrategy, for any dict of inputs. One replica's batch has the shapes it needs."""
-        super()._maybe_symbolic_build(*parallel.one_replica_batch(self, iterator, data_batch))
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        validation.check_paired_arrays(x, "evaluate")
-        parallel.check_launch()
-        return super().evaluate(x, y, *args, **kwargs)
-
-    def no_weight_decay_variables(self):
-        """Trainable variables that must not be decayed."""
-        return [
-            v for v in self.trainable_variables
-            if len(v.shape) < 2 or v.name in _NO_DECAY_NAMES
-        ]
+    def _layout_rules(self):
+        return layout.TOWER_RULES + tuple(self.extra_layout_rules)
 
     def layout_rules(self):
-        """`(path pattern, axes)` rules of `vlzoo.distribution.layout_map`: the towers' Megatron
-        split, then `extra_layout_rules`; `"model"` marks the dimension split over devices."""
-        return layout.TOWER_RULES + tuple(self.extra_layout_rules)
+        """Deprecated: `get_layout_map(mesh)` gives the layout map these rules make."""
+        warnings.warn("`model.layout_rules()` is deprecated; call `model.get_layout_map(mesh)`.",
+                      DeprecationWarning, stacklevel=2)
+        return self._layout_rules()
 
     # ------------------------------------------------------ family interface
     #
@@ -648,23 +605,9 @@ class ContrastiveModel(keras.Model):
         """
         if self.weight_quantization is not None:
             raise ValueError(f"This model is already quantized ({self.weight_quantization!r}).")
-        if mode == "int8" and keras.backend.backend() in SLOW_INT8_BACKENDS and validation.on_the_cpu(ops.zeros(())):
-            warnings.warn(
-                f"Keras' int8 on {keras.backend.backend()} runs slower than float32 on the CPU (its int8 products do "
-                "not reach the CPU's int8 kernels; docs/serving.md): `quantize('int8')` saves memory, not time "
-                "here. For fast int8 inference, export the towers to ONNX and quantize them with ONNX Runtime: "
-                "`vlzoo.serving.quantize_onnx(vlzoo.serving.export(model, path, format='onnx')['image'])`.",
-                stacklevel=2,
-            )
-        # Keras runs a full garbage collection each time a layer drops its float kernel: 0.24 s per layer
-        # with a framework loaded (12 s for clip_shapes' 50 dense layers). The objects that exist are frozen
-        # out of those collections, and one collection afterwards frees the float kernels.
-        gc.freeze()
-        try:
+        _workarounds.warn_if_int8_is_slow(mode)
+        with _workarounds.frozen_gc():
             super().quantize(mode, **kwargs)
-        finally:
-            gc.unfreeze()
-            gc.collect()
         self.weight_quantization = mode
 
     # What `vlzoo.from_preset` loaded the weights from (`vlzoo.loading.preset_origin`); `save_to_preset`

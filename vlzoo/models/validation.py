@@ -12,6 +12,8 @@ waits for the device, a round trip at every call (each `fit` step and each
 import numpy as np
 from keras import ops
 
+from vlzoo._arrays import on_the_cpu
+
 
 def _static_shape(x):
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
@@ -38,17 +40,6 @@ def host_values(x):
     return concrete_numpy(x) if on_the_cpu(x) else None
 
 
-def on_the_cpu(x):
-    """Whether a backend tensor lives in host memory: JAX's devices' platform, else its `device` name
-    (PyTorch's "cpu", TensorFlow's ".../device:CPU:0"). False where that cannot be told (traced values)."""
-    try:
-        if callable(getattr(x, "devices", None)):  # a JAX array
-            return all(device.platform == "cpu" for device in x.devices())
-        return "cpu" in str(x.device).lower()
-    except Exception:  # a traced or symbolic tensor
-        return False
-
-
 # Tower arguments that must be positive integers (None allowed where a tower accepts it).
 TOWER_SIZES = ("image_size", "patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim",
                "vocabulary_size", "sequence_length", "output_dim")
@@ -60,24 +51,6 @@ def check_tower_config(config, tower):
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ValueError(f"`{tower}[{key!r}]` must be a positive integer; received {value!r}.")
-
-
-def check_paired_arrays(x, method):
-    """`fit` / `evaluate` inputs given as a dict of arrays (a cached tower's outputs nested inside): every
-    entry holds the same number of pairs."""
-    if not isinstance(x, dict):
-        return
-    flat = {key: value for key, value in x.items() if not isinstance(value, dict)}
-    flat.update({f"{key}/{inner}": value for key, group in x.items() if isinstance(group, dict)
-                 for inner, value in group.items()})
-    if not all(hasattr(v, "shape") and len(v.shape) for v in flat.values()):
-        return
-    sizes = {key: value.shape[0] for key, value in flat.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(
-            f"`x` of `{method}`: every entry must hold the same number of image-caption pairs; received "
-            + ", ".join(f"`{key}` {size}" for key, size in sizes.items()) + "."
-        )
 
 
 def check_tower_outputs(outputs, keys, name):

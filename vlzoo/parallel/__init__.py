@@ -6,7 +6,7 @@ encodes its own pairs, then the outputs of every device are gathered (with
 their gradients) before the family's loss. This package holds what differs per
 backend.
 
-What `ContrastiveModel`'s step calls:
+What `ContrastiveModel`'s step calls (its training side, `Trainer`, is `vlzoo.parallel.trainer`):
 
 - `world_size()`: how many replicas one step spans (1 when training alone);
   `replica_index()`: this replica's place among them.
