@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import resource
 import shutil
 import subprocess
@@ -137,6 +138,24 @@ def test_save_load_round_trip_is_bit_exact(saved):
     assert loaded.preprocessor.get_config() == model.preprocessor.get_config()
     metadata = json.loads((directory / "metadata.json").read_text())
     assert metadata["family"] == "clip" and metadata["parameter_count"] == model.count_params()
+
+
+def test_a_preset_with_weights_draws_no_initial_values(saved):
+    # The weights overwrite whatever the build draws, so the build draws nothing: a seeded program's random
+    # streams are where they were (Keras seeds each unseeded initializer from Python's `random`).
+    _, directory = saved
+    random.seed(11)
+    keras.utils.set_random_seed(11)
+    state, keras_draw = random.getstate(), to_numpy(keras.random.normal((3,)))
+    random.seed(11)
+    keras.utils.set_random_seed(11)
+    vlzoo.from_preset(str(directory))
+    assert random.getstate() == state
+    np.testing.assert_array_equal(to_numpy(keras.random.normal((3,))), keras_draw)
+    # Without weights the build draws its initial values as before: the seeded stream moves on.
+    random.seed(11)
+    vlzoo.from_preset("clip_tiny")
+    assert random.getstate() != state
 
 
 def test_overrides_and_dtype(saved):

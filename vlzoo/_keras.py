@@ -9,6 +9,11 @@ nowhere else in the package:
   (`keras.src.backend.common.global_state`, key `"uninitialized_variables"`)
   and would initialise them all at the next stateful call; the list has to be
   restored when the scope ends, and only the private module can do that.
+- `initialized_for_loading()`: build a model whose weights are loaded next,
+  with zeros from host memory instead of its initializers' draws (on JAX each
+  initializer shape is a compiled program). The same deferred variables as
+  `without_weights()`, then initialised through Keras' private
+  `Variable._deferred_initialize` with a host-memory initializer.
 - `save_weights_only()`: write a model's weights without its optimizer.
   `Model.save_weights` always includes a compiled model's optimizer variables;
   `keras.src.saving.saving_lib.save_weights_only` takes `objects_to_skip`.
@@ -33,6 +38,7 @@ import contextlib
 import random
 
 import keras
+import numpy as np
 from keras.src import backend
 from keras.src.backend.common import global_state
 from keras.src.saving import saving_lib
@@ -41,6 +47,41 @@ _PENDING = "uninitialized_variables"
 
 
 @contextlib.contextmanager
+def _deferred_variables(finish):
+    """Creates the block's variables deferred, then calls `finish(variable)` on each; Keras' pending list and
+    Python's `random` state are as before the block."""
+    pending = list(global_state.get_global_attribute(_PENDING, [], set_to_default=True))
+    random_state = random.getstate()
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        created = global_state.get_global_attribute(_PENDING, [])[len(pending):]
+        global_state.set_global_attribute(_PENDING, pending)
+        for variable in created:
+            finish(variable)
+        random.setstate(random_state)
+
+
+def _seed_states_only(variable):
+    if variable.name == "seed_generator_state":
+        variable._deferred_initialize()
+
+
+def _host_zeros(shape, dtype=None):
+    """Zeros in host memory; a dtype numpy lacks (bfloat16 without ml_dtypes) is cast by the variable."""
+    try:
+        return np.zeros(shape, dtype=np.dtype(dtype))
+    except TypeError:
+        return np.zeros(shape, dtype="float32")
+
+
+def _zeros_from_host(variable):
+    if variable.name != "seed_generator_state":
+        variable._initializer = _host_zeros
+    variable._deferred_initialize()
+
+
 def without_weights():
     """Creates variables inside the block with their shapes only; no value is ever allocated.
 
@@ -54,18 +95,23 @@ def without_weights():
     initializer it constructs, is restored on exit: no value was drawn, so a
     seeded caller's stream is left as it was.
     """
-    pending = list(global_state.get_global_attribute(_PENDING, [], set_to_default=True))
-    random_state = random.getstate()
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            yield
-    finally:
-        created = global_state.get_global_attribute(_PENDING, [])[len(pending):]
-        global_state.set_global_attribute(_PENDING, pending)
-        for variable in created:
-            if variable.name == "seed_generator_state":
-                variable._deferred_initialize()
-        random.setstate(random_state)
+    return _deferred_variables(_seed_states_only)
+
+
+def initialized_for_loading():
+    """Creates variables inside the block as zeros taken from host memory, for a model whose every weight is
+    loaded next.
+
+    No initializer runs: no random value is drawn (Python's `random` is left as it was) and, on JAX, no
+    initializer program is compiled per weight shape. The states of random generators
+    (`keras.random.SeedGenerator`) are initialised as usual.
+
+    Example:
+    >>> with initialized_for_loading():
+    ...     model = vlzoo.CLIP(**config)  # doctest: +SKIP
+    >>> model.load_weights("model.weights.h5")  # doctest: +SKIP
+    """
+    return _deferred_variables(_zeros_from_host)
 
 
 def in_stateless_scope():

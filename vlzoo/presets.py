@@ -21,6 +21,7 @@ Example:
 149620737
 """
 
+import contextlib
 import functools
 import importlib
 import json
@@ -37,6 +38,7 @@ from packaging.version import Version
 from vlzoo import catalogue
 from vlzoo import families
 from vlzoo import registry
+from vlzoo._keras import initialized_for_loading
 from vlzoo._keras import without_weights
 from vlzoo._paths import presets_root  # noqa: F401  (public: where the registered presets live)
 from vlzoo.catalogue import CONFIG_FILE
@@ -254,12 +256,14 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
     inner = merge_config(config["config"], config_overrides)
     if dtype is not None:
         inner["dtype"] = dtype
-    model = _deserialize({**config, "config": inner}, directory / CONFIG_FILE)
+    weights = directory / WEIGHTS_FILE
+    loading = load_weights and weights.is_file()
+    with initialized_for_loading() if loading else contextlib.nullcontext():  # no draws for what is loaded
+        model = _deserialize({**config, "config": inner}, directory / CONFIG_FILE)
     if metadata.get("quantization"):  # the variables the quantized weights fill
         model.quantize(metadata["quantization"])
 
-    weights = directory / WEIGHTS_FILE
-    if load_weights and weights.is_file():
+    if loading:
         _load_weights(model, weights)
     elif load_weights and str(directory) not in _warned_random:
         _warned_random.add(str(directory))
