@@ -11,7 +11,6 @@ from keras import ops
 
 import vlzoo
 from vlzoo import compiled, optimizers, parallel
-from vlzoo import preset_files
 from vlzoo._keras import build_optimizer_before_tracing
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
@@ -21,6 +20,7 @@ from vlzoo.models import validation
 from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.models.micro_batching import micro_batched
 from vlzoo.preprocessing import ImagePreprocessor
+from vlzoo.presets import saving
 from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
 LOGIT_SCALE_MAX = math.log(100.0)
@@ -667,7 +667,7 @@ class ContrastiveModel(keras.Model):
             gc.collect()
         self.weight_quantization = mode
 
-    # What `vlzoo.from_preset` loaded the weights from (`vlzoo.loading.preset_origin`); `save_to_preset`
+    # What `vlzoo.from_preset` loaded the weights from (`vlzoo.presets.loading.preset_origin`); `save_to_preset`
     # records it in metadata.json as `base_preset`, and an uploaded preset's model card names it.
     preset_origin = None
 
@@ -679,7 +679,7 @@ class ContrastiveModel(keras.Model):
         Example:
         >>> model.save_to_preset("runs/clip_tiny")
         """
-        preset_files.save_to_preset(self, directory, metadata=metadata)
+        saving.save_to_preset(self, directory, metadata=metadata)
 
     def upload_preset(self, handle, message=None):
         """Deprecated: `vlzoo.upload_preset(handle, model, message)` publishes a model (uploading is not
