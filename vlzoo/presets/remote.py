@@ -229,7 +229,7 @@ def fetch_url(url, sha256=None):
     target = cache_dir() / "downloads" / key / name
     if target.is_file():
         return target
-    if offline():
+    if huggingface.offline():
         raise FileNotFoundError(f"{url}: not in the cache ({target}) and HF_HUB_OFFLINE is set.")
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=target.parent)
