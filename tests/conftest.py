@@ -80,7 +80,7 @@ def tiny_model(family="clip", **overrides):
 def shipped_presets():
     """The registered presets vlzoo ships (`vlzoo.list_presets()` also names those a family registered by
     the tests defines in code, `tests/extension_family.py`, once a test of this process imported it)."""
-    return [name for name in vlzoo.list_presets() if not vlzoo.registry.defined_in_code(name)]
+    return [name for name in vlzoo.list_presets() if not vlzoo.presets.catalogue.defined_in_code(name)]
 
 
 def tiny_batch(batch_size=4, seed=0, image_size=32, sequence_length=12, vocabulary_size=64):

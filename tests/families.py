@@ -6,7 +6,7 @@ locking, quantization, serving, transfer, the multi-process launches, cross-back
 editing them."""
 
 import extension_family  # noqa: F401  (registers the family defined outside vlzoo)
-from vlzoo import registry
+from vlzoo.presets import catalogue
 from vlzoo.models import registered_families
 from vlzoo.models import transfer_families
 
@@ -19,7 +19,7 @@ TINY_PRESETS = tuple(f"{family}_tiny" for family in FAMILIES)
 TRANSFER_FAMILIES = transfer_families()
 """The families that start from a CLIP checkpoint (`from_preset(..., family=...)`)."""
 
-SHAPES_FAMILIES = tuple(family for family in FAMILIES if f"{family}_shapes" in registry.definitions())
+SHAPES_FAMILIES = tuple(family for family in FAMILIES if f"{family}_shapes" in catalogue.definitions())
 """The families with a preset trained on `vlzoo.data.shapes` (bundled with weights)."""
 
 SHAPES_PRESETS = tuple(f"{family}_shapes" for family in SHAPES_FAMILIES)

@@ -22,9 +22,8 @@ from margins import margin_batch
 from margins import tiny_family_model
 
 import vlzoo
-from vlzoo import catalogue
 from vlzoo import presets
-from vlzoo import registry
+from vlzoo.presets import catalogue
 from vlzoo.losses.llip import llip_contextualize
 from vlzoo.models import Family
 from vlzoo.models import register_family
@@ -202,7 +201,7 @@ def test_a_preset_defined_in_code_is_listed_counted_and_written_once():
     model = tiny_family_model(EXTENSION_FAMILY)
     assert vlzoo.preset_info(name)["params"] == model.count_params()
     with pytest.raises(FileNotFoundError, match="defined in code"):
-        catalogue.resolve_preset(name)  # no Keras there to write it: it says where it is written
+        catalogue.preset_directory(name)  # no Keras there to write it: it says where it is written
 
 
 @run_once
@@ -212,9 +211,9 @@ def test_registration_refuses_what_would_make_the_registry_ambiguous():
     with pytest.raises(ValueError, match="already registered with vlzoo.models.clip.CLIP"):
         register_family(Family("clip", type("CLIP2", (vlzoo.CLIP,), {"family": "clip"})))
     with pytest.raises(ValueError, match="already defined in .*registry.json"):
-        registry.register("clip_tiny", registry.definition("clip_tiny"))
+        catalogue.register("clip_tiny", catalogue.definition("clip_tiny"))
     with pytest.raises(ValueError, match="lacks paper"):
-        registry.register("mine_tiny", {k: v for k, v in registry.definition("clip_tiny").items() if k != "paper"})
+        catalogue.register("mine_tiny", {k: v for k, v in catalogue.definition("clip_tiny").items() if k != "paper"})
     with pytest.raises(ValueError, match="`score_loss` must be one of"):
         Family(EXTENSION_FAMILY, extension_family.HeadwiseCLIP, score_loss="hinge")
     assert registered_families() == FAMILIES  # nothing above was registered

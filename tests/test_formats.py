@@ -13,9 +13,10 @@ from backend_utils import run_once
 from families import EXTENSION_FAMILY
 
 import vlzoo
-from vlzoo import cli, formats, pretrained
+from vlzoo import cli, formats, pretrained  # pretrained: the deprecated alias, for its former constant
 from vlzoo.convert import checkpoints, converters, repository
 from vlzoo.evaluation import segmentation
+from vlzoo.presets import catalogue
 
 pytestmark = run_once
 
@@ -30,7 +31,7 @@ def test_each_list_of_formats_is_read_from_the_table():
         "llip": "llip_vit_b16", "sparo": "sparo_clip_vit_b16", "flair": "flair_vit_b16",
         "big_vision": "siglip2_vit_b16"}
     # The catalogue's entries use the formats it allows; its URL entries, the formats given by URL.
-    entries = pretrained.catalogue().values()
+    entries = catalogue.pretrained_presets().values()
     assert {entry["format"] for entry in entries} <= set(formats.catalogue_formats())
     assert {entry["format"] for entry in entries if entry["handle"].startswith("https://")} <= set(
         formats.url_formats())

@@ -25,7 +25,7 @@ except ImportError:  # tests/ imported as a package
     from tests import peers
 
 import vlzoo
-from vlzoo import hub, loading
+from vlzoo.presets import huggingface, remote
 from vlzoo.convert.checkpoints import import_transformers
 
 REPO = "vlzoo-tests/clip-tiny"
@@ -86,8 +86,8 @@ def assert_loaded(result, want, label):
     ("hf://a/b.c-d_e@0123456789abcdef0123456789abcdef01234567", ("a/b.c-d_e", "0123456789abcdef0123456789abcdef01234567")),
 ])
 def test_parse_hf_handle(handle, want):
-    assert hub.is_handle(handle)
-    assert hub.parse_hf_handle(handle) == want
+    assert huggingface.is_handle(handle)
+    assert huggingface.parse_hf_handle(handle) == want
 
 
 @pytest.mark.parametrize("handle", ["hf://", "hf://name", "hf://org/name@", "hf://org/na me", "hf:///name"])
@@ -441,12 +441,12 @@ def test_a_url_checkpoint_is_pinned_by_sha256_converted_once_and_cached(tmp_path
         entry = {"handle": server.url("llip_tiny.pt"), "sha256": "0" * 64, "format": "llip",
                  "architecture": str(architecture)}
         with pytest.raises(ValueError, match=r"'llip_tiny.pt' has sha256 .*not the pinned 0000"):
-            loading._url_preset(entry)
+            remote._url_preset(entry)
         assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*")), "a refused file stayed in the cache"
         entry["sha256"] = digest
-        first = loading._url_preset(entry)
+        first = remote._url_preset(entry)
         requests = len(server.requests)
-        assert loading._url_preset(entry) == first and len(server.requests) == requests
+        assert remote._url_preset(entry) == first and len(server.requests) == requests
         # A URL the catalogue does not name: nothing says which model its weights fit, nor their sha256.
         with pytest.raises(ValueError, match=r"llip_tiny.pt'.*catalogue names.*https://dl.fbaipublicfiles.com/llip/"):
             vlzoo.from_preset(server.url("llip_tiny.pt"))
@@ -475,7 +475,7 @@ def test_a_flair_checkpoint_at_a_url_converts_to_the_authors_outputs(tmp_path, m
     with FileServer(served) as server:
         entry = {"handle": server.url("flair-tiny.pt"), "format": "flair", "architecture": str(architecture),
                  "sha256": hashlib.sha256((served / "flair-tiny.pt").read_bytes()).hexdigest()}
-        model = vlzoo.from_preset(str(loading._url_preset(entry)))
+        model = vlzoo.from_preset(str(remote._url_preset(entry)))
     images, texts = test_flair.vlzoo_inputs(inputs)
     np.testing.assert_allclose(to_numpy(model.similarity(images, texts)), outputs["conditioned_logits"],
                                atol=test_flair.ATOL, rtol=0)

@@ -22,11 +22,11 @@ from vlzoo.losses.llip import (
     llip_attention_weights, llip_contextualize, llip_logits, llip_loss, llip_template_average,
 )
 from vlzoo.models.llip import Llip
-from vlzoo import registry
+from vlzoo.presets import catalogue
 from vlzoo._keras import without_weights
-from vlzoo.presets import count_parameters_abstractly
+from vlzoo.presets.local import count_parameters_abstractly
 
-PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "llip"}
+PRESETS = {name: entry for name, entry in catalogue.definitions().items() if entry["family"] == "llip"}
 
 # softplus(10) and softplus(-10): the per-pair losses of a positive and a
 # negative pair at S = 0 with the initial bias b = -10 (docs/families/llip.md §Loss).

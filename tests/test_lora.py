@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import vlzoo
-from vlzoo.catalogue import CONFIG_FILE, read_json, resolve_preset
-from vlzoo.presets import preset_info
+from vlzoo.presets.files import CONFIG_FILE, read_json
+from vlzoo.presets.local import preset_info, resolve_preset
 from vlzoo.training import enable_lora, load_lora_weights, merge_lora, save_lora_weights
 from vlzoo.training.lora import lora_layers
 

@@ -102,7 +102,7 @@ def test_missing_directory_is_named(tmp_path):
 def test_random_init_is_announced_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        presets._warned_random.clear()
+        presets.local._warned_random.clear()
         vlzoo.from_preset("clip_tiny")
         vlzoo.from_preset("clip_tiny")
         vlzoo.from_preset("clip_tiny", load_weights=False)
@@ -367,8 +367,8 @@ FIRST_CALLS = {
     "vlzoo.presets.from_preset": ["-c", "import sys, vlzoo.presets; print(vlzoo.presets.from_preset(sys.argv[1])"
                                         ".count_params())"],
     "vlzoo.preset_info": ["-c", "import sys, vlzoo; print(vlzoo.preset_info(sys.argv[1])['params'])"],
-    "vlzoo.upload.validate_preset": ["-c", "import sys, vlzoo.upload; print(vlzoo.upload.validate_preset(sys.argv[1])"
-                                           ".count_params())"],
+    "vlzoo.presets.upload.validate_preset": [
+        "-c", "import sys, vlzoo.presets.upload; print(vlzoo.presets.upload.validate_preset(sys.argv[1]).count_params())"],
     "vlzoo info DIR": ["-m", "vlzoo.cli", "info"],
 }
 

@@ -14,7 +14,7 @@ from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_num
 from margins import DECISION_MARGIN, ranking_gap
 
 import vlzoo
-from vlzoo import registry
+from vlzoo.presets import catalogue
 from vlzoo._keras import without_weights
 from vlzoo.evaluation.slots import per_slot_zero_shot_accuracy, rank_slots, select_slots, slot_zero_shot_accuracy
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
@@ -23,7 +23,7 @@ from vlzoo.models.sparo import (
     SPARO, normalize_slots,
 )
 
-PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "sparo"}
+PRESETS = {name: entry for name, entry in catalogue.definitions().items() if entry["family"] == "sparo"}
 
 
 def sparo_clip_config(patch, num_slots=64, slot_dim=64, image_size=224):

@@ -10,7 +10,7 @@ import reference_towers as ref
 from backend_utils import run_once, value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 
-from vlzoo import registry
+from vlzoo.presets import catalogue
 from vlzoo._keras import without_weights
 from vlzoo.losses.stair import (
     flops_regularizer,
@@ -27,7 +27,7 @@ from vlzoo.retrieval import top_terms
 from vlzoo.tokenizers import WordPieceTokenizer, tokenizer_from_config
 
 EPOCHS = 16  # the learning test: 128 steps
-PRESETS = {name: entry for name, entry in registry.definitions().items() if entry["family"] == "stair"}
+PRESETS = {name: entry for name, entry in catalogue.definitions().items() if entry["family"] == "stair"}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT_ASSETS = os.path.join(ROOT, "presets", "_assets", "bert_uncased")

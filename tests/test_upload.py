@@ -27,7 +27,7 @@ from hub_server import HubServer, KaggleServer
 from test_hub import load_in_fresh_process
 
 import vlzoo
-from vlzoo import upload
+from vlzoo.presets import upload
 from vlzoo.cli import main
 
 REPO = "me/clip-tiny-tuned"

@@ -120,7 +120,7 @@ import time
 
 import numpy as np
 
-from vlzoo import registry
+from vlzoo.presets import catalogue
 
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # tools/ is no package (loaded from a path)
     sys.path.append(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +154,8 @@ JAX_CPU_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_cus
 GPU_MATMUL_SIZE = 8192  # the precision entry's roofline matmul on an accelerator (N = 2048 on the CPU)
 STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the first
 # Every family with registered presets, CLIP and Llip (the --quick pair) first.
-EXCHANGE_FAMILIES = ("clip", "llip") + tuple(family for family in registry.families() if family not in ("clip", "llip"))
+EXCHANGE_FAMILIES = ("clip", "llip") + tuple(family for family in catalogue.families()
+                                              if family not in ("clip", "llip"))
 # The shapes of the loss_memory and share_memory losses (--quick: smaller token counts).
 LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk_size=None),
                "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8),

@@ -241,9 +241,9 @@ def same_towers_config(family, towers):
     its own defaults for the rest (pooling, CLS, activation) plus
     `STEP_FAMILY_ARGS[family]`.
     """
-    from vlzoo import registry
+    from vlzoo.presets import catalogue
 
-    config = registry.definition(towers)["config"]
+    config = catalogue.definition(towers)["config"]
     if family == "clip":
         return config
     geometry = ("image_size", "patch_size", "vocabulary_size", "sequence_length",
@@ -275,9 +275,9 @@ def _random_batch(batch_size, image_size, context, vocabulary_size, seed=0):
 def _family_model(family, towers):
     """A `family` model on the towers of the CLIP preset `towers` (`same_towers_config`), randomly initialised."""
     import vlzoo
-    from vlzoo import registry
+    from vlzoo.presets import catalogue
 
-    classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in registry.definitions().values()}
+    classes = {entry["family"]: getattr(vlzoo, entry["class_name"]) for entry in catalogue.definitions().values()}
     return classes[family](**same_towers_config(family, towers))
 
 

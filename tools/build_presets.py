@@ -1,6 +1,6 @@
 """Writes (or checks) the registered preset directories under presets/.
 
-`presets/registry.json` (read by `vlzoo.registry`) is the source; this script
+`presets/registry.json` (read by `vlzoo.presets.catalogue`) is the source; this script
 turns every entry into a keras-hub style directory (config.json, metadata.json,
 tokenizer.json, preprocessor.json; metadata.json names the vocabulary in presets/_assets/ that
 the tokenizer reads, which is not copied).
@@ -23,8 +23,8 @@ import keras
 
 import vlzoo.models  # noqa: F401  (registers the model classes that the entries name)
 from vlzoo import presets
-from vlzoo import registry
-from vlzoo.preset_files import write_registered_preset
+from vlzoo.presets import catalogue
+from vlzoo.presets.saving import write_registered_preset
 
 SHAPES_WORDS_NOTE = """# The shapes WordPiece vocabulary
 
@@ -46,8 +46,8 @@ def build(root):
     assets.mkdir(parents=True, exist_ok=True)
     for file, text in shapes_words_files().items():
         (assets / file).write_text(text)
-    for name, preset in sorted(registry.definitions().items()):
-        if registry.defined_in_code(name):
+    for name, preset in sorted(catalogue.definitions().items()):
+        if catalogue.defined_in_code(name):
             continue
         cls = keras.saving.get_registered_object(f"vlzoo>{preset['class_name']}")
         if cls is None:

@@ -32,10 +32,10 @@ import platform
 import sys
 import time
 
-from vlzoo import registry  # reads presets/registry.json; imports no backend
+from vlzoo.presets import catalogue  # reads presets/registry.json; imports no backend
 
 # Every family with a `<family>_shapes` preset in the registry, sorted.
-FAMILIES = tuple(family for family in registry.families() if f"{family}_shapes" in registry.definitions())
+FAMILIES = tuple(family for family in catalogue.families() if f"{family}_shapes" in catalogue.definitions())
 METRICS_FILE = "training.json"
 # (column title, key of `shapes_benchmark.evaluate`) of the shapes table of docs/presets.md.
 TABLE_COLUMNS = (

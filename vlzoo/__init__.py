@@ -5,7 +5,6 @@
 >>> scores = model.similarity(images, model.tokenizer(["a red circle"]))
 """
 
-import importlib as _importlib
 import os as _os
 import platform as _platform
 import sys as _sys
@@ -17,6 +16,7 @@ import sys as _sys
 if "tensorflow" not in _sys.modules and _platform.machine().lower() in ("x86_64", "amd64"):
     _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
+from vlzoo._lazy import lazy_names as _lazy_names
 from vlzoo.version import __version__
 
 # Names are imported on first use (PEP 562): `import vlzoo` loads no backend, so the command
@@ -27,30 +27,18 @@ _NAMES = {
     **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "FLAIR", "SPARC", "SPARO", "STAIR", "ContrastiveModel",
                                          "Llip", "SigLIP")},
     "export": "vlzoo.serving",
-    "from_preset": "vlzoo.loading",
-    "list_presets": "vlzoo.catalogue",
-    "preset_info": "vlzoo.presets",
-    "save_to_preset": "vlzoo.preset_files",
-    "upload_preset": "vlzoo.upload",
+    "from_preset": "vlzoo.presets.loading",
+    "list_presets": "vlzoo.presets.catalogue",
+    "preset_info": "vlzoo.presets.local",
+    "save_to_preset": "vlzoo.presets.saving",
+    "upload_preset": "vlzoo.presets.upload",
 }
+# The former preset modules (registry, pretrained, catalogue, preset_files, loading, hub, kaggle, upload)
+# are deprecated aliases of `vlzoo.presets`' modules.
 _SUBMODULES = (
     "catalogue", "convert", "data", "distribution", "evaluation", "families", "formats", "host", "hub", "kaggle",
     "layers", "loading", "losses", "models", "optimizers", "parallel", "preprocessing", "preset_files", "presets",
     "pretrained", "registry", "retrieval", "serving", "tokenizers", "training", "transfer", "upload", "viz",
 )
-__all__ = sorted(_NAMES) + list(_SUBMODULES) + ["__version__"]
-
-
-def __getattr__(name):
-    if name in _NAMES:
-        value = getattr(_importlib.import_module(_NAMES[name]), name)
-    elif name in _SUBMODULES:
-        value = _importlib.import_module(f"vlzoo.{name}")
-    else:
-        raise AttributeError(f"module 'vlzoo' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = _lazy_names(__name__, globals(), _NAMES, _SUBMODULES)
+__all__ = [*__all__, "__version__"]

@@ -1,6 +1,18 @@
-"""Module constants that became functions, kept for a while with a `DeprecationWarning`."""
+"""Names kept for a while with a `DeprecationWarning`: constants that became functions, modules that moved.
 
+Both are module `__getattr__` hooks (PEP 562): the warning names the replacement, and the old
+name keeps working.
+"""
+
+import importlib
 import warnings
+
+
+_MISSING = object()
+
+
+def _warn(name, replacement, verb):
+    warnings.warn(f"`{name}` is deprecated; {verb} `{replacement}`.", DeprecationWarning, stacklevel=3)
 
 
 def deprecated_constants(module_name, constants):
@@ -18,7 +30,45 @@ def deprecated_constants(module_name, constants):
         if name not in constants:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         replacement, function = constants[name]
-        warnings.warn(f"`{name}` is deprecated; call `{replacement}`.", DeprecationWarning, stacklevel=2)
+        _warn(name, replacement, "call")
         return function()
 
     return __getattr__
+
+
+def moved_module(module_name, targets, renamed=None):
+    """`(__getattr__, __dir__)` for a module whose names moved to `targets`.
+
+    Reading a name of the old module imports the first of `targets` that defines it (so the old
+    module imports nothing until a name is read), warns that the old name is deprecated, naming
+    the new one, and returns the new module's value.
+
+    Args:
+        module_name: the old module's `__name__`, e.g. `"vlzoo.hub"`.
+        targets: the new modules' names, searched in order.
+        renamed: `{old name: "new.module.new_name"}` for names that changed on the way.
+
+    Raises:
+        AttributeError: (from `__getattr__`) a name no target defines.
+
+    Example, the whole of a moved module:
+    >>> __getattr__, __dir__ = moved_module(__name__, ["vlzoo.presets.huggingface"])  # doctest: +SKIP
+    """
+    renamed = dict(renamed or {})
+
+    def __getattr__(name):
+        if name.startswith("__"):  # the module protocol (`__path__`, `__file__`, ...), not a moved name
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        places = [renamed[name].rpartition(".")[::2]] if name in renamed else [(module, name) for module in targets]
+        for module, new_name in places:
+            value = getattr(importlib.import_module(module), new_name, _MISSING)
+            if value is not _MISSING:
+                _warn(f"{module_name}.{name}", f"{module}.{new_name}", "use")
+                return value
+        raise AttributeError(f"module {module_name!r} has no attribute {name!r} (it moved to {', '.join(targets)})")
+
+    def __dir__():
+        return sorted({*renamed, *(name for module in targets for name in dir(importlib.import_module(module))
+                                   if not name.startswith("__"))})
+
+    return __getattr__, __dir__

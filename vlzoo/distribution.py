@@ -40,7 +40,7 @@ says so (`check_backend`).
 
 import keras
 
-from vlzoo import presets
+from vlzoo.presets import catalogue
 from vlzoo._keras import without_weights
 from vlzoo._workarounds import check_distribution_backend as check_backend
 from vlzoo.models.layout import MODEL_AXIS
@@ -55,7 +55,7 @@ def _model_for(model):
     if not isinstance(model, str):
         raise TypeError(f"`model` must be a vlzoo model, a preset name or a preset directory; "
                         f"received {type(model).__name__}.")
-    config = presets.model_config(model)
+    config = catalogue.model_config(model)
     with without_weights():
         return keras.saving.deserialize_keras_object(config)
 

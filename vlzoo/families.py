@@ -19,7 +19,7 @@ Example:
 import dataclasses
 import types
 
-from vlzoo import registry
+from vlzoo.presets import catalogue
 
 _FAMILIES = {}
 SCORE_LOSSES = ("softmax", "sigmoid", None)
@@ -66,7 +66,7 @@ class Family:
             with its bias: SigLIP, Llip; FLAIR averages two), or None (other terms too: SPARC's
             token-level loss). What a constant or a single-pair batch must give follows from it.
         presets: `{preset name: registry entry}` of presets defined in code (the same fields as
-            an entry of `presets/registry.json`, see `vlzoo.registry`); their directories are
+            an entry of `presets/registry.json`, see `vlzoo.presets.catalogue`); their directories are
             written when first loaded.
     """
 
@@ -92,7 +92,7 @@ class Family:
 
 
 def register_family(family):
-    """Adds `family` (a `Family`) to the registry, and its presets to `vlzoo.registry`; returns it.
+    """Adds `family` (a `Family`) to the registry, and its presets to `vlzoo.presets.catalogue`; returns it.
 
     Registering the same class again (a reloaded module) replaces the entry.
 
@@ -111,7 +111,7 @@ def register_family(family):
     for name, entry in family.presets.items():
         if entry.get("family") != family.name:
             raise ValueError(f"Preset {name!r} of family {family.name!r} has `family` {entry.get('family')!r}.")
-        registry.register(name, entry)
+        catalogue.register(name, entry)
     _FAMILIES[family.name] = family
     return family
 

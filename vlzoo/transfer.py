@@ -46,7 +46,7 @@ from vlzoo import families
 from vlzoo.models import CLIP
 from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (public here since the first release)
 from vlzoo.models.stair import CLIP_BPE_SPECIAL_IDS  # noqa: F401
-from vlzoo.presets import merge_config
+from vlzoo.presets.local import merge_config
 
 _POSITIONS = "vision/position_embedding/embeddings"
 _PREFIX = "vision/prefix_tokens"

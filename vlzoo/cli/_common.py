@@ -84,10 +84,11 @@ def _check_preset(preset, argument="--preset"):
 
     Handles and pretrained names pass: they are fetched, and a malformed handle refused, when loaded."""
     # heavy: imports a backend
-    from vlzoo import loading, pretrained
-    from vlzoo.presets import resolve_preset
+    from vlzoo.presets import catalogue
+    from vlzoo.presets.local import resolve_preset
+    from vlzoo.presets.remote import is_remote
 
-    if loading.is_remote(preset) or pretrained.is_pretrained(preset):
+    if is_remote(preset) or catalogue.is_pretrained(preset):
         return
     with _naming(argument):
         resolve_preset(preset)

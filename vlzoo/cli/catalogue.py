@@ -2,8 +2,8 @@
 
 import json
 
-from vlzoo import catalogue
 from vlzoo.cli._common import _add_command, _format_params
+from vlzoo.presets import catalogue
 
 
 def register(sub):
@@ -63,9 +63,9 @@ def _list(args, out):
 
 
 def _download(args, out):
-    from vlzoo import loading  # imports a backend: the download converts the weights
+    from vlzoo.presets import remote  # imports a backend: the download converts the weights
 
-    directory = loading.local_directory(args.handle)
+    directory = remote.local_directory(args.handle)
     print(f"{args.handle}: ready in {directory}", file=out)
     return 0
 
@@ -73,8 +73,8 @@ def _download(args, out):
 def _info(args, out):
     info = catalogue.describe(args.name)
     if info["params"] is None:  # a directory: counted from its config, with Keras
-        from vlzoo import presets
+        from vlzoo.presets import local
 
-        info = presets.preset_info(args.name)
+        info = local.preset_info(args.name)
     print(json.dumps(info, indent=2), file=out)
     return 0

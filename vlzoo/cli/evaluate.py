@@ -2,11 +2,11 @@
 
 import argparse
 
-from vlzoo import pretrained
 from vlzoo.cli._common import (
     UsageError, _add_command, _add_preset, _add_report_options, _add_ties, _check_file, _check_preset, _load_preset,
     _naming, _non_negative_int, _positive_int, _probability, _write_json,
 )
+from vlzoo.presets import catalogue
 
 # --benchmark -> (what --images is to it: "unused", "optional" or "required", the task it runs)
 BENCHMARKS = {
@@ -249,7 +249,7 @@ def run(args, out):
             grounding.grounding_method(model)
         except NotImplementedError as error:
             raise UsageError("--preset", str(error)) from None
-    source = pretrained.catalogue().get(args.preset, {}).get("handle")
+    source = catalogue.pretrained_presets().get(args.preset, {}).get("handle")
     options = dict(batch_size=args.batch_size, verbose=args.verbose)
     if args.slots is not None:
         if not isinstance(model, SPARO):

@@ -28,7 +28,7 @@ def register(sub):
 
 
 def run(args, out):
-    from vlzoo import upload  # heavy: imports a backend (the preset is loaded to check it)
+    from vlzoo.presets import upload  # heavy: imports a backend (the preset is loaded to check it)
 
     result = upload.upload_preset(args.handle, args.preset_dir, message=args.message)
     if args.handle.startswith("hf://"):

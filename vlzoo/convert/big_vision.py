@@ -34,7 +34,7 @@ import numpy as np
 from vlzoo._keras import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
-from vlzoo.presets import from_preset
+from vlzoo.presets.local import load_local_preset
 
 _STACKED = re.compile(r"^(.*/encoderblock)/(.*)$")
 
@@ -98,7 +98,7 @@ def from_big_vision_checkpoint(path_or_arrays, preset, *, dtype=None, progress=N
     """
     params = read_big_vision_params(path_or_arrays)
     with without_weights():
-        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
+        model = load_local_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "siglip":
         raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a SigLIP preset.")
     naflex = len(C.key_shape(params, "img/embedding/kernel") or ()) == 2  # a Dense over flattened patches

@@ -24,7 +24,6 @@ import numpy as np
 
 from vlzoo import formats
 from vlzoo._deprecation import deprecated_constants
-from vlzoo.catalogue import read_json
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import converter
 from vlzoo.convert.keras_hub import from_keras_hub
@@ -32,7 +31,8 @@ from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.convert.state_dict import strip_prefix
 from vlzoo.convert.transformers import from_transformers_state_dict
-from vlzoo.presets import from_preset
+from vlzoo.presets.files import read_json
+from vlzoo.presets.local import load_local_preset
 
 TOLERANCES = {"image": 1e-4, "text": 1e-4, "logits": 1e-3}
 
@@ -297,7 +297,7 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     if not check:
         return 0
 
-    reloaded = from_preset(str(out))
+    reloaded = load_local_preset(str(out))
     images, ids, mask = C.random_inputs(model, batch_size, seed=0)
     texts = {"token_ids": ids.astype("int32"), "padding_mask": mask}
     a, b = (C.to_numpy(m.similarity(images, texts)) for m in (model, reloaded))

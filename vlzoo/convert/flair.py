@@ -25,7 +25,7 @@ from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
-from vlzoo.presets import from_preset
+from vlzoo.presets.local import load_local_preset
 
 
 def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=None, progress=None,
@@ -64,7 +64,7 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
     """
     state_dict = read_state_dict(path_or_state_dict)
     with without_weights():
-        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
+        model = load_local_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "flair":
         raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a FLAIR preset.")
     checks = C.tower_geometry_checks(state_dict, model) + [

@@ -24,7 +24,7 @@ from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
-from vlzoo.presets import from_preset
+from vlzoo.presets.local import load_local_preset
 
 _ALIASES = {"out_proj": "pred.out_proj"}  # some exports keep the head's output matrix at the top level
 
@@ -70,7 +70,7 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
     """
     state_dict = _canonical(read_state_dict(path_or_state_dict))
     with without_weights():
-        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
+        model = load_local_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "llip":
         raise ValueError(f"`preset` {preset!r} is a {type(model).__name__} preset; expected a Llip preset.")
     _check_geometry(state_dict, model, preset)

@@ -28,7 +28,6 @@ import numpy as np
 
 from vlzoo import formats
 from vlzoo._deprecation import deprecated_constants
-from vlzoo.catalogue import read_json
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.converters import architecture
@@ -38,6 +37,7 @@ from vlzoo.convert.transformers import from_transformers_state_dict
 from vlzoo.convert._common import open_clip_preprocess
 from vlzoo.convert.state_dict import load_state_dict
 from vlzoo.preprocessing import ImagePreprocessor
+from vlzoo.presets.files import read_json
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 

@@ -17,7 +17,7 @@ Example:
 
 import json
 
-from vlzoo.catalogue import read_json
+from vlzoo.presets.files import read_json
 from vlzoo.tokenizers import CLIPTokenizer
 from vlzoo.tokenizers import SentencePieceTokenizer
 

@@ -29,7 +29,7 @@ from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules
 from vlzoo.convert.state_dict import read_state_dict
-from vlzoo.presets import from_preset
+from vlzoo.presets.local import load_local_preset
 
 # (checkpoint prefix of the read-out, of the tower's blocks; vlzoo tower, read-out)
 _TOWERS = (("visual.sparo.", "visual.transformer.resblocks.", "vision", "vision_readout"),
@@ -85,7 +85,7 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
     state_dict = read_state_dict(path_or_state_dict)
     where = f"preset {str(preset)!r}" + (f" with overrides {config_overrides}" if config_overrides else "")
     with without_weights():
-        model = from_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
+        model = load_local_preset(preset, load_weights=False, dtype=dtype, **config_overrides)
     if getattr(model, "family", None) != "sparo":
         raise ValueError(
             f"{where} builds a {type(model).__name__}, not a SPARO model; pass a SPARO preset "

@@ -50,11 +50,11 @@ import re
 
 import numpy as np
 
-from vlzoo.catalogue import read_json
 from vlzoo.data.labels import ImageFiles
 from vlzoo.evaluation._common import entry_fields, entry_image
 from vlzoo.evaluation.benchmarks import SelectionItem
 from vlzoo.evaluation.selection import selection_metrics, selection_scores
+from vlzoo.presets.files import read_json
 
 try:  # optional: the authors' tagger for the noun/adjective perturbations
     import spacy

@@ -57,12 +57,12 @@ import pickle
 
 import numpy as np
 
-from vlzoo.catalogue import read_json
 from vlzoo.data.labels import ImageFiles, folder_labels, read_classes_file
 from vlzoo.evaluation._common import entry_fields, entry_image
 from vlzoo.evaluation.retrieval import retrieval_recall
 from vlzoo.evaluation.zeroshot import classification_metrics, zero_shot_classifier
 from vlzoo.evaluation.selection import selection_metrics, selection_scores
+from vlzoo.presets.files import read_json
 
 SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 WINOGROUND_KEYS = ("id", "image_0", "image_1", "caption_0", "caption_1", "collapsed_tag")

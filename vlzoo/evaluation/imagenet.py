@@ -48,8 +48,8 @@ import os
 import numpy as np
 
 from vlzoo._paths import PACKAGE_ROOT
-from vlzoo.catalogue import read_json
 from vlzoo.evaluation.benchmarks import ClassificationBenchmark
+from vlzoo.presets.files import read_json
 
 CLASSES_FILE = PACKAGE_ROOT / "evaluation" / "imagenet_classes.json"
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")

@@ -10,7 +10,6 @@ from keras import ops
 
 import vlzoo
 from vlzoo import _workarounds, compiled, parallel
-from vlzoo import preset_files
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -20,6 +19,7 @@ from vlzoo.models.ensembling import EmbeddingMean
 from vlzoo.models.micro_batching import micro_batched
 from vlzoo.parallel.trainer import Trainer
 from vlzoo.preprocessing import ImagePreprocessor
+from vlzoo.presets import saving
 from vlzoo.tokenizers import CLIP_BPE, CLIP_BPE_VOCABULARY_SIZE, UnavailableTokenizer, bundled_tokenizer
 
 LOGIT_SCALE_MAX = math.log(100.0)
@@ -610,7 +610,7 @@ class ContrastiveModel(Trainer):
             super().quantize(mode, **kwargs)
         self.weight_quantization = mode
 
-    # What `vlzoo.from_preset` loaded the weights from (`vlzoo.loading.preset_origin`); `save_to_preset`
+    # What `vlzoo.from_preset` loaded the weights from (`vlzoo.presets.loading.preset_origin`); `save_to_preset`
     # records it in metadata.json as `base_preset`, and an uploaded preset's model card names it.
     preset_origin = None
 
@@ -622,7 +622,7 @@ class ContrastiveModel(Trainer):
         Example:
         >>> model.save_to_preset("runs/clip_tiny")
         """
-        preset_files.save_to_preset(self, directory, metadata=metadata)
+        saving.save_to_preset(self, directory, metadata=metadata)
 
     def upload_preset(self, handle, message=None):
         """Deprecated: `vlzoo.upload_preset(handle, model, message)` publishes a model (uploading is not

@@ -1,22 +1,18 @@
-"""Loading presets: `from_preset` and `preset_info`.
+"""Presets on this machine built into models: a registered name, a directory, a preset defined in code.
 
-A preset is a directory in keras-hub's layout (`vlzoo.preset_files`, which also
-writes them). `vlzoo.catalogue` finds it without Keras: registered names
-(`vlzoo.registry`, defined in `presets/registry.json`) resolve to
-`<name>/` of vlzoo's data folder (`vlzoo._paths.DATA_ROOT`: the
-checkout's `presets/`, or `vlzoo/_presets/` installed; or `$VLZOO_PRESETS_DIR/<name>/`), which
-`tools/build_presets.py` writes from their registry entries; its
-`list_presets`, `resolve_preset`, `read_metadata` and `model_config` are also
-names of this module, as is `presets_root`. This module imports no model class statically: a config
-names its class and the module that defines it, and when that module is vlzoo's it is imported
-before Keras' registry resolves the class (as Keras does for its own classes), so a preset loads
-whatever the process imported before. A registered preset's tokenizer reads the vocabulary vlzoo
-ships (`tokenizer_assets` in its metadata names it) rather than a copy of its own. A preset
-defined in code (`vlzoo.families.Family.presets`) gets its directory written, once per process,
-when `resolve_preset` first meets it.
+A registered name resolves to `<name>/` of the registered presets' folder
+(`vlzoo._paths.presets_root()`), which `tools/build_presets.py` writes from the registry
+(`vlzoo.presets.catalogue`). A preset defined in code (`vlzoo.families.Family.presets`) gets its
+directory written, once per process, when `resolve_preset` first meets it. This module imports no
+model class statically: a config names its class and the module that defines it, and when that
+module is vlzoo's it is imported before Keras' registry resolves the class (as Keras does for its
+own classes), so a preset loads whatever the process imported before. A registered preset's
+tokenizer reads the vocabulary vlzoo ships (`tokenizer_assets` in its metadata names it) rather
+than a copy of its own. Remote presets are `vlzoo.presets.remote`'s; `vlzoo.presets.from_preset`
+loads either.
 
 Example:
->>> model = from_preset("clip_tiny")
+>>> model = load_local_preset("clip_tiny")
 >>> preset_info("clip_vit_b16")["params"]
 149620737
 """
@@ -32,51 +28,48 @@ import warnings
 import h5py
 import keras
 import numpy as np
-from packaging.version import InvalidVersion
-from packaging.version import Version
 
-from vlzoo import catalogue
 from vlzoo import families
-from vlzoo import registry
 from vlzoo._keras import initialized_for_loading
 from vlzoo._keras import without_weights
-from vlzoo._paths import presets_root  # noqa: F401  (public: where the registered presets live)
-from vlzoo.catalogue import CONFIG_FILE
-from vlzoo.catalogue import METADATA_FILE
-from vlzoo.catalogue import PREPROCESSOR_FILE
-from vlzoo.catalogue import TOKENIZER_ASSETS
-from vlzoo.catalogue import TOKENIZER_FILE
-from vlzoo.catalogue import WEIGHTS_FILE
-from vlzoo.catalogue import describe
-from vlzoo.catalogue import list_presets  # noqa: F401  (public names of vlzoo.presets)
-from vlzoo.catalogue import model_config  # noqa: F401
-from vlzoo.catalogue import read_json
-from vlzoo.catalogue import read_metadata  # noqa: F401
-from vlzoo.preset_files import save_model_weights  # noqa: F401
-from vlzoo.preset_files import save_to_preset  # noqa: F401
-from vlzoo.preset_files import write_preset  # noqa: F401
-from vlzoo.preset_files import write_registered_preset
+from vlzoo.presets import catalogue
+from vlzoo.presets.files import CONFIG_FILE
+from vlzoo.presets.files import METADATA_FILE
+from vlzoo.presets.files import PREPROCESSOR_FILE
+from vlzoo.presets.files import TOKENIZER_ASSETS
+from vlzoo.presets.files import TOKENIZER_FILE
+from vlzoo.presets.files import WEIGHTS_FILE
+from vlzoo.presets.files import read_json
+from vlzoo.presets.files import read_preset
+from vlzoo.presets.saving import write_registered_preset
 from vlzoo.tokenizers import UnavailableTokenizer
 from vlzoo.tokenizers import bundled_asset_names
 from vlzoo.tokenizers import bundled_assets_dir
 from vlzoo.tokenizers import tokenizer_from_config
-from vlzoo.version import __version__
 
 _warned_random = set()
 _written = {}  # preset defined in code -> the temporary directory holding its files
 
 
 def resolve_preset(preset):
-    """The directory of `preset`: a registered name or a path (`vlzoo.catalogue.resolve_preset`).
+    """The directory of `preset`: a registered name or a path (`vlzoo.presets.catalogue.preset_directory`).
 
     A preset defined in code has its directory written on first use, into a temporary
     directory kept (and removed) with the process.
+
+    Raises:
+        ValueError: an unknown name, with the closest registered names.
+        FileNotFoundError: a path that is not a directory, or a registered preset whose directory is missing.
+
+    Example:
+    >>> resolve_preset("clip_tiny").name
+    'clip_tiny'
     """
     name = str(preset)
-    if not registry.defined_in_code(name) or pathlib.Path(name).is_dir():
-        return catalogue.resolve_preset(preset)
+    if not catalogue.defined_in_code(name) or pathlib.Path(name).is_dir():
+        return catalogue.preset_directory(preset)
     if name not in _written:
-        entry = registry.definition(name)
+        entry = catalogue.definition(name)
         holder = tempfile.TemporaryDirectory(prefix="vlzoo-preset-")
         write_registered_preset(name, entry, families.get_family(entry["family"]).model_class,
                                 pathlib.Path(holder.name) / name)
@@ -85,16 +78,17 @@ def resolve_preset(preset):
 
 
 def preset_info(name):
-    """Family, parameter count, paper, weights availability and description of a preset.
+    """`vlzoo.presets.catalogue.describe(name)`, with `params` always counted.
 
-    `vlzoo.catalogue.describe`, with the parameter count of a preset directory
-    computed from its config without allocating the model's weights (so it
-    works for presets too large for this machine). Presets whose weights are
-    published upstream also give `upstream_weights`: the repository, the
-    checkpoint file and the `vlzoo convert` command that turns it into a
-    preset directory.
+    Where the catalogue has no count (a preset directory, a preset defined in code), it is
+    computed from the config without allocating the model's weights (`count_parameters_abstractly`),
+    so it works for presets too large for this machine.
+
+    Example:
+    >>> preset_info("clip_vit_b16")["params"]
+    149620737
     """
-    info = describe(name)
+    info = catalogue.describe(name)
     if info["params"] is None:
         info["params"] = count_parameters_abstractly(read_json(resolve_preset(name) / CONFIG_FILE))
     return info
@@ -144,22 +138,6 @@ def _deserialize(config, path):
         raise ValueError(f"Could not build the model described by {path}: {error}") from error
 
 
-def _check_version(metadata, path):
-    """Refuses a preset written by a newer vlzoo (its config may use what this one lacks)."""
-    written = metadata.get("vlzoo_version")
-    if written is None:
-        return
-    try:
-        newer = Version(str(written)) > Version(__version__)
-    except InvalidVersion as error:
-        raise ValueError(f"Preset file {path}: `vlzoo_version` {written!r} is not a version number.") from error
-    if newer:
-        raise ValueError(
-            f"Preset file {path} was written by vlzoo {written}, newer than the installed vlzoo {__version__}; "
-            "upgrade vlzoo to load it."
-        )
-
-
 def _check_family(config, metadata, directory):
     """The config's model class must be a vlzoo family (or a registered subclass) and agree with
     the metadata's family."""
@@ -169,7 +147,7 @@ def _check_family(config, metadata, directory):
     if cls is None:
         raise ValueError(
             f"Preset file {directory / CONFIG_FILE} describes a model of class {class_name!r} (family {family!r} "
-            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(registry.families())}) nor "
+            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(catalogue.families())}) nor "
             "a registered Keras class. For your own subclass, import the module that registers it before calling "
             "`from_preset`."
         )
@@ -178,7 +156,7 @@ def _check_family(config, metadata, directory):
         raise ValueError(
             f"Preset files disagree: {directory / METADATA_FILE} says family {family!r} but "
             f"{directory / CONFIG_FILE} describes a {class_name}, a {own!r} model "
-            f"(vlzoo's families: {', '.join(registry.families())})."
+            f"(vlzoo's families: {', '.join(catalogue.families())})."
         )
 
 
@@ -223,12 +201,14 @@ def _count_parameters(config_json):
         return sum(int(np.prod(v.shape)) for v in model.weights)
 
 
-def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
-    """Builds a model from a registered preset name or a preset directory.
+def load_local_preset(preset, load_weights=True, dtype=None, **config_overrides):
+    """Builds the model of a preset on this machine: a registered name or a preset directory.
+
+    `vlzoo.presets.from_preset` is the entry point (it also fetches remote presets and
+    changes families); converters call this to build the model they fill.
 
     Args:
-        preset: a name from `list_presets()` or a directory written by
-            `save_to_preset`.
+        preset: a name from `list_presets()` or a directory written by `save_to_preset`.
         load_weights: load `model.weights.h5` when present. A preset without
             weights loads randomly initialised and says so once.
         dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
@@ -239,19 +219,18 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
         A `keras.Model` of the preset's family, with `tokenizer` and
         `preprocessor` attached.
 
+    Raises:
+        ValueError: an unknown name (the closest are named), or preset files that do not describe
+            a vlzoo model or do not fit one another (the file is named).
+        FileNotFoundError: a missing preset directory, preset file or tokenizer asset.
+
     Example:
-    >>> model = vlzoo.from_preset("clip_tiny")
-    >>> model.encode_text(["a photo of a cat"])["embeds"].shape
+    >>> model = load_local_preset("clip_tiny")
+    >>> model.encode_text(model.tokenizer(["a photo of a cat"]))["embeds"].shape
     (1, 24)
     """
     directory = resolve_preset(preset)
-    config = read_json(directory / CONFIG_FILE)
-    metadata = read_json(directory / METADATA_FILE)
-    if not isinstance(config, dict) or "config" not in config or "class_name" not in config:
-        raise ValueError(f"Preset file {directory / CONFIG_FILE} is not a serialised Keras model config.")
-    if not isinstance(metadata, dict):
-        raise ValueError(f"Preset file {directory / METADATA_FILE} is not a JSON object.")
-    _check_version(metadata, directory / METADATA_FILE)
+    config, metadata = read_preset(directory)
     _check_family(config, metadata, directory)
     inner = merge_config(config["config"], config_overrides)
     if dtype is not None:
@@ -271,7 +250,7 @@ def from_preset(preset, load_weights=True, dtype=None, **config_overrides):
             f"Preset {metadata.get('name', str(preset))!r} has no weights ({WEIGHTS_FILE} absent): "
             "the model is randomly initialised. "
             + metadata.get("weights_note", ""),
-            stacklevel=3,  # the caller of vlzoo.from_preset (vlzoo.loading)
+            stacklevel=3,  # the caller of `vlzoo.presets.from_preset`
         )
 
     # The tokenizer and preprocessor follow the model's context length and image size,
