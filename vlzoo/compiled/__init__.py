@@ -1,41 +1,34 @@
-"""Eager inference calls that run as one compiled program: what differs per backend.
+"""Eager inference calls run as one compiled program, per backend.
 
-A notebook's first call, `model.encode_image(x)`, is eager. An eager call
-dispatches every operation from Python, one by one, through Keras, which is
-many times slower than the same computation compiled (the `host_overhead`
-entry of docs/benchmarks.md).
-`inference_function(fn, variables)` (`variables`: a function returning the
-variables `fn` reads) returns `fn` run as a compiled program, with the same
+`inference_function(fn, variables)` returns `fn` run as a compiled program
+(`variables`: a function returning the variables `fn` reads), with `fn`'s
 results up to the compiler's rounding:
 
-- JAX: `jax.jit` of `fn`, with the variables' current values passed in (a
-  `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled
-  once per input shape and dtype. Inside a JAX transform (`jax.grad`,
-  `jax.jit`, Keras' own steps) it is traced into the caller's program, and
-  differentiating through it differentiates `fn`.
-- TensorFlow: a `tf.function` of `fn` when executing eagerly (its graph is
-  traced once per input signature and set of variables, and reads their
-  values at each call); inside a graph `fn` runs as called. A `tf.function`
-  is differentiable under a `tf.GradientTape`.
-- PyTorch: a `torch.jit.trace` of `fn` per input signature, with the values
-  of the variables `fn` reads as inputs. Keras' per-operation dispatch on
-  PyTorch costs 10 to 15 us an operation; the traced program runs the same
-  kernels without it, one by one: TorchScript's graph optimisations (kernel
-  fusion, its own derivative formulas) are off while it runs, so its
-  outputs, and the gradients autograd computes through it, are the eager
-  call's bit for bit wherever the kernels are deterministic.
-  `torch.compile` of Keras' layers costs more to compile than it saves
-  (docs/benchmarks.md).
+- JAX: `jax.jit` of `fn` with the variables' current values passed in (a
+  `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled once
+  per input shape and dtype. Inside a JAX transform it is traced into the
+  caller's program and differentiates as `fn`.
+- TensorFlow: a `tf.function` of `fn` when executing eagerly (traced once per
+  input signature and set of variables); inside a graph, `fn` as called.
+  Differentiable under a `tf.GradientTape`.
+- PyTorch: a `torch.jit.trace` of `fn` per input signature, the variables'
+  values passed as inputs, run with TorchScript's graph optimisations off: its
+  outputs and autograd gradients are the eager call's bit for bit wherever the
+  kernels are deterministic.
 
 `forward_function(fn, variables)` is the same for a forward pass inside Keras'
-training and evaluation steps: on PyTorch, whose steps run eagerly, the traced
-program (its gradients reach the variables as the eager call's do); on JAX
-and TensorFlow `fn` itself, since their steps are compiled programs already.
+training and evaluation steps: the traced program on PyTorch (whose steps run
+eagerly), `fn` itself on JAX and TensorFlow (whose steps are compiled already).
+
+Why eager calls are compiled, the measured cost of Keras' eager dispatch and
+the captures that were tried instead: docs/benchmarks.md (*Host overhead*) and
+docs/workarounds.md.
 
 Example:
 
->>> encode = inference_function(lambda x: model.vision(x)["pooled"], lambda: model.vision.variables)
->>> encode(np.zeros((2, 224, 224, 3), "float32")).shape
+>>> encode = inference_function(lambda x: model.vision(x)["pooled"],
+...                             lambda: model.vision.variables)  # doctest: +SKIP
+>>> encode(np.zeros((2, 224, 224, 3), "float32")).shape  # doctest: +SKIP
 (2, 512)
 """
 
