@@ -1,28 +1,18 @@
 """Eager inference calls run as one compiled program, per backend.
 
-`inference_function(fn, variables)` returns `fn` run as a compiled program
-(`variables`: a function returning the variables `fn` reads), with `fn`'s
-results up to the compiler's rounding:
+`inference_function(fn, variables)` returns `fn` (a function of tensors reading the Keras
+variables that `variables()` returns) run as a compiled program, with `fn`'s results up to the
+compiler's rounding and its gradients; a later `assign` or `fit` is seen:
 
-- JAX: `jax.jit` of `fn` with the variables' current values passed in (a
-  `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled once
-  per input shape and dtype. Inside a JAX transform it is traced into the
-  caller's program and differentiates as `fn`.
-- TensorFlow: a `tf.function` of `fn` when executing eagerly (traced once per
-  input signature and set of variables); inside a graph, `fn` as called.
-  Differentiable under a `tf.GradientTape`.
-- PyTorch: a `torch.jit.trace` of `fn` per input signature, the variables'
-  values passed as inputs, run with TorchScript's graph optimisations off: its
-  outputs and autograd gradients are the eager call's bit for bit wherever the
-  kernels are deterministic.
+- JAX (`_jax`): `jax.jit` of `fn` with the variables' values passed in; once per input shape and
+  dtype; traced into the caller's program inside a JAX transform.
+- TensorFlow (`_tensorflow`): a `tf.function` of `fn` when executing eagerly; `fn` inside a graph.
+- PyTorch (`_torch`): a `torch.jit.trace` per input signature, the variables' values as inputs;
+  outputs and gradients bit for bit the eager call's wherever the kernels are deterministic.
 
-`forward_function(fn, variables)` is the same for a forward pass inside Keras'
-training and evaluation steps: the traced program on PyTorch (whose steps run
-eagerly), `fn` itself on JAX and TensorFlow (whose steps are compiled already).
-
-Why eager calls are compiled, the measured cost of Keras' eager dispatch and
-the captures that were tried instead: docs/benchmarks.md (*Host overhead*) and
-docs/workarounds.md.
+`forward_function(fn, variables)` is the same for the forward pass of Keras' training and
+evaluation steps: the traced program on PyTorch (whose steps run eagerly), `fn` on JAX and
+TensorFlow (whose steps are compiled already). Why, and the figures: docs/workarounds.md.
 
 Example:
 
