@@ -49,7 +49,7 @@ def evaluate_negatives(model, data, name, batch_size=64, ties="expected", verbos
 
     Example:
 
-    >>> data = shapes_negatives.negatives("swap_att", 100)
+    >>> data = negatives("swap_att", 100)
     >>> evaluate_negatives(model, data, "shapes/swap_att")["metrics"]["acc"]  # doctest: +SKIP
     """
     n = len(data["images"])
