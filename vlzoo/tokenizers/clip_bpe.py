@@ -177,13 +177,13 @@ class CLIPTokenizer(_VocabularyTokenizer):
 
     Example:
 
-    ```python
-    tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
-                        "presets/_assets/clip_bpe/merges.txt")
-    out = tok(["a photo of a cat"])
-    out["token_ids"][0, :7]   # [49406, 320, 1125, 539, 320, 2368, 49407]
-    tok.detokenize(out["token_ids"])   # ["a photo of a cat"]
-    ```
+    >>> tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
+    ...                     "presets/_assets/clip_bpe/merges.txt")  # doctest: +SKIP
+    >>> out = tok(["a photo of a cat"])  # doctest: +SKIP
+    >>> out["token_ids"][0, :7].tolist()  # doctest: +SKIP
+    [49406, 320, 1125, 539, 320, 2368, 49407]
+    >>> tok.detokenize(out["token_ids"])  # doctest: +SKIP
+    ['a photo of a cat']
     """
 
     START_TOKEN = "<|startoftext|>"
