@@ -7,10 +7,10 @@ output is always a float32 numpy array. Runs eagerly in Python.
 
 Example:
 
-```python
-pre = ImagePreprocessor(image_size=224)
-pre(np.zeros((480, 640, 3), np.uint8)).shape   # (1, 224, 224, 3) float32
-```
+>>> pre = ImagePreprocessor(image_size=224)
+>>> x = pre(np.zeros((480, 640, 3), np.uint8))
+>>> x.shape, x.dtype
+((1, 224, 224, 3), dtype('float32'))
 
 `PIL` is imported lazily, on the first call.
 """
@@ -63,11 +63,9 @@ class ImagePreprocessor:
 
     Example:
 
-    ```python
-    pre = ImagePreprocessor(224)
-    pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
-    # (2, 224, 224, 3)
-    ```
+    >>> pre = ImagePreprocessor(224)
+    >>> pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
+    (2, 224, 224, 3)
     """
 
     def __init__(
@@ -344,12 +342,11 @@ class NaFlexPreprocessor:
 
     Example:
 
-    ```python
-    pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
-    batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
-    batch["spatial_shapes"]   # [[14, 18], [18, 14]]
-    model.encode_image(batch)["embeds"]   # (2, D)
-    ```
+    >>> pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
+    >>> batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
+    >>> batch["spatial_shapes"].tolist()
+    [[14, 18], [18, 14]]
+    >>> model.encode_image(batch)["embeds"].shape  # (2, D)  # doctest: +SKIP
     """
 
     def __init__(self, patch_size=16, max_num_patches=256, mean=SIGLIP_MEAN, std=SIGLIP_STD):

@@ -296,15 +296,14 @@ def image_text_dataset(
 
     Example:
 
-    ```python
-    model = vlzoo.from_preset("clip_tiny")
-    train = vlzoo.data.image_text_dataset(
-        "data/captions.csv", model.tokenizer, model.preprocessor, batch_size=32,
-        training=True, seed=0, on_error="skip")
-    model.compile(optimizer="adamw")
-    model.fit(train, epochs=2)
-    train.stats.summary()    # 'skipped 0 of 1000 records'
-    ```
+    >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+    >>> train = vlzoo.data.image_text_dataset(
+    ...     "data/captions.csv", model.tokenizer, model.preprocessor, batch_size=32,
+    ...     training=True, seed=0, on_error="skip")  # doctest: +SKIP
+    >>> model.compile(optimizer="adamw")  # doctest: +SKIP
+    >>> model.fit(train, epochs=2)  # doctest: +SKIP
+    >>> train.stats.summary()  # doctest: +SKIP
+    'skipped 0 of 1000 records'
     """
     batch_size = _check_int(batch_size, "batch_size", 1)
     R.check_on_error(on_error)

@@ -39,11 +39,9 @@ exactly those of `generate` and `binding_pairs`.
 
 Example:
 
-```python
-data = negatives("replace_att", 2, seed=0)
-data["captions"][0], data["negative_captions"][0]
-# ('a yellow cross to the right of a red circle', 'a yellow cross to the right of a cyan circle')
-```
+>>> data = negatives("replace_att", 2, seed=0)
+>>> data["captions"][0], data["negative_captions"][0]
+('a yellow cross to the right of a red circle', 'a yellow cross to the right of a cyan circle')
 """
 
 import numpy as np
@@ -92,10 +90,8 @@ def shuffled_caption(caption, perturbation, rng):
 
     Example:
 
-    ```python
-    shuffled_caption("a red circle above a blue square", "trigrams", np.random.default_rng(0))
-    # 'square a red circle above a blue'
-    ```
+    >>> shuffled_caption("a red circle above a blue square", "trigrams", np.random.default_rng(0))
+    'square a red circle above a blue'
     """
     _check_choice(perturbation, "perturbation", ORDER_PERTURBATIONS)
     words = caption.split(" ")
@@ -178,11 +174,9 @@ def negatives(kind, num_examples, split="test", image_size=32, seed=0):
 
     Example:
 
-    ```python
-    data = negatives("add_obj", 2, seed=0)
-    data["captions"][0], data["negative_captions"][0]
-    # ('a yellow circle', 'a yellow circle above a green square')
-    ```
+    >>> data = negatives("add_obj", 2, seed=0)
+    >>> data["captions"][0], data["negative_captions"][0]
+    ('a yellow circle', 'a yellow circle above a green square')
     """
     _check_choice(kind, "kind", NEGATIVE_TYPES)
     _check_choice(split, "split", SPLITS)
