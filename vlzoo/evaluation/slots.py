@@ -123,7 +123,7 @@ def slot_zero_shot_accuracy(model, images, labels, class_texts):
     Example:
 
     >>> slot_zero_shot_accuracy(sparo, images, labels, sparo.tokenizer(prompts)).shape  # doctest: +SKIP
-    (16,)
+    (L,)
     """
     if model.family != "sparo":
         raise TypeError(f"`model` must be a SPARO model (slots); received {type(model).__name__}.")
@@ -150,6 +150,6 @@ def select_slots(model, images, labels, class_texts, top_k=None):
     Example:
 
     >>> select_slots(sparo, images, labels, sparo.tokenizer(prompts), top_k=4)  # doctest: +SKIP
-    array([3, 0, 7, 1], dtype=int32)
+    array([...], dtype=int32)
     """
     return rank_slots(slot_zero_shot_accuracy(model, images, labels, class_texts), top_k)
