@@ -19,9 +19,12 @@ as a labelled bar chart (beside the image), `draw_image_terms` straight from
 a STAIR model.
 
 Example:
->>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
->>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]   # (T, P)
->>> vlzoo.viz.alignment_maps(image, ["red", "circle"], weights[1:3], "align.png")
+
+>>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")  # doctest: +SKIP
+'align.png'
+>>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]  # (T, P)  # doctest: +SKIP
+>>> vlzoo.viz.alignment_maps(image, ["red", "circle"], weights[1:3], "align.png")  # doctest: +SKIP
+'align.png'
 """
 
 import math
@@ -45,6 +48,15 @@ def caption_alignment(model, image, caption):
     Returns:
         `(tokens, weights)`: the `T` real token strings (start and end tokens
         included) and float32 `(T, P)` weights.
+
+    Raises:
+        TypeError: `model` has no token-to-patch alignment.
+
+    Example:
+
+    >>> tokens, weights = caption_alignment(sparc, pixels[0], "a red circle")  # doctest: +SKIP
+    >>> tokens, weights.shape  # doctest: +SKIP
+    (['<|startoftext|>', 'a', 'red', 'circle', '<|endoftext|>'], (5, P))
     """
     inputs = model.tokenizer([caption])
     images = ops.convert_to_tensor(np.asarray(image, np.float32)[None])
@@ -64,7 +76,11 @@ def caption_alignment(model, image, caption):
 def draw_caption_alignment(model, image, caption, path, **kwargs):
     """`caption_alignment` drawn by `alignment_maps` (the caption as title); returns `path`.
 
-    >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
+    Raises:
+        TypeError: as `caption_alignment`; ValueError: as `alignment_maps`.
+
+    >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")  # doctest: +SKIP
+    'align.png'
     """
     tokens, weights = caption_alignment(model, image, caption)
     return alignment_maps(image, tokens, weights, path, title=kwargs.pop("title", caption), **kwargs)
@@ -81,7 +97,12 @@ def draw_word_maps(model, image, caption, path, method=None, **kwargs):
         path: PNG file to write.
         method: None (the family's own map) or one the model has, e.g. FLAIR's `"patch_text_cosine"`.
 
-    >>> vlzoo.viz.draw_word_maps(model, image, "a red circle above a blue square", "words.png")
+    Raises:
+        `grounding.word_maps`' errors (NotImplementedError for a family without word maps);
+        ValueError: as `alignment_maps`.
+
+    >>> vlzoo.viz.draw_word_maps(model, image, "a red circle above a blue square", "words.png")  # doctest: +SKIP
+    'words.png'
     """
     maps, method = word_maps(model, np.asarray(ops.convert_to_numpy(image), np.float32)[None], [caption],
                              method=method)
@@ -162,6 +183,16 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
 
     Returns:
         `path`.
+
+    Raises:
+        ValueError: `weights` not `(T, P)` with `T = len(tokens)`, `grid_size` not holding `P`
+            patches, or `image` not `(H, W, 3)`.
+
+    Example:
+
+    >>> alignment_maps(np.zeros((32, 32, 3)), ["red", "circle"], np.full((2, 16), 1 / 16),
+    ...                "align.png")  # doctest: +SKIP
+    'align.png'
     """
     plt = _pyplot()
     from matplotlib import cm, colors
@@ -230,8 +261,13 @@ def top_terms_chart(terms, path, image=None, title=None):
     Returns:
         `path`.
 
+    Raises:
+        ValueError: `terms` empty or not pairs; `image` not `(H, W, 3)`.
+
     Example:
-    >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")
+
+    >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")  # doctest: +SKIP
+    'terms.png'
     """
     plt = _pyplot()
     if not terms or any(len(term) != 2 for term in terms):
