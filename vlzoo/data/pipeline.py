@@ -15,17 +15,12 @@ tokenizer's sequence length):
    record's source, so an undecodable image raises naming the caption file and line
    (or the tar member), or is skipped and counted. Evaluation: the preprocessor itself
    (pixels equal `preprocessor(image)` exactly). Training: torchvision's
-   RandomResizedCrop (`scale`, `ratio`) then the preprocessor's mean/std. PIL
-   releases the GIL while decoding and resizing, so the parallel map scales.
+   RandomResizedCrop (`scale`, `ratio`) then the preprocessor's mean/std, in a
+   parallel map.
 3. batch, then tokenise: one `tf.py_function` call per batch runs the model's own
-   tokenizer on the `B` captions. Why per batch in the pipeline rather than up front:
-   vlzoo's tokenizers are Python (ftfy, regex) + keras_hub objects, not graph ops;
-   pre-tokenising a caption file costs start-up time and memory in proportion to the
-   dataset (CLIP BPE runs at a few thousand captions a second) and cannot stream tar
-   shards, while one call per batch amortises the Python overhead over `B` captions,
-   overlaps with training through `prefetch`, and gives ids equal to
-   `tokenizer(captions)` by construction. Calls are serialised by a lock (the
-   tokenizers keep a cache that is not thread-safe).
+   tokenizer on the `B` captions (ids equal `tokenizer(captions)`; calls are serialised
+   by a lock, the tokenizers' cache not being thread-safe). Why per batch:
+   docs/finetuning.md, *The input pipeline*.
 4. prefetch.
 
 Several processes (`num_processes`, `process_index`; by default the launch's, see
