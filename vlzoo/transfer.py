@@ -25,7 +25,7 @@ import numpy as np
 
 from vlzoo import families
 from vlzoo.models import CLIP
-from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (public here since the first release)
+from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (a public name of this module)
 from vlzoo.models.stair import CLIP_BPE_SPECIAL_IDS  # noqa: F401
 from vlzoo.presets import merge_config
 

@@ -41,7 +41,7 @@ __all__ = [
     "transformers_peer",
 ]
 
-# Constants until the table of checkpoint formats (`vlzoo.formats`); deprecated 2026-11-28.
+# `SOURCES`, `AUTHOR_SOURCES`: deprecated (2026-11-28) aliases of `vlzoo.formats`' lists, with a warning.
 __getattr__ = deprecated_constants(__name__, {
     "SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
     "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats),

@@ -41,7 +41,7 @@ from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 
-# A constant until the table of checkpoint formats; deprecated 2026-11-28.
+# `FORMATS`: deprecated (2026-11-28) alias of `vlzoo.formats.repository_formats()`, with a warning.
 __getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.repository_formats()",
                                                           formats.repository_formats)})
 _TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")

@@ -219,7 +219,7 @@ def patch_families():
     return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
 
 
-# A constant until the family registry; deprecated 2026-11-28.
+# `PATCH_FAMILIES`: deprecated (2026-11-28) alias of `patch_families()`, with a warning.
 __getattr__ = deprecated_constants(__name__, {"PATCH_FAMILIES": ("patch_families()", patch_families)})
 
 
