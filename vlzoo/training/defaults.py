@@ -202,10 +202,8 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
 
     Sets the optimizer (`training_optimizer(**optimizer_args)`, with the
     family's weight-decay exclusions through `model.compile`), `jit_compile`,
-    and the towers' `remat` flag. The logit-scale clamp applies after every
-    update. Mixed precision is the model's dtype policy, chosen when it is
-    built (`vlzoo.from_preset(name, dtype="mixed_bfloat16")`).
-    `model.compile(optimizer=...)` keeps working for anything else.
+    the towers' `remat` flag, `micro_batch_size` and tower locks. Mixed
+    precision is the model's dtype policy, chosen when it is built.
 
     Args:
         model: a vlzoo model (`ContrastiveModel`).
@@ -218,9 +216,7 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
             towers run this many pairs at a time, holding one micro-batch's
             activations, while the loss contrasts the whole batch exactly;
             the batch size must be a multiple of it. None: the whole batch.
-            Use it rather than `gradient_accumulation_steps` to train with a
-            contrastive batch larger than memory: accumulation averages the
-            losses of small batches, each with its own negatives only.
+            (docs/finetuning.md compares it with gradient accumulation.)
         lock_image, lock_text: lock that tower (LiT), all of it but its last
             `lock_image_unlocked_groups` / `lock_text_unlocked_groups` groups
             (open_clip's `--lock-image --lock-image-unlocked-groups N`;
