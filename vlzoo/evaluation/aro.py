@@ -234,7 +234,17 @@ def split_words(text):
 
 
 def spacy_tagger(name="en_core_web_sm"):
-    """The authors' tagger: a callable from a caption to its spaCy `(token.text, token.tag_)` pairs."""
+    """The authors' tagger: a callable from a caption to its spaCy `(token.text, token.tag_)` pairs.
+
+    Raises:
+        ImportError: spaCy or its `en_core_web_sm` model is not installed (naming the install
+            command).
+
+    Example:
+
+    >>> spacy_tagger()("a red car")  # doctest: +SKIP
+    [('a', 'DT'), ('red', 'JJ'), ('car', 'NN')]
+    """
     if spacy is None:
         raise ImportError(f"The noun/adjective perturbations need a part-of-speech tagger: pass `tagger=` "
                           f"(a callable from a caption to (token, Penn Treebank tag) pairs) or install "
@@ -261,6 +271,10 @@ class TextShuffler:
         word_tokenize: a callable from a caption to words, for the trigrams; default
             `split_words`.
         seed: the seed of both generators.
+
+    Raises:
+        ValueError: an unknown perturbation name, or a `tagger` that does not return
+            `(token, tag)` pairs.
 
     Example:
     >>> shuffler = TextShuffler(tagger=my_tagger, seed=1)
@@ -307,7 +321,11 @@ class TextShuffler:
         return " ".join(" ".join(trigram) for trigram in trigrams)
 
     def perturb(self, name, caption):
-        """The perturbation `name` (one of `PERTURBATIONS`) of `caption`."""
+        """The perturbation `name` (one of `PERTURBATIONS`) of `caption`.
+
+        Raises:
+            ValueError: `name` is not one of `PERTURBATIONS`.
+        """
         if name not in PERTURBATIONS:
             raise ValueError(f"`name` must be one of {PERTURBATIONS}; received {name!r}.")
         return getattr(self, name)(caption)

@@ -105,6 +105,14 @@ def flickr30k_entities(root, split="test", images=None):
 
     Returns:
         a `GroundingBenchmark`, one caption per sentence.
+
+    Raises:
+        ValueError: `split` not `"train"`, `"val"` or `"test"`; FileNotFoundError: a missing folder
+            or file (named).
+
+    Example:
+
+    >>> len(flickr30k_entities("flickr30k_entities", split="test").captions)  # doctest: +SKIP
     """
     if split not in ("train", "val", "test"):
         raise ValueError(f"`split` must be 'train', 'val' or 'test'; received {split!r}.")
@@ -145,6 +153,15 @@ def refcoco(root, dataset="refcoco", split="val", images=None):
 
     Returns:
         a `GroundingBenchmark`, one caption (the expression) per sentence.
+
+    Raises:
+        ValueError: an unknown `dataset`, or no expression in `split`; FileNotFoundError: a
+            missing folder or file (named).
+
+    Example:
+
+    >>> refcoco("refer/data", "refcoco+", split="testA").name  # doctest: +SKIP
+    'refcoco+/testA'
     """
     if dataset not in SPLITS_BY:
         raise ValueError(f"`dataset` must be one of {sorted(SPLITS_BY)}; received {dataset!r}.")
