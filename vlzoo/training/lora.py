@@ -79,6 +79,15 @@ def enable_lora(model, rank=8, targets=("query", "value"), towers=("image", "tex
 
     Returns:
         The number of trainable parameters (the adapters'), for the record.
+
+    Raises:
+        TypeError: `model` is not a vlzoo model.
+        ValueError: `rank` not a positive int, unknown `targets` or `towers`, or LoRA already
+            enabled.
+
+    Example:
+
+    >>> enable_lora(model, rank=8)  # doctest: +SKIP
     """
     check_model(model)
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
@@ -108,7 +117,10 @@ def _config(model):
 
 def save_lora_weights(model, path):
     """Writes `model`'s LoRA adapters alone to `path` (`.npz`: each `A` and `B` by variable path,
-    and the rank, alpha and adapted layers)."""
+    and the rank, alpha and adapted layers); ValueError when `model` has no adapters.
+
+    >>> save_lora_weights(model, "adapters.npz")  # doctest: +SKIP
+    """
     check_model(model)
     if not lora_layers(model):
         raise ValueError("`model` has no LoRA adapters to save (see enable_lora).")
@@ -121,7 +133,15 @@ def save_lora_weights(model, path):
 
 def load_lora_weights(model, path):
     """Applies the adapters `save_lora_weights` wrote to `model` (the base model they were trained on,
-    or one with LoRA already enabled alike): enables LoRA as saved, then assigns `A` and `B`."""
+    or one with LoRA already enabled alike): enables LoRA as saved, then assigns `A` and `B`.
+
+    Raises:
+        FileNotFoundError: `path` is missing.
+        ValueError: not a file `save_lora_weights` wrote, adapters of another rank or layer set than
+            `model`'s, layers `model` lacks, or an array of the wrong shape.
+
+    >>> load_lora_weights(vlzoo.from_preset("clip_vit_b16_openai"), "adapters.npz")  # doctest: +SKIP
+    """
     check_model(model)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LoRA weights file not found: {path}.")
