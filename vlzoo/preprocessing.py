@@ -61,6 +61,12 @@ class ImagePreprocessor:
     tensors or PIL images). uint8 (or integer in [0, 255]) or float in [0, 1].
     Returns float32 numpy `(B, S, S, 3)` (`B = 1` for a single image).
 
+    Raises:
+        ValueError: a bad `image_size`, `mean`/`std` (3 values, `std > 0`), `interpolation` or
+            `crop`; when called, images not `(H, W, 3)` (or a batch or list of them), empty, of
+            another dtype than uint8 or float, non-finite, or out of range (uint8-like values
+            in [0, 255], floats in [0, 1]).
+
     Example:
 
     >>> pre = ImagePreprocessor(224)
@@ -186,6 +192,9 @@ class ImagePreprocessor:
         Returns:
             Each output pixel's share covered by the boxes (the largest over the boxes), after the
             same resize and centre crop as `__call__`; parts cropped away are dropped.
+
+        Raises:
+            ValueError: `boxes` not finite `(x0, y0, x1, y1)` with `x0 <= x1`, `y0 <= y1`.
 
         Example:
         >>> ImagePreprocessor(4, crop="none").region_mask([[0, 0, 8, 2]], (8, 8))[:, 0]  # the top row
@@ -339,6 +348,10 @@ class NaFlexPreprocessor:
     `VisionTransformer` takes: `patches` float32 `(B, N, p * p * 3)`,
     `patch_mask` bool `(B, N)` and `spatial_shapes` int32 `(B, 2)` (each
     image's patch rows and columns).
+
+    Raises:
+        ValueError: `patch_size` or `max_num_patches` not a positive int; when called, images
+            not `(H, W, 3)`.
 
     Example:
 

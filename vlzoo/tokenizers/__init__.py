@@ -154,6 +154,9 @@ class UnavailableTokenizer:
         config: the serialised tokenizer it stands for, kept so that
             `save_to_preset` writes it back (drop the files into the saved
             preset's `assets/tokenizer/` and it loads).
+
+    Raises:
+        FileNotFoundError: when called, with `message`.
     """
 
     def __init__(self, message, config=None):

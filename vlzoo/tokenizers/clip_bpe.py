@@ -175,6 +175,10 @@ class CLIPTokenizer(_VocabularyTokenizer):
     `"token_ids"` int32 `(B, T)` and `"padding_mask"` bool `(B, T)`, True on the
     start token, the text tokens and the end token.
 
+    Raises:
+        ValueError: a non-int `pad_value`, only one of `vocabulary` and `merges`, or a vocabulary
+            without CLIP's start and end tokens.
+
     Example:
 
     >>> tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",

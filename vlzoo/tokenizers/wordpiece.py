@@ -73,6 +73,9 @@ class WordPieceTokenizer(_VocabularyTokenizer):
     Call: `tokenizer(texts, sequence_length=None)` -> `{"token_ids": int32 (B, T),
     "padding_mask": bool (B, T)}`, True on `[CLS]`, the word pieces and `[SEP]`.
 
+    Raises:
+        ValueError: a special token missing from the vocabulary.
+
     Example:
 
     >>> tok = WordPieceTokenizer.from_assets("presets/_assets/bert_uncased")  # doctest: +SKIP
