@@ -49,6 +49,13 @@ def read_big_vision_params(path_or_arrays):
         Flat `/`-separated keys; the blocks of a `scan=True` checkpoint
         (`.../encoderblock/<leaf>` with a leading layer axis) become
         `.../encoderblock_{i}/<leaf>`, as an unscanned checkpoint stores them.
+
+    Raises:
+        TypeError: neither a path nor a mapping.
+
+    Example:
+
+    >>> params = read_big_vision_params("siglip2_b16_224.npz")  # doctest: +SKIP
     """
     if isinstance(path_or_arrays, (str, os.PathLike)):
         with np.load(os.fspath(path_or_arrays), allow_pickle=False) as data:

@@ -52,7 +52,10 @@ __getattr__ = deprecated_constants(__name__, {
 
 
 def open_clip_model_config(name):
-    """open_clip's model config dict for `name`, read from its installed JSON files (open_clip not imported)."""
+    """open_clip's model config dict for `name`, read from its installed JSON files (open_clip not imported).
+
+    FileNotFoundError when open_clip is not installed; ValueError for an unknown `name` (with close
+    matches)."""
     spec = importlib.util.find_spec("open_clip")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -70,7 +73,8 @@ def open_clip_model_config(name):
 
 
 def transformers_files(checkpoint, config, log=print):
-    """(state dict, config dict) of a transformers directory or weights file (+ `--config`)."""
+    """(state dict, config dict) of a transformers directory or weights file (+ `--config`);
+    FileNotFoundError without a config or weights file."""
     checkpoint = pathlib.Path(checkpoint)
     if checkpoint.is_dir():
         config = config or checkpoint / "config.json"
@@ -173,7 +177,8 @@ def open_clip_peer(config, state_dict, open_clip=None):
 
 
 def transformers_peer(config, state_dict, transformers=None):
-    """The transformers `CLIPModel` / `SiglipModel` built from `config` with the given weights."""
+    """The transformers `CLIPModel` / `SiglipModel` built from `config` with the given weights; KeyError
+    naming missing or unexpected keys."""
     import torch
 
     transformers = transformers or import_transformers()

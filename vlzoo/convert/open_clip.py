@@ -126,6 +126,18 @@ def open_clip_config(model, custom_text=None):
 
     Only models that `to_open_clip_state_dict` exports with open_clip's own
     towers (not timm trunks) are described.
+
+    Returns:
+        dict of `open_clip.CLIP` keyword arguments (`embed_dim`, `vision_cfg`, `text_cfg`, ...).
+
+    Raises:
+        NotImplementedError: a tower with a MAP head (a timm trunk in open_clip), or QuickGELU on
+            one tower only.
+
+    Example:
+
+    >>> peer = open_clip.CLIP(**open_clip_config(model))  # doctest: +SKIP
+    >>> peer.load_state_dict(to_open_clip_state_dict(model))  # doctest: +SKIP
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"

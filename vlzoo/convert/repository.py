@@ -221,6 +221,13 @@ def convert_repository(directory, fmt=None, *, dtype=None, progress=None):
 
     Returns:
         A `vlzoo.CLIP` or `vlzoo.SigLIP` with the repository's tokenizer and preprocessor.
+
+    Raises:
+        ValueError: an unknown `fmt`; `detect_format`'s and the converters' errors.
+
+    Example:
+
+    >>> model = convert_repository("snapshots/clip-vit-base-patch32")  # doctest: +SKIP
     """
     directory = pathlib.Path(directory)
     fmt = fmt or detect_format(directory)

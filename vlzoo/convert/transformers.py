@@ -65,6 +65,15 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
 
     Returns:
         `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel` and `Siglip2Model`.
+
+    Raises:
+        TypeError: `model` is not a transformers model.
+        NotImplementedError: a transformers class or feature vlzoo does not convert (named).
+        KeyError, ValueError: a weight without a vlzoo counterpart, or of another shape (named).
+
+    Example:
+
+    >>> model = vlzoo.convert.from_transformers(transformers.CLIPModel.from_pretrained("dir"))  # doctest: +SKIP
     """
     if not hasattr(model, "state_dict") or not hasattr(model, "config"):
         raise TypeError(f"from_transformers expects a transformers model; received {type(model).__name__}.")
