@@ -295,7 +295,7 @@ def draw_image_terms(model, image, path, k=20, title=None):
     """A STAIR model's `k` heaviest terms for `image` (`(H, W, 3)` preprocessed pixels) as
     `top_terms_chart` beside the image; returns `path`.
 
-    >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)
+    >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)  # doctest: +SKIP
     """
     images = ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(image), np.float32)[None])
     terms = top_terms(model.encode_image(images)["embeds"], k=k, tokenizer=model.tokenizer)[0]

@@ -48,7 +48,9 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
     Example:
 
     >>> model = vlzoo.convert.from_flair_checkpoint("flair-merged30m.pt")  # doctest: +SKIP
-    >>> tuple(model.similarity(images, ["a dog on a sofa", "a red door"]).shape)  # images: (4, 224, 224, 3)  # doctest: +SKIP
+    >>> import numpy as np
+    >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> tuple(model.similarity(images, ["a dog on a sofa", "a red door"]).shape)  # doctest: +SKIP
     (4, 2)
     """
     state_dict = read_state_dict(path_or_state_dict)

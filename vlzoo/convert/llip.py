@@ -55,7 +55,9 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
     Example:
 
     >>> model = vlzoo.convert.from_llip_checkpoint("llip_b16_k32.pt", "llip_vit_b16")  # doctest: +SKIP
-    >>> tuple(model.similarity(images, ["a dog", "two dogs"]).shape)  # images: (4, 224, 224, 3)  # doctest: +SKIP
+    >>> import numpy as np
+    >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> tuple(model.similarity(images, ["a dog", "two dogs"]).shape)  # doctest: +SKIP
     (4, 2)
     """
     state_dict = _canonical(read_state_dict(path_or_state_dict))

@@ -64,10 +64,11 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
             the key width (vlzoo's values have the key width).
 
     Example:
-    >>> model = vlzoo.convert.from_sparo_checkpoint("epoch_25.pt", "sparo_clip_vit_b32")
-    >>> model.encode_image(images, normalize=True)["embeds"].shape  # images: (8, 224, 224, 3), preprocessed
+    >>> model = vlzoo.convert.from_sparo_checkpoint("epoch_25.pt", "sparo_clip_vit_b32")  # doctest: +SKIP
+    >>> images = np.zeros((8, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> model.encode_image(images, normalize=True)["embeds"].shape  # doctest: +SKIP
     (8, 4096)
-    >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches
+    >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches  # doctest: +SKIP
     (8, 64, 50)
     """
     state_dict = read_state_dict(path_or_state_dict)

@@ -290,7 +290,8 @@ def read_caption_file(
 
     Example:
 
-    >>> records = read_caption_file("data/captions.jsonl")  # {"file_name": "img/0.png", "text": "a red circle"}  # doctest: +SKIP
+    >>> # data/captions.jsonl: {"file_name": "img/0.png", "text": "a red circle"}
+    >>> records = read_caption_file("data/captions.jsonl")  # doctest: +SKIP
     >>> records[0].caption  # doctest: +SKIP
     'a red circle'
     """

@@ -24,8 +24,8 @@ boxes' share of the crop, beside them.
 `mass` and `chance` and the same per group.
 
 Example:
->>> benchmark = flickr30k_entities("/data/flickr30k_entities")
->>> evaluate_phrase_grounding(vlzoo.from_preset("sparc_shapes"), benchmark)["metrics"]
+>>> benchmark = flickr30k_entities("/data/flickr30k_entities")  # doctest: +SKIP
+>>> evaluate_phrase_grounding(vlzoo.from_preset("sparc_shapes"), benchmark)["metrics"]  # doctest: +SKIP
 """
 
 import dataclasses

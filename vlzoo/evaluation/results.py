@@ -7,8 +7,8 @@ source or None), plus `groups` (the metrics per group of items) where the
 benchmark has groups and `dtype` (the towers' dtype policy) where given. `markdown_table` lays records out one row per dataset.
 
 Example:
->>> record = benchmark_record(evaluate_selection(model, winoground(data)), "clip_vit_b16_openai")
->>> print(markdown_table([record]))
+>>> record = benchmark_record(evaluate_selection(model, winoground(data)), "clip_vit_b16_openai")  # doctest: +SKIP
+>>> print(markdown_table([record]))  # doctest: +SKIP
 | dataset | model | text | image | group |
 ...
 """

@@ -9,7 +9,7 @@ with. In a single process it is Keras' callback unchanged.
 
 Example:
 
->>> backup = vlzoo.training.BackupAndRestore("runs/b16/backup")
+>>> backup = vlzoo.training.BackupAndRestore("runs/b16/backup")  # doctest: +SKIP
 >>> model.fit(train, epochs=10, callbacks=[backup])  # run again after a crash: resumes  # doctest: +SKIP
 """
 

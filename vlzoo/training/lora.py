@@ -14,11 +14,11 @@ loadable as a plain preset. `merge_lora(model)` gives that model in memory, and
 apply to the base preset again.
 
 Example:
->>> model = vlzoo.from_preset("clip_vit_b16_openai")
->>> enable_lora(model, rank=8)
->>> model.compile(optimizer="adamw"); model.fit(dataset)
->>> save_lora_weights(model, "adapters.npz")            # the adapters alone
->>> model.save_to_preset("clip_b16_lora_merged")        # or merged into a preset
+>>> model = vlzoo.from_preset("clip_vit_b16_openai")  # doctest: +SKIP
+>>> enable_lora(model, rank=8)  # doctest: +SKIP
+>>> model.compile(optimizer="adamw"); model.fit(dataset)  # doctest: +SKIP
+>>> save_lora_weights(model, "adapters.npz")            # the adapters alone  # doctest: +SKIP
+>>> model.save_to_preset("clip_b16_lora_merged")        # or merged into a preset  # doctest: +SKIP
 """
 
 import json
