@@ -58,13 +58,10 @@ def forward_function(fn, variables):
     For a model's forward pass in Keras' training and evaluation steps: those
     steps run eagerly on PyTorch only. Differentiable: on PyTorch, `backward`
     through the program gives each variable the gradient the eager call gives.
+    Arguments and result as `inference_function`.
 
-    Args:
-        fn: a function of tensors (or dicts of them) that reads Keras variables.
-        variables: a function returning the variables `fn` reads.
-
-    Returns:
-        A function with `fn`'s arguments and outputs.
+    >>> forward = forward_function(lambda x: model.vision(x)["pooled"],
+    ...                            lambda: model.vision.variables)  # doctest: +SKIP
     """
     if keras.backend.backend() != "torch":
         return fn

@@ -78,14 +78,8 @@ def cudnn_padded_attention(query, key, value, scale, is_causal=False):
     traced (no cuDNN found, a GPU or head width its kernels do not cover: JAX raises `RuntimeError` or
     `NotImplementedError` before anything runs), so that the caller runs Keras' attention instead.
 
-    Args:
-        query: `(B, T, heads, head_dim)`.
-        key, value: `(B, S, heads, head_dim)`.
-        scale: the logits' scale.
-        is_causal: whether token `i` attends to tokens `<= i` only (T == S).
-
-    Returns:
-        `(B, T, heads, head_dim)`, or None.
+    Takes `padded_attention`'s arguments but `implementation`; returns `(B, T, heads, head_dim)` or
+    None.
     """
     try:
         return padded_attention(query, key, value, scale, is_causal=is_causal, implementation="cudnn")
