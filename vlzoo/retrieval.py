@@ -1,20 +1,10 @@
 """Sparse retrieval with vocabulary-sized embeddings (STAIR): top terms, sparsity, an inverted index.
 
-STAIR's embeddings are non-negative `(N, V)` vectors with exact zeros, so a
-collection can be served by an inverted index, as a text search engine
-serves bag-of-words documents (paper App. D):
-
-* `to_sparse` / `to_dense`: fixed-shape `(ids, weights, nnz)` top-k lists
-  (`keras.ops.top_k`, any backend) and back.
-* `top_terms`: the heaviest `(token, weight)` pairs of each vector, for
-  reading what an image or a text was mapped to (paper Fig. 4-5).
-* `sparsity_stats`: active terms per vector (the paper's sparsity measure),
-  sparsity ratio, FLOPs (expected number of shared active terms) and
-  document frequencies.
-* `SparseIndex`: NumPy postings `token -> (doc ids, weights)`, top-k search
-  by the sparse dot product, save / load. Documents (and queries) are
-  L2-normalised, so its scores are the cosines the model trains with and its
-  ranking equals the dense ranking exactly (ties broken by the lower id).
+STAIR's embeddings are non-negative `(N, V)` vectors with exact zeros, so a collection can be
+served by an inverted index, as a text search engine serves bag-of-words documents (paper
+App. D): `to_sparse` / `to_dense` (fixed-shape top-k lists and back), `top_terms` (the heaviest
+`(token, weight)` pairs, paper Fig. 4-5), `sparsity_stats`, and `SparseIndex` (postings, top-k
+search whose scores are the model's cosines and whose ranking equals the dense one).
 
 Example:
 

@@ -1,22 +1,9 @@
-"""Pictures of what a model aligns: per-token maps over the patch grid, as PNG files.
+"""Pictures of what a model aligns, as PNG files.
 
-`alignment_maps` draws, for one image and one caption, each token's weights
-over the image's patch grid as a smoothed heatmap laid over the darkened image
-(opacity growing with the weight, one colour scale for all panels), one panel
-per token, like the FILIP and SPARC papers' figures. The weights come from the
-family: SPARC's alignment weights (`vlzoo.losses.sparc_alignment_weights`),
-or FILIP's argmax matches turned into one-hot rows; a model gives them with
-`token_patch_alignment`.
-
-`draw_caption_alignment(model, image, caption, path)` does both steps for
-a SPARC or FILIP model. `draw_word_maps(model, image, caption, path)` draws
-a panel per word instead, from the map `vlzoo.evaluation.grounding` scores
-(the family's own: SPARC's and FILIP's token alignment, FLAIR's
-text-conditioned attention, CLIP's patch-text cosine).
-
-`top_terms_chart` draws a STAIR sparse embedding's heaviest vocabulary terms
-as a labelled bar chart (beside the image), `draw_image_terms` straight from
-a STAIR model.
+`alignment_maps` draws each token's weights over the image's patch grid (one panel per token, as
+in the FILIP and SPARC papers' figures); `draw_caption_alignment` does it from a SPARC or FILIP
+model (`caption_alignment`), `draw_word_maps` per word from the map `vlzoo.evaluation.grounding`
+scores. `top_terms_chart` and `draw_image_terms` draw a STAIR embedding's heaviest terms.
 
 Example:
 

@@ -1,10 +1,7 @@
 """SPARO's slot metrics: each slot's own zero-shot accuracy, and the paper's post-hoc slot selection.
 
-SPARO's embedding concatenates `L` slots of width `V`. The paper (Sec. 5.1) scores every slot by
-its own zero-shot accuracy and keeps the best 32; the model then scores on those slots only
-(`model.similarity(..., slots=...)`). `per_slot_zero_shot_accuracy` and `rank_slots` work on
-embeddings; `slot_zero_shot_accuracy` and `select_slots` on a SPARO model, images and tokenised
-prompts.
+The paper (Sec. 5.1) scores each of the `L` slots by its own zero-shot accuracy and keeps the best
+32; the model then scores on those slots only (`model.similarity(..., slots=...)`).
 
 Example:
 
