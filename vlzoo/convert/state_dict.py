@@ -54,6 +54,7 @@ def read_state_dict(path_or_state_dict):
 
     Example:
 
+    >>> import numpy as np
     >>> read_state_dict({"module.logit_scale": np.zeros(())})
     {'logit_scale': array(0.)}
     """
