@@ -42,6 +42,17 @@ class ImageFiles:
         items: image paths or encoded image bytes.
         preprocessor: the preset's `ImagePreprocessor` (the evaluation transform).
         sources: names of the items for error messages (default: the paths).
+
+    Raises:
+        TypeError: an index that is neither an int nor a slice.
+        FileNotFoundError, ValueError: when sliced, an unreadable or undecodable image (named by
+            its source).
+
+    Example:
+
+    >>> images = ImageFiles(["a.jpg", "b.jpg"], model.preprocessor)  # doctest: +SKIP
+    >>> images[0:2].shape  # doctest: +SKIP
+    (2, 224, 224, 3)
     """
 
     def __init__(self, items, preprocessor, sources=None):

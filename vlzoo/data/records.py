@@ -161,6 +161,7 @@ class BadRecord(Exception):
 
 
 def check_on_error(on_error):
+    """ValueError unless `on_error` is `"raise"` or `"skip"`."""
     if on_error not in ON_ERROR:
         raise ValueError(f"`on_error` must be 'raise' or 'skip'; received {on_error!r}.")
 
