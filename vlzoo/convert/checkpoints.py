@@ -244,6 +244,11 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
 
     Raises:
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
+
+    Example:
+
+    >>> convert_checkpoint("open_clip", "open_clip_model.safetensors", "my_clip",
+    ...                    model_name="ViT-B-32")  # doctest: +SKIP
     """
     sources, architectures = formats.converted_formats(), formats.architecture_formats()
     if source not in sources:

@@ -62,6 +62,11 @@ def from_open_clip(model, *, dtype=None, tokenizer=None, preprocessor=None, prog
     Raises:
         NotImplementedError: the model uses a feature vlzoo cannot express
             (named in the message).
+
+    Example:
+
+    >>> peer = open_clip.create_model("ViT-B-32", pretrained="weights.pt")  # doctest: +SKIP
+    >>> model = vlzoo.convert.from_open_clip(peer)  # doctest: +SKIP
     """
     spec = _spec_from_module(model)
     state_dict = dict(model.state_dict())
@@ -91,6 +96,11 @@ def from_open_clip_state_dict(
         ValueError: a tensor's shape does not match the config (key and
             shapes named).
         NotImplementedError: the config uses a feature vlzoo cannot express.
+
+    Example:
+
+    >>> config = open_clip_model_config("ViT-B-32")  # doctest: +SKIP
+    >>> model = from_open_clip_state_dict(load_state_dict("weights.pt"), config)  # doctest: +SKIP
     """
     state_dict = _unwrap(state_dict)
     spec = _spec_from_config(config, state_dict, vision_overrides)
@@ -114,6 +124,11 @@ def to_open_clip_state_dict(model, custom_text=None):
         `{key: numpy array}`, loadable with `load_state_dict(..., strict=True)`
         into the matching open_clip model (wrap values with
         `torch.from_numpy`).
+
+    Example:
+
+    >>> state_dict = {k: torch.from_numpy(v) for k, v in to_open_clip_state_dict(model).items()}  # doctest: +SKIP
+    >>> open_clip.create_model("ViT-B-32").load_state_dict(state_dict)  # doctest: +SKIP
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"

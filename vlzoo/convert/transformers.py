@@ -104,6 +104,11 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         KeyError: a key is missing or unexpected (named).
         ValueError: a tensor's shape does not match the config (named).
         NotImplementedError: an unsupported model type or feature.
+
+    Example:
+
+    >>> state_dict = load_state_dict("model.safetensors")  # doctest: +SKIP
+    >>> model = from_transformers_state_dict(state_dict, read_json("config.json"))  # doctest: +SKIP
     """
     if hasattr(config, "to_dict"):
         config = config.to_dict()

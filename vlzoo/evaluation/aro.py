@@ -416,6 +416,10 @@ def evaluate_aro(model, benchmark, batch_size=16, ties="expected", verbose=False
         `{"dataset", "task": "image_caption_selection", "metrics": {"acc"[, "macro_acc"]},
         "groups": {...}}`: VG groups `{"acc", "count", "in_macro"}` per relation or attribute
         pair; Order groups `{"acc"}` per perturbation (the original against it alone).
+
+    Example:
+
+    >>> evaluate_aro(model, vg_relation("prerelease_bow"))["metrics"]  # doctest: +SKIP
     """
     i2t, t2i = aro_scores(model, benchmark, batch_size=batch_size, verbose=verbose, **score_kwargs)
     metrics, groups = aro_metrics(benchmark, i2t, t2i, ties=ties, symmetric=model.symmetric_score)

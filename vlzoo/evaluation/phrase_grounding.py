@@ -206,6 +206,10 @@ def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False, me
     Returns:
         `{"dataset", "task": "phrase_grounding", "method", "metrics": {"pointing", "mass", "chance",
         "phrases"}, "groups": {group: the same}}`.
+
+    Example:
+
+    >>> evaluate_phrase_grounding(model, refcoco("refer/data", "refcoco"))["metrics"]  # doctest: +SKIP
     """
     patch = model.vision.patch_size
     scores = []

@@ -13,7 +13,11 @@ ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
 
 def quick_gelu(x):
-    """OpenAI CLIP's sigmoid approximation of GELU: `x * sigmoid(1.702 x)`."""
+    """OpenAI CLIP's sigmoid approximation of GELU: `x * sigmoid(1.702 x)`.
+
+    >>> float(quick_gelu(keras.ops.convert_to_tensor(0.0)))
+    0.0
+    """
     return x * ops.sigmoid(1.702 * x)
 
 
@@ -285,7 +289,11 @@ class TransformerBlock(keras.layers.Layer):
 
 
 def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype):
-    """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ..."""
+    """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ...
+
+    >>> [block.name for block in transformer_stack(64, 2, 4, 256, "gelu", 1e-5, "float32")]
+    ['block_0', 'block_1']
+    """
     return [
         TransformerBlock(
             hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
