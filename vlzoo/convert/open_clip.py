@@ -63,10 +63,7 @@ def from_open_clip(model, *, dtype=None, tokenizer=None, preprocessor=None, prog
         NotImplementedError: the model uses a feature vlzoo cannot express
             (named in the message).
 
-    Example:
-
-    >>> peer = open_clip.create_model("ViT-B-32", pretrained="weights.pt")  # doctest: +SKIP
-    >>> model = vlzoo.convert.from_open_clip(peer)  # doctest: +SKIP
+    Example: `vlzoo.convert`'s.
     """
     spec = _spec_from_module(model)
     state_dict = dict(model.state_dict())
@@ -127,8 +124,9 @@ def to_open_clip_state_dict(model, custom_text=None):
 
     Example:
 
-    >>> state_dict = {k: torch.from_numpy(v) for k, v in to_open_clip_state_dict(model).items()}  # doctest: +SKIP
-    >>> open_clip.create_model("ViT-B-32").load_state_dict(state_dict)  # doctest: +SKIP
+    >>> peer = open_clip.CLIP(**open_clip_config(model))  # doctest: +SKIP
+    >>> peer.load_state_dict({k: torch.from_numpy(v)
+    ...                       for k, v in to_open_clip_state_dict(model).items()})  # doctest: +SKIP
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"
@@ -140,19 +138,9 @@ def open_clip_config(model, custom_text=None):
     """open_clip's model config dict describing a vlzoo model (for `open_clip.CLIP(**config)`).
 
     Only models that `to_open_clip_state_dict` exports with open_clip's own
-    towers (not timm trunks) are described.
-
-    Returns:
-        dict of `open_clip.CLIP` keyword arguments (`embed_dim`, `vision_cfg`, `text_cfg`, ...).
-
-    Raises:
-        NotImplementedError: a tower with a MAP head (a timm trunk in open_clip), or QuickGELU on
-            one tower only.
-
-    Example:
-
-    >>> peer = open_clip.CLIP(**open_clip_config(model))  # doctest: +SKIP
-    >>> peer.load_state_dict(to_open_clip_state_dict(model))  # doctest: +SKIP
+    towers (not timm trunks) are described: `open_clip.CLIP` keyword arguments (`embed_dim`,
+    `vision_cfg`, `text_cfg`, ...); NotImplementedError for a tower with a MAP head (a timm trunk in
+    open_clip) or QuickGELU on one tower only. Example: `to_open_clip_state_dict`'s.
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"
