@@ -6,7 +6,6 @@ Backend-neutral: images may be numpy arrays, backend tensors or PIL images, and 
 output is always a float32 numpy array. Runs eagerly in Python.
 
 Example:
-
 >>> pre = ImagePreprocessor(image_size=224)
 >>> x = pre(np.zeros((480, 640, 3), np.uint8))
 >>> x.shape, x.dtype
@@ -68,7 +67,6 @@ class ImagePreprocessor:
             in [0, 255], floats in [0, 1]).
 
     Example:
-
     >>> pre = ImagePreprocessor(224)
     >>> pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
     (2, 224, 224, 3)
@@ -354,7 +352,6 @@ class NaFlexPreprocessor:
             not `(H, W, 3)`.
 
     Example:
-
     >>> pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
     >>> batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
     >>> batch["spatial_shapes"].tolist()

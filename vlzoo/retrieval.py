@@ -7,7 +7,6 @@ App. D): `to_sparse` / `to_dense` (fixed-shape top-k lists and back), `top_terms
 search whose scores are the model's cosines and whose ranking equals the dense one).
 
 Example:
-
 >>> index = SparseIndex(model.embed_dim)  # doctest: +SKIP
 >>> index.add(model.encode_image(images)["embeds"])  # doctest: +SKIP
 >>> ids, scores = index.search(model.encode_text(["a dog on a beach"])["embeds"], k=5)  # doctest: +SKIP
@@ -53,7 +52,6 @@ def to_sparse(embeds, top_k=None, min_weight=0.0):
         ValueError: `embeds` not of rank 2, or `top_k` outside `[1, V]`.
 
     Example:
-
     >>> ids, weights, nnz = to_sparse(np.array([[0.0, 2.0, 0.5]]), top_k=2)
     >>> np.asarray(ids).tolist(), np.asarray(nnz).tolist()
     ([[1, 2]], [2])
@@ -74,7 +72,6 @@ def to_dense(ids, weights, vocabulary_size):
     """Inverse of `to_sparse`: `(B, K)` ids and weights -> `(B, V)` float32 (absent entries 0).
 
     Example:
-
     >>> np.asarray(to_dense(np.array([[1, 2]]), np.array([[2.0, 0.5]]), 4)).tolist()
     [[0.0, 2.0, 0.5, 0.0]]
     """
@@ -103,7 +100,6 @@ def top_terms(embeds, k=20, tokenizer=None):
         ValueError: `embeds` not of rank 2, or `k` outside `[1, V]`.
 
     Example:
-
     >>> top_terms(np.array([[0.0, 2.0, 0.5]]), k=3)
     [[(1, 2.0), (2, 0.5)]]
     """
@@ -135,7 +131,6 @@ def sparsity_stats(embeds, queries=None):
         ValueError, TypeError: `embeds` or `queries` not a float `(N, V)` array.
 
     Example:
-
     >>> sparsity_stats(np.array([[0.0, 1.0, 0.0, 2.0], [3.0, 0.0, 0.0, 0.0]]))["sparsity"]
     0.625
     """
@@ -183,7 +178,6 @@ class SparseIndex:
         ValueError: `vocabulary_size` not a positive int.
 
     Example:
-
     >>> index = SparseIndex(4).add(np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]), ids=[10, 11])
     >>> ids, scores = index.search(np.array([[0.0, 0.0, 1.0, 0.0]]), k=1)
     >>> ids.tolist(), [round(float(x), 4) for x in scores[0]]

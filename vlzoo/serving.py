@@ -23,7 +23,6 @@ writes `export.json` beside the artefacts: the family, format, inputs,
 outputs and the image preprocessing a server must apply.
 
 Example:
-
 >>> model = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
 >>> paths = vlzoo.export(model, "serving/clip_shapes", format="onnx")  # doctest: +SKIP
 >>> run_artefact(paths["image"], {"images": pixels})["embeds"].shape  # doctest: +SKIP
@@ -56,7 +55,6 @@ class ImageEncoder(keras.Model):
         model: a vlzoo model.
 
     Example:
-
     >>> ImageEncoder(model)(pixels)["embeds"].shape  # unit-norm rows  # doctest: +SKIP
     (B, D)
     """
@@ -83,7 +81,6 @@ class TextEncoder(keras.Model):
         model: a vlzoo model.
 
     Example:
-
     >>> tokens = model.tokenizer(["a red circle"])  # doctest: +SKIP
     >>> TextEncoder(model)(tokens["token_ids"], tokens["padding_mask"])["embeds"].shape  # doctest: +SKIP
     (1, D)
@@ -116,7 +113,6 @@ def unsupported(format, backend, batch_size=None):
         str (the reason, and what to do instead) or None.
 
     Example:
-
     >>> unsupported("tf_saved_model", "tensorflow") is None
     True
     """
@@ -162,7 +158,6 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
         RuntimeError: an ONNX artefact whose outputs do not match the encoder's.
 
     Example:
-
     >>> vlzoo.export(model, "serving/clip", format="tf_saved_model", towers="text")  # doctest: +SKIP
     {'text': 'serving/clip/text'}
     """
@@ -282,7 +277,6 @@ def quantize_onnx(path):
         ValueError: `path` does not end in `.onnx`.
 
     Example:
-
     >>> quantize_onnx("serving/clip/image.onnx")  # doctest: +SKIP
     'serving/clip/image.int8.onnx'
     """
@@ -310,7 +304,6 @@ def run_artefact(path, inputs):
         `{output name: numpy array}`: the tower's entries (`embeds`, and the family's extras).
 
     Example:
-
     >>> run_artefact("serving/clip/text.onnx", model.tokenizer(["a cat"]))["embeds"].shape  # doctest: +SKIP
     (1, D)
     """
@@ -351,7 +344,6 @@ def parity(model, artefacts, batch_size=2, seed=0):
         `{tower: {output: smallest cosine}}`.
 
     Example:
-
     >>> parity(model, vlzoo.export(model, "serving/clip", format="onnx"))  # doctest: +SKIP
     {'image': {'embeds': ...}, 'text': {'embeds': ...}}
     """

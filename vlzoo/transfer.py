@@ -11,7 +11,6 @@ paper or authors' code. `transfer_config` gives the target's constructor argumen
 docs/transfer.md.
 
 Example:
-
 >>> clip = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
 >>> sparc, report = vlzoo.transfer.from_clip(clip, "sparc")  # doctest: +SKIP
 sparc from CLIP: 78 weights transferred; 2 new (vision_head); 0 left out (none).
@@ -77,7 +76,6 @@ def new_variables(model, report):
         list of `keras.Variable`.
 
     Example:
-
     >>> sparc, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "sparc")  # doctest: +SKIP
     >>> [v.path for v in new_variables(sparc, report)]  # doctest: +SKIP
     ['vision_head/kernel', 'vision_head/bias']
@@ -105,7 +103,6 @@ def transfer_config(clip, family):
         ValueError: `family` has no `CLIPTransfer`.
 
     Example:
-
     >>> transfer_config(vlzoo.from_preset("clip_tiny"), "sparc")["vision"]["output_dim"]  # doctest: +SKIP
     """
     rules = _rules(family)
@@ -196,7 +193,6 @@ def from_clip(clip, family, verbose=True, **config_overrides):
             override changes a transferred weight's shape (named).
 
     Example:
-
     >>> model, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "filip")  # doctest: +SKIP
     filip from CLIP: ...
     >>> sorted(report.new)  # doctest: +SKIP

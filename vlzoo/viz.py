@@ -6,7 +6,6 @@ model (`caption_alignment`), `draw_word_maps` per word from the map `vlzoo.evalu
 scores. `top_terms_chart` and `draw_image_terms` draw a STAIR embedding's heaviest terms.
 
 Example:
-
 >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")  # doctest: +SKIP
 'align.png'
 >>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]  # (T, P)  # doctest: +SKIP
@@ -40,7 +39,6 @@ def caption_alignment(model, image, caption):
         TypeError: `model` has no token-to-patch alignment.
 
     Example:
-
     >>> tokens, weights = caption_alignment(sparc, pixels[0], "a red circle")  # doctest: +SKIP
     >>> tokens, weights.shape  # doctest: +SKIP
     (['<|startoftext|>', 'a', 'red', 'circle', '<|endoftext|>'], (5, P))
@@ -176,7 +174,6 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
             patches, or `image` not `(H, W, 3)`.
 
     Example:
-
     >>> alignment_maps(np.zeros((32, 32, 3)), ["red", "circle"], np.full((2, 16), 1 / 16),
     ...                "align.png")  # doctest: +SKIP
     'align.png'
@@ -252,7 +249,6 @@ def top_terms_chart(terms, path, image=None, title=None):
         ValueError: `terms` empty or not pairs; `image` not `(H, W, 3)`.
 
     Example:
-
     >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")  # doctest: +SKIP
     'terms.png'
     """

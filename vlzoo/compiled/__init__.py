@@ -15,7 +15,6 @@ evaluation steps: the traced program on PyTorch (whose steps run eagerly), `fn` 
 TensorFlow (whose steps are compiled already). Why, and the figures: docs/workarounds.md.
 
 Example:
-
 >>> encode = inference_function(lambda x: model.vision(x)["pooled"],
 ...                             lambda: model.vision.variables)  # doctest: +SKIP
 >>> encode(np.zeros((2, 224, 224, 3), "float32")).shape  # doctest: +SKIP

@@ -73,7 +73,6 @@ def inference_function(fn, variables):
         A function with `fn`'s arguments and outputs.
 
     Example:
-
     >>> encode = inference_function(lambda x: model.vision(x)["pooled"],
     ...                             lambda: model.vision.variables)  # doctest: +SKIP
     >>> [encode(x) for _ in range(3)][-1].shape  # the third call traces  # doctest: +SKIP

@@ -32,7 +32,6 @@ every checkpoint key is used, and raises `KeyError`/`ValueError` naming the key
 otherwise (nothing is assigned until everything matched).
 
 Example:
-
 >>> import open_clip, vlzoo  # doctest: +SKIP
 >>> peer = open_clip.create_model("ViT-B-32", pretrained="/path/to/local/weights.pt")  # doctest: +SKIP
 >>> model = vlzoo.convert.from_open_clip(peer)  # doctest: +SKIP

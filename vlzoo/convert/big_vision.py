@@ -54,7 +54,6 @@ def read_big_vision_params(path_or_arrays):
         TypeError: neither a path nor a mapping.
 
     Example:
-
     >>> params = read_big_vision_params("siglip2_b16_224.npz")  # doctest: +SKIP
     """
     if isinstance(path_or_arrays, (str, os.PathLike)):

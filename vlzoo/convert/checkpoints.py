@@ -246,7 +246,6 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
 
     Example:
-
     >>> convert_checkpoint("open_clip", "open_clip_model.safetensors", "my_clip",
     ...                    model_name="ViT-B-32")  # doctest: +SKIP
     """

@@ -46,7 +46,6 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
         Nothing is assigned unless every key and variable matched.
 
     Example:
-
     >>> model = vlzoo.convert.from_flair_checkpoint("flair-merged30m.pt")  # doctest: +SKIP
     >>> import numpy as np
     >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels

@@ -56,7 +56,6 @@ def from_keras_hub(backbone, *, dtype=None, tokenizer=None, preprocessor=None, p
         NotImplementedError: an unsupported backbone or feature.
 
     Example:
-
     >>> backbone = keras_hub.models.CLIPBackbone.from_preset("dir")  # doctest: +SKIP
     >>> model = vlzoo.convert.from_keras_hub(backbone)  # doctest: +SKIP
     """

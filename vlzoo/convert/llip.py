@@ -53,7 +53,6 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
         Nothing is assigned unless every key and variable matched.
 
     Example:
-
     >>> model = vlzoo.convert.from_llip_checkpoint("llip_b16_k32.pt", "llip_vit_b16")  # doctest: +SKIP
     >>> import numpy as np
     >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels

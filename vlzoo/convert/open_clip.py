@@ -95,7 +95,6 @@ def from_open_clip_state_dict(
         NotImplementedError: the config uses a feature vlzoo cannot express.
 
     Example:
-
     >>> config = open_clip_model_config("ViT-B-32")  # doctest: +SKIP
     >>> model = from_open_clip_state_dict(load_state_dict("weights.pt"), config)  # doctest: +SKIP
     """
@@ -123,7 +122,6 @@ def to_open_clip_state_dict(model, custom_text=None):
         `torch.from_numpy`).
 
     Example:
-
     >>> peer = open_clip.CLIP(**open_clip_config(model))  # doctest: +SKIP
     >>> peer.load_state_dict({k: torch.from_numpy(v)
     ...                       for k, v in to_open_clip_state_dict(model).items()})  # doctest: +SKIP

@@ -226,7 +226,6 @@ def convert_repository(directory, fmt=None, *, dtype=None, progress=None):
         ValueError: an unknown `fmt`; `detect_format`'s and the converters' errors.
 
     Example:
-
     >>> model = convert_repository("snapshots/clip-vit-base-patch32")  # doctest: +SKIP
     """
     directory = pathlib.Path(directory)

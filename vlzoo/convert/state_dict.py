@@ -53,7 +53,6 @@ def read_state_dict(path_or_state_dict):
         TypeError: neither a path nor a mapping; `load_state_dict`'s errors for a file.
 
     Example:
-
     >>> import numpy as np
     >>> read_state_dict({"module.logit_scale": np.zeros(())})
     {'logit_scale': array(0.)}
@@ -84,7 +83,6 @@ def load_state_dict(path, log=print, torchscript=True):
             (a TorchScript archive with `torchscript=False`).
 
     Example:
-
     >>> state_dict = load_state_dict("open_clip_model.safetensors")  # doctest: +SKIP
     """
     path = pathlib.Path(path)

@@ -72,7 +72,6 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
         KeyError, ValueError: a weight without a vlzoo counterpart, or of another shape (named).
 
     Example:
-
     >>> model = vlzoo.convert.from_transformers(transformers.CLIPModel.from_pretrained("dir"))  # doctest: +SKIP
     """
     if not hasattr(model, "state_dict") or not hasattr(model, "config"):
@@ -106,7 +105,6 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         NotImplementedError: an unsupported model type or feature.
 
     Example:
-
     >>> state_dict = load_state_dict("model.safetensors")  # doctest: +SKIP
     >>> model = from_transformers_state_dict(state_dict, read_json("config.json"))  # doctest: +SKIP
     """

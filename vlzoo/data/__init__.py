@@ -7,7 +7,6 @@ synthetic compositional shapes dataset (`vlzoo.data.shapes`, its hard negatives 
 consumes on every Keras backend. TensorFlow is imported when a pipeline is built.
 
 Example:
-
 >>> import vlzoo
 >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
 >>> train = vlzoo.data.image_text_dataset(

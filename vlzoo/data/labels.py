@@ -49,7 +49,6 @@ class ImageFiles:
             its source).
 
     Example:
-
     >>> images = ImageFiles(["a.jpg", "b.jpg"], model.preprocessor)  # doctest: +SKIP
     >>> images[0:2].shape  # doctest: +SKIP
     (2, 224, 224, 3)

@@ -290,7 +290,6 @@ def image_text_dataset(
         records (keep a reference before chaining other `tf.data` methods).
 
     Example:
-
     >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
     >>> train = vlzoo.data.image_text_dataset(
     ...     "data/captions.csv", model.tokenizer, model.preprocessor, batch_size=32,

@@ -18,7 +18,6 @@ Every bad record is named by its `source`: `"<caption file> line <n>"` or
 the record and counts it in a `DatasetStats`.
 
 Example:
-
 >>> records = read_caption_file("data/captions.csv")  # columns image, caption  # doctest: +SKIP
 >>> records[0]  # doctest: +SKIP
 ImageTextRecord(image='/abs/data/img/0.png', caption='a red circle', source='/abs/data/captions.csv line 2')
@@ -87,7 +86,6 @@ class DatasetStats:
             tar shards, which are only known while streaming).
 
     Example:
-
     >>> ds = image_text_dataset("data/captions.csv", tok, pre, 32, on_error="skip")  # doctest: +SKIP
     >>> ds.stats.counts  # doctest: +SKIP
     Counter({'missing image': 2})
@@ -290,7 +288,6 @@ def read_caption_file(
         in file order.
 
     Example:
-
     >>> # data/captions.jsonl: {"file_name": "img/0.png", "text": "a red circle"}
     >>> records = read_caption_file("data/captions.jsonl")  # doctest: +SKIP
     >>> records[0].caption  # doctest: +SKIP
@@ -536,7 +533,6 @@ def read_tar_samples(shard, caption_key=None, on_error="raise", stats=None):
         <image member>")`.
 
     Example:
-
     >>> for record in read_tar_samples("data/shard-000.tar"):  # doctest: +SKIP
     ...     print(record.source, record.caption)
     """

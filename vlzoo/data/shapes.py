@@ -32,7 +32,6 @@ scenes of every class occur in both splits, from different random streams. Why t
 built this way: docs/evaluation.md, *The shapes dataset's split*.
 
 Example:
-
 >>> from vlzoo.data import shapes
 >>> train = shapes.generate("train", 1000, image_size=32, seed=0)
 >>> train["images"].shape, train["captions"][:2]
@@ -210,7 +209,6 @@ def class_names(colors=None, shapes=None, template="{}"):
         ValueError: unknown, repeated or no colours or shapes; a `template` without exactly one `{}`.
 
     Example:
-
     >>> class_names(["red", "blue"], ["circle"], template="a photo of a {}.")
     ['a photo of a red circle.', 'a photo of a blue circle.']
     """
@@ -235,7 +233,6 @@ def vocabulary():
         list of str, line `i` of `vocab.txt` = id `i`.
 
     Example:
-
     >>> vocabulary()[5:8]
     ['a', 'red', 'green']
     """
@@ -275,7 +272,6 @@ def parse_caption(caption):
         ValueError: `caption` does not follow the grammar or names an unknown colour or shape.
 
     Example:
-
     >>> parse_caption("a red circle to the left of a blue square")
     {'objects': [('red', 'circle'), ('blue', 'square')], 'relation': 'to the left of'}
     """
@@ -317,7 +313,6 @@ def composition_split(colors, shapes):
         ValueError: not two different known colours and two different known shapes.
 
     Example:
-
     >>> composition_split(("red", "green"), ("circle", "square"))
     'test'
     >>> composition_split(("green", "red"), ("square", "circle"))  # order is irrelevant
@@ -382,7 +377,6 @@ def generate(split, num_examples, image_size=32, seed=0, num_objects=None, style
         ValueError: an argument outside the values above.
 
     Example:
-
     >>> data = generate("test", 4, image_size=48, seed=1, num_objects=2, style="and")
     >>> data["images"].shape
     (4, 48, 48, 3)
@@ -462,7 +456,6 @@ def binding_pairs(split, num_examples, swap="color", image_size=32, seed=0, styl
             `generate`'s checks.
 
     Example:
-
     >>> pairs = binding_pairs("test", 2, swap="color", style="and", seed=0)
     >>> pairs["captions"][0], pairs["swapped_captions"][0]
     ('a yellow cross and a red circle', 'a red cross and a yellow circle')
@@ -497,7 +490,6 @@ def object_masks(data):
         scene never overlap.
 
     Example:
-
     >>> scenes = generate("test", 2, image_size=32, num_objects=2)
     >>> object_masks(scenes).shape
     (2, 2, 32, 32)
@@ -540,7 +532,6 @@ def retrieval_scenes(split, image_size=32, seed=0):
         ValueError: `generate`'s checks.
 
     Example:
-
     >>> scenes = retrieval_scenes("test")
     >>> len(scenes["captions"])
     120
@@ -587,7 +578,6 @@ def classification(num_per_class, seed=0, image_size=32, colors=None, shapes=Non
         ValueError: an argument outside the values above, or `class_names`' checks.
 
     Example:
-
     >>> data = classification(2, seed=3, colors=["red", "blue"], shapes=["circle", "square"])
     >>> data["images"].shape, data["class_names"]
     ((8, 32, 32, 3), ['red circle', 'red square', 'blue circle', 'blue square'])
@@ -632,7 +622,6 @@ def model_inputs(images, captions, tokenizer, preprocessor):
             strings and lists or lists of different lengths.
 
     Example:
-
     >>> data = generate("train", 256)
     >>> model.fit(model_inputs(data["images"], data["captions"], model.tokenizer,
     ...                        model.preprocessor), batch_size=32, epochs=2)  # doctest: +SKIP

@@ -38,7 +38,6 @@ come from their own random stream per `(seed, split, type)`, so the scenes are
 exactly those of `generate` and `binding_pairs`.
 
 Example:
-
 >>> data = negatives("replace_att", 2, seed=0)
 >>> data["captions"][0], data["negative_captions"][0]
 ('a yellow cross to the right of a red circle', 'a yellow cross to the right of a cyan circle')
@@ -89,7 +88,6 @@ def shuffled_caption(caption, perturbation, rng):
         str with the same words (it may equal `caption`; `negatives` draws again then).
 
     Example:
-
     >>> shuffled_caption("a red circle above a blue square", "trigrams", np.random.default_rng(0))
     'square a red circle above a blue'
     """
@@ -173,7 +171,6 @@ def negatives(kind, num_examples, split="test", image_size=32, seed=0):
         `"negative_captions"`: list of `N` str, each false of its image.
 
     Example:
-
     >>> data = negatives("add_obj", 2, seed=0)
     >>> data["captions"][0], data["negative_captions"][0]
     ('a yellow circle', 'a yellow circle above a green square')

@@ -7,7 +7,6 @@
   preprocessor's interpolation), then the preprocessor's mean/std normalisation.
 
 Example:
-
 >>> from PIL import Image
 >>> from vlzoo.preprocessing import ImagePreprocessor
 >>> rng = np.random.default_rng(0)

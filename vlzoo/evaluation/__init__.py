@@ -10,7 +10,6 @@ the prompt templates (`IMAGENET_TEMPLATES`, `SIMPLE_TEMPLATES`, `DEFAULT_TEMPLAT
 `shapes_compositional`, `shapes_grounding`. Overview: docs/evaluation.md.
 
 Example:
-
 >>> from vlzoo.evaluation import SIMPLE_TEMPLATES, retrieval_recall, zero_shot_accuracy
 >>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES)  # doctest: +SKIP
 {'top1': ..., 'top5': ...}

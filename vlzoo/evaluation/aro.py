@@ -241,7 +241,6 @@ def spacy_tagger(name="en_core_web_sm"):
             command).
 
     Example:
-
     >>> spacy_tagger()("a red car")  # doctest: +SKIP
     [('a', 'DT'), ('red', 'JJ'), ('car', 'NN')]
     """
@@ -418,7 +417,6 @@ def evaluate_aro(model, benchmark, batch_size=16, ties="expected", verbose=False
         pair; Order groups `{"acc"}` per perturbation (the original against it alone).
 
     Example:
-
     >>> evaluate_aro(model, vg_relation("prerelease_bow"))["metrics"]  # doctest: +SKIP
     """
     i2t, t2i = aro_scores(model, benchmark, batch_size=batch_size, verbose=verbose, **score_kwargs)

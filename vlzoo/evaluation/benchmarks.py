@@ -9,7 +9,6 @@ naming the file and the entry: `FileNotFoundError` for a missing file or image, 
 otherwise.
 
 Example:
-
 >>> for benchmark in sugarcrepe("sugar-crepe/data", "coco/val2017"):  # doctest: +SKIP
 ...     print(benchmark.name, evaluate_selection(model, benchmark)["metrics"])
 """
@@ -100,7 +99,6 @@ def sugarcrepe(data, images, files=SUGARCREPE_FILES):
         FileNotFoundError: a missing file or image. ValueError: a malformed file or entry.
 
     Example:
-
     >>> [b.name for b in sugarcrepe("sugar-crepe/data", "coco/val2017", files=("swap_att",))]  # doctest: +SKIP
     ['sugar_crepe/swap_att']
     """
@@ -134,7 +132,6 @@ def winoground(data):
             entry without those keys.
 
     Example:
-
     >>> len(winoground("winoground/data").items)  # doctest: +SKIP
     400
     """
@@ -174,7 +171,6 @@ def mmvp(data):
             count, or a pair that is not an odd id and the next one.
 
     Example:
-
     >>> mmvp("MMVP_VLM").items[0].captions[0].startswith("a photo of ")  # doctest: +SKIP
     True
     """
@@ -224,7 +220,6 @@ def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose
         ValueError: a bad `ties` or `batch_size`; FileNotFoundError for an unreadable image.
 
     Example:
-
     >>> evaluate_selection(model, winoground("winoground/data"))["metrics"]  # doctest: +SKIP
     {'text': ..., 'image': ..., 'group': ...}
     """
@@ -258,7 +253,6 @@ def karpathy(path, images, split="test", name=None):
             image without sentences, or no image in `split`.
 
     Example:
-
     >>> evaluate_retrieval(model, karpathy("dataset_flickr30k.json", "flickr30k-images"))  # doctest: +SKIP
     """
     document = read_json(path, "Benchmark file")
@@ -302,7 +296,6 @@ def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="exp
         ValueError: `retrieval_recall`'s checks; FileNotFoundError for an unreadable image.
 
     Example:
-
     >>> evaluate_retrieval(model, benchmark, ks=(1,))["metrics"]  # doctest: +SKIP
     {'image_retrieval_recall@1': ..., 'text_retrieval_recall@1': ...}
     """
@@ -349,7 +342,6 @@ def cifar(directory, split="test"):
             missing key, `data` not `(N, 3072)` with `N` labels, or labels outside the classes.
 
     Example:
-
     >>> cifar("cifar-10-batches-py").images.shape  # doctest: +SKIP
     (10000, 32, 32, 3)
     """
@@ -396,7 +388,6 @@ def image_folder(directory, classes=None, name="image_folder"):
             images in them, or `classes` naming another number of classes than there are folders.
 
     Example:
-
     >>> benchmark = image_folder("flowers/test", classes="flowers/classnames.txt")  # doctest: +SKIP
     >>> evaluate_classification(model, benchmark, ["a photo of a {}, a type of flower."])  # doctest: +SKIP
     """
@@ -445,7 +436,6 @@ def evaluate_classification(model, benchmark, templates, ks=(1, 5), batch_size=6
         ValueError, TypeError: `zero_shot_classifier`'s and `classification_metrics`' checks.
 
     Example:
-
     >>> evaluate_classification(model, cifar("cifar-10-batches-py"), SIMPLE_TEMPLATES)["metrics"]  # doctest: +SKIP
     {'acc1': ..., 'acc5': ..., 'mean_per_class_recall': ...}
     """

@@ -6,7 +6,6 @@ such as `ModelCheckpoint(monitor="val_zeroshot_top1")` see them). As with Keras'
 `validation_freq`, other epochs have no entry. Arguments are checked when the callback is built.
 
 Example:
-
 >>> history = model.fit(train, epochs=10, callbacks=[
 ...     ZeroShotCallback(val_images, val_labels, class_names, SIMPLE_TEMPLATES, every_n_epochs=2),
 ...     RetrievalCallback(val_images, val_captions, image_ids=val_caption_image_ids),
@@ -68,7 +67,6 @@ class ZeroShotCallback(_PeriodicEvaluation):
             first evaluation (`ZeroShotClassifier.accuracy`).
 
     Example:
-
     >>> history = model.fit(data, epochs=4,
     ...                     callbacks=[ZeroShotCallback(images, labels, ["cat", "dog"])])  # doctest: +SKIP
     >>> len(history.history["val_zeroshot_top1"])  # doctest: +SKIP
@@ -116,7 +114,6 @@ class RetrievalCallback(_PeriodicEvaluation):
             `retrieval_recall`'s checks at the first evaluation.
 
     Example:
-
     >>> history = model.fit(data, epochs=4, callbacks=[
     ...     RetrievalCallback(images, captions, every_n_epochs=2)])  # doctest: +SKIP
     >>> len(history.history["val_t2i_r@1"])  # epochs 2 and 4  # doctest: +SKIP

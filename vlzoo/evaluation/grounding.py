@@ -14,7 +14,6 @@ object's share of the image, the chance level. The methods in full: docs/evaluat
 *Grounding*.
 
 Example:
-
 >>> maps, method = word_maps(model, pixels, ["a red circle above a blue square"])  # doctest: +SKIP
 >>> maps.shape  # (N, W, P)  # doctest: +SKIP
 (1, 7, 64)
@@ -45,7 +44,6 @@ def patch_coverage(masks, patch_size):
             `patch_size`.
 
     Example:
-
     >>> patch_coverage(np.eye(4)[None], 2)  # two patches on the diagonal, half covered each
     array([[0.5, 0. , 0. , 0.5]], dtype=float32)
     """
@@ -86,7 +84,6 @@ def pointing_game(maps, coverage):
             `coverage` outside [0, 1].
 
     Example:
-
     >>> float(pointing_game([0.1, 0.7, 0.7, 0.0], [0.0, 1.0, 0.5, 1.0]))  # two tied maxima: (1.0 + 0.5) / 2
     0.75
     """
@@ -102,7 +99,6 @@ def mass_inside(maps, coverage):
     `coverage.mean(-1)`, the chance level; raises as `pointing_game`.
 
     Example:
-
     >>> float(mass_inside([0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 0.5, 1.0]))  # (3 * 1 + 1 * 0.5) / 4
     0.875
     """
@@ -132,7 +128,6 @@ def word_token_positions(tokenizer, caption):
         ValueError: `caption` has no words.
 
     Example:
-
     >>> word_token_positions(model.tokenizer, "a red circle")  # doctest: +SKIP
     [[1], [2], [3]]
     """
@@ -228,7 +223,6 @@ def grounding_method(model, method=None):
         ValueError: for a `method` the model does not have, naming those it has.
 
     Example:
-
     >>> grounding_method(vlzoo.from_preset("sparc_shapes"))  # doctest: +SKIP
     'token_alignment'
     """
@@ -266,7 +260,6 @@ def word_maps(model, images, captions, batch_size=32, verbose=False, method=None
             (NotImplementedError for a family without word maps).
 
     Example:
-
     >>> maps, method = word_maps(vlzoo.from_preset("sparc_shapes"), pixels,
     ...                          ["a red circle"])  # doctest: +SKIP
     """

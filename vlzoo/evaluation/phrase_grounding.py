@@ -111,7 +111,6 @@ def flickr30k_entities(root, split="test", images=None):
             or file (named).
 
     Example:
-
     >>> len(flickr30k_entities("flickr30k_entities", split="test").captions)  # doctest: +SKIP
     """
     if split not in ("train", "val", "test"):
@@ -159,7 +158,6 @@ def refcoco(root, dataset="refcoco", split="val", images=None):
             missing folder or file (named).
 
     Example:
-
     >>> refcoco("refer/data", "refcoco+", split="testA").name  # doctest: +SKIP
     'refcoco+/testA'
     """
@@ -208,7 +206,6 @@ def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False, me
         "phrases"}, "groups": {group: the same}}`.
 
     Example:
-
     >>> evaluate_phrase_grounding(model, refcoco("refer/data", "refcoco"))["metrics"]  # doctest: +SKIP
     """
     patch = model.vision.patch_size

@@ -22,7 +22,6 @@ its label, averaged over images). Fractions in [0, 1], not %. Protocol notes and
 the paper's table: docs/evaluation.md, *Zero-shot semantic segmentation*.
 
 Example:
-
 >>> benchmark = voc2012("VOCdevkit/VOC2012")  # doctest: +SKIP
 >>> evaluate_segmentation(vlzoo.from_preset("sparc_..."), benchmark, SIMPLE_TEMPLATES)["metrics"]  # doctest: +SKIP
 {'mIoU': ..., 'pixel_accuracy': ..., 'mean_accuracy': ..., 'mIoU_per_image': ...}
@@ -110,7 +109,6 @@ class SegmentationMetrics:
             not naming `C` classes, or no labelled pixel.
 
     Example:
-
     >>> metrics = SegmentationMetrics(2)
     >>> metrics.update(np.array([[0, 1]]), np.array([[0, 0]]))
     >>> metrics.result()["mIoU"]   # IoU 0.5 for class 0; class 1: union 1, IoU 0
@@ -194,7 +192,6 @@ def segmentation_metrics(predictions, labels, num_classes, ignore_index=IGNORE_I
         ValueError: as `SegmentationMetrics`, or different numbers of predictions and labels.
 
     Example:
-
     >>> segmentation_metrics([[0, 0, 1, 1]], [[0, 255, 1, 0]], 2)["mIoU"]   # I = (1, 1), U = (2, 2)
     0.5
     """
@@ -333,7 +330,6 @@ def evaluate_segmentation(model, benchmark, templates=DEFAULT_TEMPLATES, backgro
             no labelled pixel at all.
 
     Example:
-
     >>> evaluate_segmentation(sparc, voc2012("VOCdevkit/VOC2012"), SIMPLE_TEMPLATES,
     ...                       background=0.5)["dataset"]  # doctest: +SKIP
     'voc2012/voc21'

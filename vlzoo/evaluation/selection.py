@@ -112,7 +112,6 @@ def selection_metrics(kind, i2t, t2i, ties="expected", symmetric=None):
             shape that does not fit `kind`, or a bad `ties`.
 
     Example:
-
     >>> i2t = np.array([[[0.9, 0.1]], [[0.2, 0.3]]])  # two items, one image, two captions
     >>> selection_metrics("caption", i2t, i2t)
     {'acc': 0.5}
@@ -168,7 +167,6 @@ def selection_scores(model, images, captions, batch_size=16, verbose=False, **sc
             number of images for every item.
 
     Example:
-
     >>> i2t, t2i = selection_scores(model, pixels, [("a red circle", "a blue circle")])  # doctest: +SKIP
     >>> i2t.shape  # (items, images per item, captions per item)  # doctest: +SKIP
     (1, 1, 2)

@@ -4,7 +4,6 @@
 accuracy and text-to-image R@1 over classes) and `evaluate` (the fixed held-out benchmark).
 
 Example:
-
 >>> model = vlzoo.from_preset("sparc_shapes")  # doctest: +SKIP
 >>> shapes_benchmark.evaluate(model)["binding_mean"]  # a float in [0, 1]  # doctest: +SKIP
 """
@@ -45,7 +44,6 @@ def binding_accuracy(model, pixels, true_texts, swapped_texts, batch_size=64):
         ValueError: no images, texts of another length than `pixels`, or a bad `batch_size`.
 
     Example:
-
     >>> pairs = binding_pairs("test", 200, swap="color")
     >>> binding_accuracy(model, model.preprocessor(pairs["images"]),
     ...                  pairs["captions"], pairs["swapped_captions"])  # in [0, 1]  # doctest: +SKIP
@@ -92,7 +90,6 @@ def zero_shot_metrics(model, pixels, labels, class_names, template="a {}"):
         ValueError: `labels` not of shape `(N,)`.
 
     Example:
-
     >>> data = classification(8, seed=1)
     >>> zero_shot_metrics(model, model.preprocessor(data["images"]), data["labels"],
     ...                   data["class_names"])  # doctest: +SKIP
@@ -137,7 +134,6 @@ def evaluate(model, image_size=None, num_pairs=300, num_per_class=10, seed=0, ba
         `binding_shape`, `binding_relation`, `binding_mean`, `zero_shot_accuracy`.
 
     Example:
-
     >>> evaluate(vlzoo.from_preset("sparc_shapes"))["binding_mean"]  # in [0, 1]  # doctest: +SKIP
     """
     size = image_size or model.vision.image_size

@@ -8,7 +8,6 @@ own `score` ranks the true caption above the negative (the `"caption"` kind of
 `table` lays several models' records out in Markdown.
 
 Example:
-
 >>> records = evaluate(vlzoo.from_preset("sparo_shapes"))  # doctest: +SKIP
 >>> print(table([benchmark_record(r, "sparo_shapes") for r in records]))  # doctest: +SKIP
 | model | replace_obj | ... | mean |
@@ -48,7 +47,6 @@ def evaluate_negatives(model, data, name, batch_size=64, ties="expected", verbos
         ValueError: no images, or `data`'s captions and negatives not one per image; a bad `ties`.
 
     Example:
-
     >>> data = negatives("swap_att", 100)
     >>> evaluate_negatives(model, data, "shapes/swap_att")["metrics"]["acc"]  # doctest: +SKIP
     """
@@ -92,7 +90,6 @@ def evaluate(model, num_examples=200, seed=0, batch_size=64, ties="expected", ki
             or `evaluate_negatives`' checks.
 
     Example:
-
     >>> model = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
     >>> {r["dataset"]: r["metrics"]["acc"] for r in evaluate(model, num_examples=100)}  # doctest: +SKIP
     """
@@ -127,7 +124,6 @@ def table(records, metric="acc", digits=3):
             with different types.
 
     Example:
-
     >>> print(table([{"model": "clip_shapes", "dataset": "shapes/order", "metrics": {"acc": 0.5}}]))
     | model | order | mean |
     |---|---:|---:|

@@ -10,7 +10,6 @@ named object from one that only finds objects. How to read the scores: docs/eval
 *Grounding*.
 
 Example:
-
 >>> record = evaluate(vlzoo.from_preset("sparc_shapes"))  # doctest: +SKIP
 >>> record["metrics"]["pointing_noun"], record["metrics"]["chance_noun"]  # doctest: +SKIP
 (..., ...)
@@ -36,7 +35,6 @@ def word_targets(caption):
     objects (0: the caption's first) the word is about.
 
     Example:
-
     >>> word_targets("a red circle above a blue square")
     [(1, 'color', (0,)), (2, 'noun', (0,)), (3, 'relation', (0, 1)), (5, 'color', (1,)), (6, 'noun', (1,))]
     """
@@ -75,7 +73,6 @@ def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verb
             word maps).
 
     Example:
-
     >>> sorted(evaluate(vlzoo.from_preset("sparc_shapes"), num_scenes=40)["metrics"])[:3]  # doctest: +SKIP
     ['chance_color', 'chance_noun', 'chance_relation']
     """

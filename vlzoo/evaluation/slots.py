@@ -4,7 +4,6 @@ The paper (Sec. 5.1) scores each of the `L` slots by its own zero-shot accuracy 
 32; the model then scores on those slots only (`model.similarity(..., slots=...)`).
 
 Example:
-
 >>> best = select_slots(model, images, labels, model.tokenizer(prompts_per_class),
 ...                     top_k=32)  # doctest: +SKIP
 >>> zero_shot_accuracy(model, test_images, test_labels, names, slots=best)  # doctest: +SKIP
@@ -45,7 +44,6 @@ def per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim):
             `L * V` a multiple of `slot_dim`, `image_embeds` not 2-D, or `labels` not `(N,)`.
 
     Example:
-
     >>> acc = per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim=64)  # doctest: +SKIP
     >>> rank_slots(acc, top_k=32)  # doctest: +SKIP
     """
@@ -88,7 +86,6 @@ def rank_slots(slot_scores, top_k=None):
         ValueError: `slot_scores` not 1-D, or `top_k` outside `[1, L]`.
 
     Example:
-
     >>> rank_slots(np.array([0.2, 0.9, 0.5]), top_k=2)
     array([1, 2], dtype=int32)
     """
@@ -118,7 +115,6 @@ def slot_zero_shot_accuracy(model, images, labels, class_texts):
         ValueError: `per_slot_zero_shot_accuracy`'s checks.
 
     Example:
-
     >>> slot_zero_shot_accuracy(sparo, images, labels, sparo.tokenizer(prompts)).shape  # doctest: +SKIP
     (L,)
     """
@@ -145,7 +141,6 @@ def select_slots(model, images, labels, class_texts, top_k=None):
         as `slot_zero_shot_accuracy` and `rank_slots`.
 
     Example:
-
     >>> select_slots(sparo, images, labels, sparo.tokenizer(prompts), top_k=4)  # doctest: +SKIP
     array([...], dtype=int32)
     """

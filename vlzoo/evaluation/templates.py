@@ -172,7 +172,6 @@ def read_templates(spec):
             template with exactly one `{}`.
 
     Example:
-
     >>> read_templates("simple") == list(SIMPLE_TEMPLATES)  # doctest: +SKIP
     True
     """

@@ -11,7 +11,6 @@ plus SigLIP's and Llip's bias), so `softmax` over classes gives CLIP-style
 probabilities.
 
 Example:
-
 >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
 >>> classifier = zero_shot_classifier(model, ["circle", "square"], SIMPLE_TEMPLATES)  # doctest: +SKIP
 >>> tuple(classifier(images).shape)  # (B, C) scores  # doctest: +SKIP
@@ -100,7 +99,6 @@ class ZeroShotClassifier:
                 or `ties`, or non-finite scores.
 
         Example:
-
         >>> classifier.accuracy(images, labels, top_k=(1,))  # doctest: +SKIP
         {'top1': 0.75}
         """
@@ -151,7 +149,6 @@ def zero_shot_classifier(model, class_names, templates=DEFAULT_TEMPLATES, batch_
             templates); ValueError: `batch_size` not a positive int.
 
     Example:
-
     >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES,
     ...                                   slots=select_slots(sparo, ...))  # doctest: +SKIP
     >>> classifier.accuracy(images, labels)  # doctest: +SKIP
@@ -190,7 +187,6 @@ def zero_shot_accuracy(model, images, labels, class_names, templates=DEFAULT_TEM
             `ties` before any prompt is encoded.
 
     Example:
-
     >>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES,
     ...                    top_k=1)  # doctest: +SKIP
     {'top1': 0.5}
@@ -225,7 +221,6 @@ def classification_metrics(scores, labels, ks=(1, 5)):
             non-finite scores, or bad `ks`.
 
     Example:
-
     >>> classification_metrics(np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), [0, 1, 1], ks=(1,))
     {'acc1': 0.666..., 'mean_per_class_recall': 0.75}
     """

@@ -12,7 +12,6 @@ JAX has such routes (`_jax`):
 The speed-ups and when each route can go: docs/workarounds.md.
 
 Example:
-
 >>> out = attention(q, k, v, scale=0.125)  # doctest: +SKIP
 >>> out = keras.ops.dot_product_attention(q, k, v, scale=0.125) if out is None else out  # doctest: +SKIP
 """

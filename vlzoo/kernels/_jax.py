@@ -55,7 +55,6 @@ def padded_attention(query, key, value, scale, is_causal=False, implementation="
         `(B, T, heads, head_dim)`, as `jax.nn.dot_product_attention(query, key, value)`.
 
     Example:
-
     >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
     >>> padded_attention(q, q, q, 0.125, implementation="xla").shape
     (2, 197, 12, 64)
@@ -111,7 +110,6 @@ def float32_attention(query, key, value, scale, mask=None, is_causal=False):
         `(B, T, heads, head_dim)` in `query`'s dtype.
 
     Example:
-
     >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
     >>> float32_attention(q, q, q, 0.125).shape
     (2, 197, 12, 64)
@@ -146,7 +144,6 @@ def dense(layer, x):
         `(..., units)` bfloat16: `activation(x @ kernel + bias)`.
 
     Example:
-
     >>> layer = keras.layers.Dense(4, dtype="bfloat16")
     >>> layer.build((None, 8))
     >>> dense(layer, jnp.ones((2, 8), jnp.bfloat16)).dtype

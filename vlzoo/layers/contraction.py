@@ -19,7 +19,6 @@ def float32_einsum(subscripts, *operands):
         The float32 contraction, shaped as `ops.einsum` would shape it.
 
     Example:
-
     >>> x = keras.ops.ones((2, 3, 8), dtype="bfloat16")
     >>> keras.backend.standardize_dtype(float32_einsum("ikw,kwd->ikd", x, keras.ops.ones((3, 8, 4))).dtype)
     'float32'

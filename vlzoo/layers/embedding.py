@@ -237,7 +237,6 @@ class TokenEmbedding(keras.layers.Embedding):
     Input: int token ids `(B, T)`; output `(B, T, output_dim)`.
 
     Example:
-
     >>> layer = TokenEmbedding(49408, 512, name="token_embedding")
     >>> layer(np.array([[49406, 320, 49407]])).shape
     (1, 3, 512)

@@ -100,7 +100,6 @@ class MultiHeadAttention(keras.layers.Layer):
         ValueError: `num_heads` does not divide `hidden_dim`.
 
     Example:
-
     >>> attention = MultiHeadAttention(64, 4)
     >>> attention.build((2, 10, 64), (2, 5, 64))
     >>> attention(keras.ops.ones((2, 10, 64)), context=keras.ops.ones((2, 5, 64))).shape
@@ -238,7 +237,6 @@ class TransformerBlock(keras.layers.Layer):
         `(B, N, D)`.
 
     Example:
-
     >>> block = TransformerBlock(64, 4, 256)
     >>> block(keras.ops.ones((2, 10, 64))).shape
     (2, 10, 64)
@@ -333,7 +331,6 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
         `(B, N, D)`.
 
     Example:
-
     >>> blocks = transformer_stack(64, 2, 4, 256, "gelu", 1e-5, "float32")
     >>> apply_blocks(blocks, keras.ops.ones((2, 10, 64)), remat=True).shape
     (2, 10, 64)

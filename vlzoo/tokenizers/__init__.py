@@ -15,7 +15,6 @@ graph ops). `keras_hub` (which imports TensorFlow) is imported on a tokenizer's 
   (`CLIP_BPE`, `BERT_UNCASED`, `SHAPES_WORDS`).
 
 Example:
-
 >>> tok = CLIPTokenizer.from_assets("presets/_assets/clip_bpe")  # doctest: +SKIP
 >>> out = tok(["a photo of a cat", "a dog"])  # doctest: +SKIP
 >>> out["token_ids"].shape, out["token_ids"].dtype, out["padding_mask"].dtype  # doctest: +SKIP
@@ -75,7 +74,6 @@ def tokenizer_from_config(config, assets_dir=None):
         ValueError: the class name is not a key of `TOKENIZER_CLASSES`.
 
     Example:
-
     >>> tokenizer_from_config({"class_name": "clip_bpe", "sequence_length": 16}).sequence_length  # doctest: +SKIP
     16
     """
@@ -136,7 +134,6 @@ def bundled_tokenizer(spec, sequence_length):
         The tokenizer, with its vocabulary loaded when bundled.
 
     Example:
-
     >>> bundled_tokenizer(CLIP_BPE, 77)(["a cat"])["token_ids"].shape  # doctest: +SKIP
     (1, 77)
     """

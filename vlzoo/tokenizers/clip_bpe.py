@@ -180,7 +180,6 @@ class CLIPTokenizer(_VocabularyTokenizer):
             without CLIP's start and end tokens.
 
     Example:
-
     >>> tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
     ...                     "presets/_assets/clip_bpe/merges.txt")  # doctest: +SKIP
     >>> out = tok(["a photo of a cat"])  # doctest: +SKIP

@@ -66,7 +66,6 @@ class SentencePieceTokenizer(_PackingTokenizer):
         RuntimeError: tokenizing or saving before a model is set.
 
     Example:
-
     >>> tok = SentencePieceTokenizer(proto="spiece.model", sequence_length=64)  # doctest: +SKIP
     >>> tok(["a photo of a cat"])["token_ids"].shape  # doctest: +SKIP
     (1, 64)

@@ -77,7 +77,6 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         ValueError: a special token missing from the vocabulary.
 
     Example:
-
     >>> tok = WordPieceTokenizer.from_assets("presets/_assets/bert_uncased")  # doctest: +SKIP
     >>> tok(["a photo of a cat"])["token_ids"][0, :7].tolist()  # doctest: +SKIP
     [101, 1037, 6302, 1997, 1037, 4937, 102]

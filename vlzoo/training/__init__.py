@@ -6,7 +6,6 @@
 and `interpolation` (WiSE-FT: `interpolate`, `interpolation_sweep`). Guide: docs/finetuning.md.
 
 Example:
-
 >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
 >>> vlzoo.training.configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100)  # doctest: +SKIP
 >>> model.fit(dataset)  # doctest: +SKIP

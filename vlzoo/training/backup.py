@@ -8,7 +8,6 @@ directory, and every process reads them. A run resumes on the number of processe
 with. In a single process it is Keras' callback unchanged.
 
 Example:
-
 >>> backup = vlzoo.training.BackupAndRestore("runs/b16/backup")  # doctest: +SKIP
 >>> model.fit(train, epochs=10, callbacks=[backup])  # run again after a crash: resumes  # doctest: +SKIP
 """

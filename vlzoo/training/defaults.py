@@ -22,7 +22,6 @@ Where each setting lives:
   for the next step instead of faulting it in again.
 
 Example:
-
 >>> model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")  # doctest: +SKIP
 >>> vlzoo.training.configure(model, learning_rate=5e-4, total_steps=10_000, warmup_steps=500,
 ...                          remat=True)  # doctest: +SKIP
@@ -73,7 +72,6 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         ValueError: an argument outside the ranges above, or a step count that is not an integer.
 
     Example:
-
     >>> schedule = WarmupCosine(1e-3, total_steps=100, warmup_steps=10)
     >>> [round(float(schedule(s)), 6) for s in (0, 9, 10, 55, 100)]
     [0.0001, 0.001, 0.001, 0.0005, 0.0]
@@ -164,7 +162,6 @@ def training_optimizer(
             `WarmupCosine`'s own checks.
 
     Example:
-
     >>> optimizer = training_optimizer(1e-3, total_steps=10_000, warmup_steps=500)
     >>> model.compile(optimizer=optimizer)  # doctest: +SKIP
     """
@@ -238,7 +235,6 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
             losses; `micro_batch_size` gives the exact large contrastive batch).
 
     Example:
-
     >>> model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")  # doctest: +SKIP
     >>> configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100, remat=True)  # doctest: +SKIP
     >>> model.fit(dataset)  # doctest: +SKIP
@@ -295,7 +291,6 @@ def retain_host_memory():
         UserWarning: when it returns False.
 
     Example:
-
     >>> import vlzoo
     >>> vlzoo.training.retain_host_memory()  # first thing, then build and fit
     True

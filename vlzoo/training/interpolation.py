@@ -11,7 +11,6 @@ taken from the fine-tuned model. The paper finds intermediate values (often 0.5)
 fine-tuned accuracy in distribution and most of the zero-shot robustness under shift.
 
 Example:
-
 >>> zero_shot = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
 >>> mixed = interpolate(zero_shot, finetuned, 0.5)  # finetuned: zero_shot's copy after fit  # doctest: +SKIP
 >>> interpolation_sweep(zero_shot, finetuned, [0, 0.5, 1],
@@ -85,7 +84,6 @@ def interpolate(zero_shot, finetuned, alpha):
             geometry or variables.
 
     Example:
-
     >>> interpolate(zero_shot, finetuned, 0.5).get_config() == finetuned.get_config()  # doctest: +SKIP
     True
     """
@@ -117,7 +115,6 @@ def interpolation_sweep(zero_shot, finetuned, alphas, evaluate):
             returning something other than a dict without an `"alpha"` key.
 
     Example:
-
     >>> interpolation_sweep(zero_shot, finetuned, [0, 1], lambda m: {"n": 1})  # doctest: +SKIP
     [{'alpha': 0.0, 'n': 1}, {'alpha': 1.0, 'n': 1}]
     """

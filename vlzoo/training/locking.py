@@ -19,7 +19,6 @@ decay). `cache_tower` computes a wholly locked tower's outputs once per dataset,
 runs only the rest.
 
 Example:
-
 >>> model = vlzoo.from_preset("clip_vit_b16_openai")  # doctest: +SKIP
 >>> lock_tower(model, "image")  # LiT  # doctest: +SKIP
 >>> model.compile(optimizer="adamw")  # doctest: +SKIP
@@ -49,7 +48,6 @@ def tower_groups(tower):
         groups.
 
     Example:
-
     >>> len(tower_groups(model.vision)) == model.vision.num_layers + 2  # doctest: +SKIP
     True
     """
@@ -84,7 +82,6 @@ def lock_tower(model, tower, unlocked_groups=0):
         ValueError: an unknown `tower`, or `unlocked_groups` not an int in that range.
 
     Example:
-
     >>> locked = lock_tower(model, "text", unlocked_groups=2)  # all but the last block and projection  # doctest: +SKIP
     """
     groups = tower_groups(tower_layer(model, tower))
@@ -134,7 +131,6 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
             without the tower's inputs, or no examples.
 
     Example:
-
     >>> lock_tower(model, "image"); model.compile(optimizer="adamw")  # doctest: +SKIP
     >>> cached = cache_tower(model, {"images": x, "token_ids": ids, "padding_mask": mask})  # doctest: +SKIP
     >>> model.fit(cached, batch_size=64, epochs=20)  # doctest: +SKIP

@@ -86,7 +86,6 @@ def enable_lora(model, rank=8, targets=("query", "value"), towers=("image", "tex
             enabled.
 
     Example:
-
     >>> enable_lora(model, rank=8)  # doctest: +SKIP
     """
     check_model(model)
