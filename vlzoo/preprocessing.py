@@ -6,11 +6,10 @@ Backend-neutral: images may be numpy arrays, backend tensors or PIL images, and 
 output is always a float32 numpy array. Runs eagerly in Python.
 
 Example:
-
-```python
-pre = ImagePreprocessor(image_size=224)
-pre(np.zeros((480, 640, 3), np.uint8)).shape   # (1, 224, 224, 3) float32
-```
+>>> pre = ImagePreprocessor(image_size=224)
+>>> x = pre(np.zeros((480, 640, 3), np.uint8))
+>>> x.shape, x.dtype
+((1, 224, 224, 3), dtype('float32'))
 
 `PIL` is imported lazily, on the first call.
 """
@@ -61,13 +60,16 @@ class ImagePreprocessor:
     tensors or PIL images). uint8 (or integer in [0, 255]) or float in [0, 1].
     Returns float32 numpy `(B, S, S, 3)` (`B = 1` for a single image).
 
-    Example:
+    Raises:
+        ValueError: a bad `image_size`, `mean`/`std` (3 values, `std > 0`), `interpolation` or
+            `crop`; when called, images not `(H, W, 3)` (or a batch or list of them), empty, of
+            another dtype than uint8 or float, non-finite, or out of range (uint8-like values
+            in [0, 255], floats in [0, 1]).
 
-    ```python
-    pre = ImagePreprocessor(224)
-    pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
-    # (2, 224, 224, 3)
-    ```
+    Example:
+    >>> pre = ImagePreprocessor(224)
+    >>> pre([np.zeros((300, 400, 3), np.uint8), np.ones((50, 60, 3), np.float32)]).shape
+    (2, 224, 224, 3)
     """
 
     def __init__(
@@ -188,6 +190,9 @@ class ImagePreprocessor:
         Returns:
             Each output pixel's share covered by the boxes (the largest over the boxes), after the
             same resize and centre crop as `__call__`; parts cropped away are dropped.
+
+        Raises:
+            ValueError: `boxes` not finite `(x0, y0, x1, y1)` with `x0 <= x1`, `y0 <= y1`.
 
         Example:
         >>> ImagePreprocessor(4, crop="none").region_mask([[0, 0, 8, 2]], (8, 8))[:, 0]  # the top row
@@ -342,14 +347,16 @@ class NaFlexPreprocessor:
     `patch_mask` bool `(B, N)` and `spatial_shapes` int32 `(B, 2)` (each
     image's patch rows and columns).
 
-    Example:
+    Raises:
+        ValueError: `patch_size` or `max_num_patches` not a positive int; when called, images
+            not `(H, W, 3)`.
 
-    ```python
-    pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
-    batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
-    batch["spatial_shapes"]   # [[14, 18], [18, 14]]
-    model.encode_image(batch)["embeds"]   # (2, D)
-    ```
+    Example:
+    >>> pre = NaFlexPreprocessor(patch_size=16, max_num_patches=256)
+    >>> batch = pre([np.zeros((480, 640, 3), np.uint8), np.zeros((640, 480, 3), np.uint8)])
+    >>> batch["spatial_shapes"].tolist()
+    [[14, 18], [18, 14]]
+    >>> model.encode_image(batch)["embeds"].shape  # (2, D)  # doctest: +SKIP
     """
 
     def __init__(self, patch_size=16, max_num_patches=256, mean=SIGLIP_MEAN, std=SIGLIP_STD):

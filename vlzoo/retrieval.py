@@ -1,25 +1,15 @@
 """Sparse retrieval with vocabulary-sized embeddings (STAIR): top terms, sparsity, an inverted index.
 
-STAIR's embeddings are non-negative `(N, V)` vectors with exact zeros, so a
-collection can be served by an inverted index, as a text search engine
-serves bag-of-words documents (paper App. D):
-
-* `to_sparse` / `to_dense`: fixed-shape `(ids, weights, nnz)` top-k lists
-  (`keras.ops.top_k`, any backend) and back.
-* `top_terms`: the heaviest `(token, weight)` pairs of each vector, for
-  reading what an image or a text was mapped to (paper Fig. 4-5).
-* `sparsity_stats`: active terms per vector (the paper's sparsity measure),
-  sparsity ratio, FLOPs (expected number of shared active terms) and
-  document frequencies.
-* `SparseIndex`: NumPy postings `token -> (doc ids, weights)`, top-k search
-  by the sparse dot product, save / load. Documents (and queries) are
-  L2-normalised, so its scores are the cosines the model trains with and its
-  ranking equals the dense ranking exactly (ties broken by the lower id).
+STAIR's embeddings are non-negative `(N, V)` vectors with exact zeros, so a collection can be
+served by an inverted index, as a text search engine serves bag-of-words documents (paper
+App. D): `to_sparse` / `to_dense` (fixed-shape top-k lists and back), `top_terms` (the heaviest
+`(token, weight)` pairs, paper Fig. 4-5), `sparsity_stats`, and `SparseIndex` (postings, top-k
+search whose scores are the model's cosines and whose ranking equals the dense one).
 
 Example:
->>> index = SparseIndex(model.embed_dim)
->>> index.add(model.encode_image(images)["embeds"])
->>> ids, scores = index.search(model.encode_text(["a dog on a beach"])["embeds"], k=5)
+>>> index = SparseIndex(model.embed_dim)  # doctest: +SKIP
+>>> index.add(model.encode_image(images)["embeds"])  # doctest: +SKIP
+>>> ids, scores = index.search(model.encode_text(["a dog on a beach"])["embeds"], k=5)  # doctest: +SKIP
 """
 
 import json
@@ -57,6 +47,14 @@ def to_sparse(embeds, top_k=None, min_weight=0.0):
         `(ids, weights, nnz)`: int32 `(B, K)` vocabulary ids by decreasing
         weight, float32 `(B, K)` weights (0 where absent) and int32 `(B,)`
         the number of present entries among the `K`.
+
+    Raises:
+        ValueError: `embeds` not of rank 2, or `top_k` outside `[1, V]`.
+
+    Example:
+    >>> ids, weights, nnz = to_sparse(np.array([[0.0, 2.0, 0.5]]), top_k=2)
+    >>> np.asarray(ids).tolist(), np.asarray(nnz).tolist()
+    ([[1, 2]], [2])
     """
     embeds = ops.cast(ops.convert_to_tensor(embeds), "float32")
     if len(embeds.shape) != 2:
@@ -71,7 +69,12 @@ def to_sparse(embeds, top_k=None, min_weight=0.0):
 
 
 def to_dense(ids, weights, vocabulary_size):
-    """Inverse of `to_sparse`: `(B, K)` ids and weights -> `(B, V)` float32 (absent entries 0)."""
+    """Inverse of `to_sparse`: `(B, K)` ids and weights -> `(B, V)` float32 (absent entries 0).
+
+    Example:
+    >>> np.asarray(to_dense(np.array([[1, 2]]), np.array([[2.0, 0.5]]), 4)).tolist()
+    [[0.0, 2.0, 0.5, 0.0]]
+    """
     ids = ops.cast(ops.convert_to_tensor(ids), "int32")
     weights = ops.cast(ops.convert_to_tensor(weights), "float32")
     batch, k = ops.shape(ids)[0], ops.shape(ids)[1]
@@ -93,8 +96,11 @@ def top_terms(embeds, k=20, tokenizer=None):
     Returns:
         A list of `B` lists of `(token, float weight)`.
 
+    Raises:
+        ValueError: `embeds` not of rank 2, or `k` outside `[1, V]`.
+
     Example:
-    >>> top_terms(np.array([[0.0, 2.0, 0.5]]), k=5)
+    >>> top_terms(np.array([[0.0, 2.0, 0.5]]), k=3)
     [[(1, 2.0), (2, 0.5)]]
     """
     ids, weights, nnz = (np.asarray(ops.convert_to_numpy(x)) for x in to_sparse(embeds, top_k=k))
@@ -120,6 +126,13 @@ def sparsity_stats(embeds, queries=None):
         (`sum_k pq_k * pd_k`, the expected number of active terms a query
         and a document share, `p_k` the fraction of vectors with term `k`
         active) and `document_frequency` (int `(V,)`, vectors per term).
+
+    Raises:
+        ValueError, TypeError: `embeds` or `queries` not a float `(N, V)` array.
+
+    Example:
+    >>> sparsity_stats(np.array([[0.0, 1.0, 0.0, 2.0], [3.0, 0.0, 0.0, 0.0]]))["sparsity"]
+    0.625
     """
     docs = _numpy_embeds(embeds) > 0
     active = docs.sum(axis=1)
@@ -161,11 +174,15 @@ class SparseIndex:
     Args:
         vocabulary_size: `V`.
 
+    Raises:
+        ValueError: `vocabulary_size` not a positive int.
+
     Example:
-    >>> index = SparseIndex(30522)
-    >>> index.add(model.encode_image(images)["embeds"], ids=[10, 11, 12])
-    >>> ids, scores = index.search(model.encode_text(["a cat"])["embeds"], k=2)
-    >>> index.save("gallery.npz"); SparseIndex.load("gallery.npz")
+    >>> index = SparseIndex(4).add(np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]), ids=[10, 11])
+    >>> ids, scores = index.search(np.array([[0.0, 0.0, 1.0, 0.0]]), k=1)
+    >>> ids.tolist(), [round(float(x), 4) for x in scores[0]]
+    ([[11]], [0.7071])
+    >>> index.save("gallery.npz"); SparseIndex.load("gallery.npz")  # doctest: +SKIP
     """
 
     def __init__(self, vocabulary_size):
@@ -182,7 +199,10 @@ class SparseIndex:
         return int(self.ids.size)
 
     def add(self, embeds, ids=None):
-        """Adds `(N, V)` non-negative embeddings; `ids`: `N` int ids (default: positions `len(self)...`)."""
+        """Adds `(N, V)` non-negative embeddings; `ids`: `N` int ids (default: positions `len(self)...`).
+
+        Returns `self`. Raises ValueError for embeddings not `(N, V)` or negative, or `ids` not one
+        per row (TypeError for non-float embeddings)."""
         docs = _numpy_embeds(embeds)
         if docs.shape[1] != self.vocabulary_size:
             raise ValueError(
@@ -211,7 +231,7 @@ class SparseIndex:
 
         `query_terms`: keep only each query's `query_terms` heaviest terms
         (query pruning, App. D; the kept weights are those of the whole
-        normalised query); None keeps all.
+        normalised query); None keeps all. Raises as `add` for queries not `(M, V)`.
         """
         queries = _normalize(_numpy_embeds(queries, "queries"))
         if queries.shape[1] != self.vocabulary_size:
@@ -272,7 +292,8 @@ class SparseIndex:
 
     @classmethod
     def load(cls, path):
-        """Reads an index written by `save`."""
+        """Reads an index written by `save`; FileNotFoundError if `path` is missing, ValueError if it
+        is not a `SparseIndex` file."""
         path = _npz_path(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Sparse index file not found: {path!r}.")

@@ -23,9 +23,10 @@ writes `export.json` beside the artefacts: the family, format, inputs,
 outputs and the image preprocessing a server must apply.
 
 Example:
->>> model = vlzoo.from_preset("clip_shapes")
->>> paths = vlzoo.export(model, "serving/clip_shapes", format="onnx")
->>> outputs = run_artefact(paths["image"], {"images": pixels})   # {"embeds": (B, D)}
+>>> model = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
+>>> paths = vlzoo.export(model, "serving/clip_shapes", format="onnx")  # doctest: +SKIP
+>>> run_artefact(paths["image"], {"images": pixels})["embeds"].shape  # doctest: +SKIP
+(B, D)
 """
 
 import importlib.util
@@ -54,7 +55,8 @@ class ImageEncoder(keras.Model):
         model: a vlzoo model.
 
     Example:
-    >>> ImageEncoder(model)(pixels)["embeds"]   # (B, D), unit norm
+    >>> ImageEncoder(model)(pixels)["embeds"].shape  # unit-norm rows  # doctest: +SKIP
+    (B, D)
     """
 
     def __init__(self, model, **kwargs):
@@ -79,8 +81,9 @@ class TextEncoder(keras.Model):
         model: a vlzoo model.
 
     Example:
-    >>> tokens = model.tokenizer(["a red circle"])
-    >>> TextEncoder(model)(tokens["token_ids"], tokens["padding_mask"])["embeds"]   # (1, D)
+    >>> tokens = model.tokenizer(["a red circle"])  # doctest: +SKIP
+    >>> TextEncoder(model)(tokens["token_ids"], tokens["padding_mask"])["embeds"].shape  # doctest: +SKIP
+    (1, D)
     """
 
     def __init__(self, model, **kwargs):
@@ -99,7 +102,20 @@ class TextEncoder(keras.Model):
 
 
 def unsupported(format, backend, batch_size=None):
-    """Why Keras cannot export `format` from `backend` (with `batch_size`), or None where it can."""
+    """Why Keras cannot export `format` from `backend` (with `batch_size`), or None where it can.
+
+    Args:
+        format: a key of `FORMATS`.
+        backend: `"tensorflow"`, `"jax"` or `"torch"`.
+        batch_size: the fixed batch, or None.
+
+    Returns:
+        str (the reason, and what to do instead) or None.
+
+    Example:
+    >>> unsupported("tf_saved_model", "tensorflow") is None
+    True
+    """
     if format == "tf_saved_model" and backend == "torch":
         return ("Keras exports a TensorFlow SavedModel from the PyTorch backend only through torch_xla; export it "
                 "from the TensorFlow or JAX backend (KERAS_BACKEND), or choose format='onnx'.")
@@ -136,8 +152,14 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
         `{tower: artefact path}`.
 
     Raises:
-        ValueError: an unknown format or tower, a model not in float32, or a
-            format the active backend cannot export (with the reason).
+        TypeError: `model` is not a vlzoo model.
+        ValueError: an unknown format or tower, a `batch_size` not a positive int or None, a
+            model not in float32, or a format the active backend cannot export (with the reason).
+        RuntimeError: an ONNX artefact whose outputs do not match the encoder's.
+
+    Example:
+    >>> vlzoo.export(model, "serving/clip", format="tf_saved_model", towers="text")  # doctest: +SKIP
+    {'text': 'serving/clip/text'}
     """
     if not isinstance(model, ContrastiveModel):
         raise TypeError(f"`model` must be a vlzoo model; received {type(model).__name__}.")
@@ -250,6 +272,13 @@ def quantize_onnx(path):
 
     Returns:
         The int8 artefact's path.
+
+    Raises:
+        ValueError: `path` does not end in `.onnx`.
+
+    Example:
+    >>> quantize_onnx("serving/clip/image.onnx")  # doctest: +SKIP
+    'serving/clip/image.int8.onnx'
     """
     if not path.endswith(FORMATS["onnx"]):
         raise ValueError(f"`path` must be an ONNX artefact (.onnx); received {path!r}.")
@@ -270,6 +299,13 @@ def run_artefact(path, inputs):
     Args:
         path: an artefact path (`export`'s return value).
         inputs: `{input name: array}` (`images`, or `token_ids` and `padding_mask`).
+
+    Returns:
+        `{output name: numpy array}`: the tower's entries (`embeds`, and the family's extras).
+
+    Example:
+    >>> run_artefact("serving/clip/text.onnx", model.tokenizer(["a cat"]))["embeds"].shape  # doctest: +SKIP
+    (1, D)
     """
     inputs = {name: np.asarray(value) for name, value in inputs.items()}
     if path.endswith(FORMATS["onnx"]):
@@ -306,6 +342,10 @@ def parity(model, artefacts, batch_size=2, seed=0):
 
     Returns:
         `{tower: {output: smallest cosine}}`.
+
+    Example:
+    >>> parity(model, vlzoo.export(model, "serving/clip", format="onnx"))  # doctest: +SKIP
+    {'image': {'embeds': ...}, 'text': {'embeds': ...}}
     """
     rng = np.random.default_rng(seed)
     size, length = model.vision.image_size, model.text.sequence_length

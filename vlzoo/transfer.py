@@ -1,39 +1,19 @@
 """Any fine-grained family started from a CLIP checkpoint: `from_preset(..., family=...)`.
 
-`from_clip(clip, family)` builds FILIP, SPARC, SPARO, Llip, STAIR or FLAIR on the
-towers of a CLIP model: the target keeps CLIP's tower geometry and numerics
-(width, depth, heads, activation, LayerNorm epsilon, CLS token, causal text
-attention), every weight whose role is the same is copied, and the family's
-own parameters keep the initialisation of its paper or authors' code. What
-transfers, per family (`docs/transfer.md` gives the reasons):
-
-    family  transferred besides the towers          new                                  left out
-    filip   image/text projections -> token          -                                    -
-            projections; logit scale
-    sparc   image/text projections -> token          h_v (global vision head)             -
-            projections; logit scale
-    sparo   logit scale                              both SPARO read-outs                 each tower's last block
-                                                                                          (replaced by the read-out),
-                                                                                          both projections
-    llip    text projection; patch position rows;    the K mixture tokens (K != 1), the   image projection
-            the CLS position row to each of the      cross-attention, the logit bias
-            K mixture positions
-    stair   logit scale                              both vocabulary heads (the decoder   both projections
-                                                     is tied to CLIP's token embedding)
-    flair   image projection (-> CLS and patch       the text-conditioned pooling, the    the logit scale
-            tokens); text projection                 logit bias, its own logit scale
-
-"The towers" are the patch embedding, class token, position embeddings,
-`ln_pre`, the transformer blocks and the final LayerNorm of the image tower,
-and the token and position embeddings, blocks and `ln_final` of the text
-tower: they give CLIP's own token features exactly (SPARO's give CLIP's
-features without the last block; Llip's image tower does when K = 1).
-Llip's and FLAIR's logit scales keep their own initialisation: their sigmoid
-losses give the scale another role than CLIP's softmax.
+`from_clip(clip, family)` builds a registered family (FILIP, SPARC, SPARO, Llip, STAIR, FLAIR, or
+any with a `CLIPTransfer`) on the towers of a CLIP model. The target keeps CLIP's tower geometry
+and numerics (width, depth, heads, activation, LayerNorm epsilon, CLS token, causal text
+attention); every weight with the same role is copied (the towers: patch, class and position
+embeddings, `ln_pre`, the blocks and final LayerNorms, the token embedding; per family some
+projections and the logit scale), and the family's own parameters keep the initialisation of its
+paper or authors' code. `transfer_config` gives the target's constructor arguments,
+`new_variables` the parameters that start fresh. What transfers per family, and why:
+docs/transfer.md.
 
 Example:
->>> clip = vlzoo.from_preset("clip_tiny")
->>> sparc, report = vlzoo.transfer.from_clip(clip, "sparc")
+>>> clip = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+>>> sparc, report = vlzoo.transfer.from_clip(clip, "sparc")  # doctest: +SKIP
+sparc from CLIP: 78 weights transferred; 2 new (vision_head); 0 left out (none).
 >>> sparc = vlzoo.from_preset("clip_vit_b16_openai", family="sparc")  # doctest: +SKIP
 """
 
@@ -44,7 +24,7 @@ import numpy as np
 
 from vlzoo import families
 from vlzoo.models import CLIP
-from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (public here since the first release)
+from vlzoo.models.llip import LLIP_MIXTURE_TOKENS  # noqa: F401  (a public name of this module)
 from vlzoo.models.stair import CLIP_BPE_SPECIAL_IDS  # noqa: F401
 from vlzoo.presets.local import merge_config
 
@@ -86,13 +66,18 @@ class TransferReport:
 def new_variables(model, report):
     """The trainable variables of `model` that `report` (`from_clip`'s) lists as new, in model order.
 
-    Training them alone first, on the frozen towers, is what `vlzoo train --family` does before
-    fine-tuning (linear-probe-then-fine-tune): a new head that starts random scrambles the
-    transferred features until it has learnt something (docs/transfer.md).
+    `vlzoo train --family` trains them alone first, the rest held (docs/transfer.md).
+
+    Args:
+        model: the model `from_clip` returned.
+        report: its `TransferReport`.
+
+    Returns:
+        list of `keras.Variable`.
 
     Example:
-    >>> sparc, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "sparc")
-    >>> [v.path for v in new_variables(sparc, report)]
+    >>> sparc, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "sparc")  # doctest: +SKIP
+    >>> [v.path for v in new_variables(sparc, report)]  # doctest: +SKIP
     ['vision_head/kernel', 'vision_head/bias']
     """
     new = set(report.new)
@@ -106,6 +91,19 @@ def transfer_config(clip, family):
     projection; a family whose `CLIPTransfer` has `embed_dim` keeps CLIP's, and its
     `configure` edits the rest (Llip's `LLIP_MIXTURE_TOKENS` mixture tokens in place of
     the CLS token; STAIR leaving CLIP BPE's start and end tokens out of its vectors).
+
+    Args:
+        clip: a `vlzoo.CLIP`.
+        family: a family name with a `CLIPTransfer`.
+
+    Returns:
+        dict of constructor arguments, tower configs under `"vision"` and `"text"`.
+
+    Raises:
+        ValueError: `family` has no `CLIPTransfer`.
+
+    Example:
+    >>> transfer_config(vlzoo.from_preset("clip_tiny"), "sparc")["vision"]["output_dim"]  # doctest: +SKIP
     """
     rules = _rules(family)
     config = dict(vision={**clip.vision_config, "output_dim": None}, text={**clip.text_config, "output_dim": None})
@@ -195,8 +193,9 @@ def from_clip(clip, family, verbose=True, **config_overrides):
             override changes a transferred weight's shape (named).
 
     Example:
-    >>> model, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "filip")
-    >>> sorted(report.new)
+    >>> model, report = vlzoo.transfer.from_clip(vlzoo.from_preset("clip_tiny"), "filip")  # doctest: +SKIP
+    filip from CLIP: ...
+    >>> sorted(report.new)  # doctest: +SKIP
     []
     """
     if not isinstance(clip, CLIP):

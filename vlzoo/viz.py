@@ -1,27 +1,16 @@
-"""Pictures of what a model aligns: per-token maps over the patch grid, as PNG files.
+"""Pictures of what a model aligns, as PNG files.
 
-`alignment_maps` draws, for one image and one caption, each token's weights
-over the image's patch grid as a smoothed heatmap laid over the darkened image
-(opacity growing with the weight, one colour scale for all panels), one panel
-per token, like the FILIP and SPARC papers' figures. The weights come from the
-family: SPARC's alignment weights (`vlzoo.losses.sparc_alignment_weights`),
-or FILIP's argmax matches turned into one-hot rows; a model gives them with
-`token_patch_alignment`.
-
-`draw_caption_alignment(model, image, caption, path)` does both steps for
-a SPARC or FILIP model. `draw_word_maps(model, image, caption, path)` draws
-a panel per word instead, from the map `vlzoo.evaluation.grounding` scores
-(the family's own: SPARC's and FILIP's token alignment, FLAIR's
-text-conditioned attention, CLIP's patch-text cosine).
-
-`top_terms_chart` draws a STAIR sparse embedding's heaviest vocabulary terms
-as a labelled bar chart (beside the image), `draw_image_terms` straight from
-a STAIR model.
+`alignment_maps` draws each token's weights over the image's patch grid (one panel per token, as
+in the FILIP and SPARC papers' figures); `draw_caption_alignment` does it from a SPARC or FILIP
+model (`caption_alignment`), `draw_word_maps` per word from the map `vlzoo.evaluation.grounding`
+scores. `top_terms_chart` and `draw_image_terms` draw a STAIR embedding's heaviest terms.
 
 Example:
->>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
->>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]   # (T, P)
->>> vlzoo.viz.alignment_maps(image, ["red", "circle"], weights[1:3], "align.png")
+>>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")  # doctest: +SKIP
+'align.png'
+>>> weights = vlzoo.losses.sparc_alignment_weights(patches, tokens)[0]  # (T, P)  # doctest: +SKIP
+>>> vlzoo.viz.alignment_maps(image, ["red", "circle"], weights[1:3], "align.png")  # doctest: +SKIP
+'align.png'
 """
 
 import math
@@ -45,6 +34,14 @@ def caption_alignment(model, image, caption):
     Returns:
         `(tokens, weights)`: the `T` real token strings (start and end tokens
         included) and float32 `(T, P)` weights.
+
+    Raises:
+        TypeError: `model` has no token-to-patch alignment.
+
+    Example:
+    >>> tokens, weights = caption_alignment(sparc, pixels[0], "a red circle")  # doctest: +SKIP
+    >>> tokens, weights.shape  # doctest: +SKIP
+    (['<|startoftext|>', 'a', 'red', 'circle', '<|endoftext|>'], (5, P))
     """
     inputs = model.tokenizer([caption])
     images = ops.convert_to_tensor(np.asarray(image, np.float32)[None])
@@ -64,7 +61,11 @@ def caption_alignment(model, image, caption):
 def draw_caption_alignment(model, image, caption, path, **kwargs):
     """`caption_alignment` drawn by `alignment_maps` (the caption as title); returns `path`.
 
-    >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")
+    Raises:
+        TypeError: as `caption_alignment`; ValueError: as `alignment_maps`.
+
+    >>> vlzoo.viz.draw_caption_alignment(model, image, "a red circle", "align.png")  # doctest: +SKIP
+    'align.png'
     """
     tokens, weights = caption_alignment(model, image, caption)
     return alignment_maps(image, tokens, weights, path, title=kwargs.pop("title", caption), **kwargs)
@@ -81,7 +82,12 @@ def draw_word_maps(model, image, caption, path, method=None, **kwargs):
         path: PNG file to write.
         method: None (the family's own map) or one the model has, e.g. FLAIR's `"patch_text_cosine"`.
 
-    >>> vlzoo.viz.draw_word_maps(model, image, "a red circle above a blue square", "words.png")
+    Raises:
+        `grounding.word_maps`' errors (NotImplementedError for a family without word maps);
+        ValueError: as `alignment_maps`.
+
+    >>> vlzoo.viz.draw_word_maps(model, image, "a red circle above a blue square", "words.png")  # doctest: +SKIP
+    'words.png'
     """
     maps, method = word_maps(model, np.asarray(ops.convert_to_numpy(image), np.float32)[None], [caption],
                              method=method)
@@ -162,6 +168,15 @@ def alignment_maps(image, tokens, weights, path, grid_size=None, title=None, col
 
     Returns:
         `path`.
+
+    Raises:
+        ValueError: `weights` not `(T, P)` with `T = len(tokens)`, `grid_size` not holding `P`
+            patches, or `image` not `(H, W, 3)`.
+
+    Example:
+    >>> alignment_maps(np.zeros((32, 32, 3)), ["red", "circle"], np.full((2, 16), 1 / 16),
+    ...                "align.png")  # doctest: +SKIP
+    'align.png'
     """
     plt = _pyplot()
     from matplotlib import cm, colors
@@ -230,8 +245,12 @@ def top_terms_chart(terms, path, image=None, title=None):
     Returns:
         `path`.
 
+    Raises:
+        ValueError: `terms` empty or not pairs; `image` not `(H, W, 3)`.
+
     Example:
-    >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")
+    >>> vlzoo.viz.top_terms_chart([("dog", 2.1), ("beach", 1.4)], "terms.png")  # doctest: +SKIP
+    'terms.png'
     """
     plt = _pyplot()
     if not terms or any(len(term) != 2 for term in terms):
@@ -259,7 +278,7 @@ def draw_image_terms(model, image, path, k=20, title=None):
     """A STAIR model's `k` heaviest terms for `image` (`(H, W, 3)` preprocessed pixels) as
     `top_terms_chart` beside the image; returns `path`.
 
-    >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)
+    >>> vlzoo.viz.draw_image_terms(model, image, "terms.png", k=10)  # doctest: +SKIP
     """
     images = ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(image), np.float32)[None])
     terms = top_terms(model.encode_image(images)["embeds"], k=k, tokenizer=model.tokenizer)[0]

@@ -1,41 +1,23 @@
-"""Eager inference calls that run as one compiled program: what differs per backend.
+"""Eager inference calls run as one compiled program, per backend.
 
-A notebook's first call, `model.encode_image(x)`, is eager. An eager call
-dispatches every operation from Python, one by one, through Keras, which is
-many times slower than the same computation compiled (the `host_overhead`
-entry of docs/benchmarks.md).
-`inference_function(fn, variables)` (`variables`: a function returning the
-variables `fn` reads) returns `fn` run as a compiled program, with the same
-results up to the compiler's rounding:
+`inference_function(fn, variables)` returns `fn` (a function of tensors reading the Keras
+variables that `variables()` returns) run as a compiled program, with `fn`'s results up to the
+compiler's rounding and its gradients; a later `assign` or `fit` is seen:
 
-- JAX: `jax.jit` of `fn`, with the variables' current values passed in (a
-  `keras.StatelessScope`), so a later `assign` or `fit` is seen; compiled
-  once per input shape and dtype. Inside a JAX transform (`jax.grad`,
-  `jax.jit`, Keras' own steps) it is traced into the caller's program, and
-  differentiating through it differentiates `fn`.
-- TensorFlow: a `tf.function` of `fn` when executing eagerly (its graph is
-  traced once per input signature and set of variables, and reads their
-  values at each call); inside a graph `fn` runs as called. A `tf.function`
-  is differentiable under a `tf.GradientTape`.
-- PyTorch: a `torch.jit.trace` of `fn` per input signature, with the values
-  of the variables `fn` reads as inputs. Keras' per-operation dispatch on
-  PyTorch costs 10 to 15 us an operation; the traced program runs the same
-  kernels without it, one by one: TorchScript's graph optimisations (kernel
-  fusion, its own derivative formulas) are off while it runs, so its
-  outputs, and the gradients autograd computes through it, are the eager
-  call's bit for bit wherever the kernels are deterministic.
-  `torch.compile` of Keras' layers costs more to compile than it saves
-  (docs/benchmarks.md).
+- JAX (`_jax`): `jax.jit` of `fn` with the variables' values passed in; once per input shape and
+  dtype; traced into the caller's program inside a JAX transform.
+- TensorFlow (`_tensorflow`): a `tf.function` of `fn` when executing eagerly; `fn` inside a graph.
+- PyTorch (`_torch`): a `torch.jit.trace` per input signature, the variables' values as inputs;
+  outputs and gradients bit for bit the eager call's wherever the kernels are deterministic.
 
-`forward_function(fn, variables)` is the same for a forward pass inside Keras'
-training and evaluation steps: on PyTorch, whose steps run eagerly, the traced
-program (its gradients reach the variables as the eager call's do); on JAX
-and TensorFlow `fn` itself, since their steps are compiled programs already.
+`forward_function(fn, variables)` is the same for the forward pass of Keras' training and
+evaluation steps: the traced program on PyTorch (whose steps run eagerly), `fn` on JAX and
+TensorFlow (whose steps are compiled already). Why, and the figures: docs/workarounds.md.
 
 Example:
-
->>> encode = inference_function(lambda x: model.vision(x)["pooled"], lambda: model.vision.variables)
->>> encode(np.zeros((2, 224, 224, 3), "float32")).shape
+>>> encode = inference_function(lambda x: model.vision(x)["pooled"],
+...                             lambda: model.vision.variables)  # doctest: +SKIP
+>>> encode(np.zeros((2, 224, 224, 3), "float32")).shape  # doctest: +SKIP
 (2, 512)
 """
 
@@ -75,13 +57,10 @@ def forward_function(fn, variables):
     For a model's forward pass in Keras' training and evaluation steps: those
     steps run eagerly on PyTorch only. Differentiable: on PyTorch, `backward`
     through the program gives each variable the gradient the eager call gives.
+    Arguments and result as `inference_function`.
 
-    Args:
-        fn: a function of tensors (or dicts of them) that reads Keras variables.
-        variables: a function returning the variables `fn` reads.
-
-    Returns:
-        A function with `fn`'s arguments and outputs.
+    >>> forward = forward_function(lambda x: model.vision(x)["pooled"],
+    ...                            lambda: model.vision.variables)  # doctest: +SKIP
     """
     if keras.backend.backend() != "torch":
         return fn

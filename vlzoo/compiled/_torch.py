@@ -50,34 +50,20 @@ def inference_function(fn, variables):
     """`fn` traced once per input signature, run with the current values of the variables it reads
     (`vlzoo.compiled`).
 
-    Keras' PyTorch backend dispatches each operation from Python (argument
-    checks, conversions, result dtypes), which makes an eager tower several
-    times slower than the same torch kernels
-    called by PyTorch modules. `torch.jit.trace` records the kernels one call
-    runs; the recorded program then runs them without Keras' Python. The
-    values of the variables `fn` reads are inputs of the program, not
-    constants, so an `assign` or a `fit` step is seen, and the program is
-    differentiable: under autograd it gives the gradients of `fn`. It runs with
-    TorchScript's graph optimisations off (`torch.jit.optimized_execution`):
-    they would fuse kernels and replace autograd's derivative formulas with
-    TorchScript's own, which round differently; without them the program runs
-    the eager call's kernels, and its outputs and gradients are the eager ones
-    bit for bit wherever the kernels are deterministic.
+    The values of the variables `fn` reads are inputs of the traced program, not constants, so an
+    `assign` or a `fit` step is seen, and the program is differentiable (autograd gives the gradients
+    of `fn`). It runs with TorchScript's graph optimisations off (`torch.jit.optimized_execution`), so
+    it runs the eager call's kernels: outputs and gradients equal the eager ones bit for bit wherever
+    the kernels are deterministic.
 
-    The first call with a new signature runs `fn` eagerly, noting the
-    variables it reads, and so does the second; the third traces it (a
-    trace costs a few eager calls, paid only by signatures in repeated use),
-    and later ones run the program. A program is specialised to its
-    inputs' structure, shapes, dtypes and devices (one per signature, like
-    `jax.jit`) and to the model's variables when traced (`enable_lora` and
-    `quantize` change them: it is traced again). What `fn` computes must
-    depend on its inputs' values only through tensor operations, as
-    `jax.jit` requires of the same `fn` on JAX. Inputs with a non-array leaf,
-    a function the tracer cannot record, and one that assigns a variable
-    (random operations advance their seed's state) or adds a loss run eagerly
-    as `fn`; so does a call inside another `keras.StatelessScope` (a
-    stateless call, or Keras' shape inference), whose variables' values are
-    not the variables' own.
+    Per input signature (structure, shapes, dtypes, devices, and the model's variables when traced:
+    `enable_lora` and `quantize` cause a new trace), the first two calls run `fn` eagerly, noting the
+    variables it reads; the third traces it; later calls run the program. `fn` must depend on its
+    inputs' values only through tensor operations (as `jax.jit` requires). These run eagerly as `fn`,
+    always: inputs with a non-array leaf; a function the tracer cannot record; one that assigns a
+    variable (random operations advance their seed's state) or adds a loss; a call inside another
+    `keras.StatelessScope` (a stateless call, Keras' shape inference). Why the tracer and what it
+    buys: docs/benchmarks.md, *Host overhead*.
 
     Args:
         fn: a function of tensors (or dicts of them) that reads Keras variables.
@@ -85,6 +71,12 @@ def inference_function(fn, variables):
 
     Returns:
         A function with `fn`'s arguments and outputs.
+
+    Example:
+    >>> encode = inference_function(lambda x: model.vision(x)["pooled"],
+    ...                             lambda: model.vision.variables)  # doctest: +SKIP
+    >>> [encode(x) for _ in range(3)][-1].shape  # the third call traces  # doctest: +SKIP
+    torch.Size([2, 512])
     """
     programs = {}  # signature -> {"variables" (the model's when first seen), "read", "structure", "calls", "program"}
 

@@ -32,14 +32,12 @@ every checkpoint key is used, and raises `KeyError`/`ValueError` naming the key
 otherwise (nothing is assigned until everything matched).
 
 Example:
-
-```python
-import open_clip, vlzoo
-peer = open_clip.create_model("ViT-B-32", pretrained="/path/to/local/weights.pt")
-model = vlzoo.convert.from_open_clip(peer)
-vlzoo.convert.parity(model, peer)   # {'image': 1e-07, 'text': 2e-07, 'logits': 1e-06}
-model.save_to_preset("clip_b32")
-```
+>>> import open_clip, vlzoo  # doctest: +SKIP
+>>> peer = open_clip.create_model("ViT-B-32", pretrained="/path/to/local/weights.pt")  # doctest: +SKIP
+>>> model = vlzoo.convert.from_open_clip(peer)  # doctest: +SKIP
+>>> vlzoo.convert.parity(model, peer)  # max abs differences, see docs/parity.md  # doctest: +SKIP
+{'image': 1e-07, 'text': 2e-07, 'logits': 1e-06}
+>>> model.save_to_preset("clip_b32")  # doctest: +SKIP
 """
 
 from vlzoo.convert import checkpoints

@@ -49,6 +49,12 @@ def read_big_vision_params(path_or_arrays):
         Flat `/`-separated keys; the blocks of a `scan=True` checkpoint
         (`.../encoderblock/<leaf>` with a leading layer axis) become
         `.../encoderblock_{i}/<leaf>`, as an unscanned checkpoint stores them.
+
+    Raises:
+        TypeError: neither a path nor a mapping.
+
+    Example:
+    >>> params = read_big_vision_params("siglip2_b16_224.npz")  # doctest: +SKIP
     """
     if isinstance(path_or_arrays, (str, os.PathLike)):
         with np.load(os.fspath(path_or_arrays), allow_pickle=False) as data:
@@ -94,7 +100,7 @@ def from_big_vision_checkpoint(path_or_arrays, preset, *, dtype=None, progress=N
         KeyError: a key is missing or has no vlzoo counterpart (named).
 
     Example:
-    >>> model = vlzoo.convert.from_big_vision_checkpoint("siglip2_b16_224.npz", "siglip2_vit_b16")
+    >>> model = vlzoo.convert.from_big_vision_checkpoint("siglip2_b16_224.npz", "siglip2_vit_b16")  # doctest: +SKIP
     """
     params = read_big_vision_params(path_or_arrays)
     with without_weights():

@@ -41,7 +41,7 @@ __all__ = [
     "transformers_peer",
 ]
 
-# Constants until the table of checkpoint formats (`vlzoo.formats`); deprecated 2026-11-28.
+# `SOURCES`, `AUTHOR_SOURCES`: deprecated (2026-11-28) aliases of `vlzoo.formats`' lists, with a warning.
 __getattr__ = deprecated_constants(__name__, {
     "SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
     "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats),
@@ -52,7 +52,10 @@ __getattr__ = deprecated_constants(__name__, {
 
 
 def open_clip_model_config(name):
-    """open_clip's model config dict for `name`, read from its installed JSON files (open_clip not imported)."""
+    """open_clip's model config dict for `name`, read from its installed JSON files (open_clip not imported).
+
+    FileNotFoundError when open_clip is not installed; ValueError for an unknown `name` (with close
+    matches)."""
     spec = importlib.util.find_spec("open_clip")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -70,7 +73,8 @@ def open_clip_model_config(name):
 
 
 def transformers_files(checkpoint, config, log=print):
-    """(state dict, config dict) of a transformers directory or weights file (+ `--config`)."""
+    """(state dict, config dict) of a transformers directory or weights file (+ `--config`);
+    FileNotFoundError without a config or weights file."""
     checkpoint = pathlib.Path(checkpoint)
     if checkpoint.is_dir():
         config = config or checkpoint / "config.json"
@@ -173,7 +177,8 @@ def open_clip_peer(config, state_dict, open_clip=None):
 
 
 def transformers_peer(config, state_dict, transformers=None):
-    """The transformers `CLIPModel` / `SiglipModel` built from `config` with the given weights."""
+    """The transformers `CLIPModel` / `SiglipModel` built from `config` with the given weights; KeyError
+    naming missing or unexpected keys."""
     import torch
 
     transformers = transformers or import_transformers()
@@ -239,6 +244,10 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
 
     Raises:
         FileNotFoundError, ValueError, KeyError, NotImplementedError: bad inputs, named.
+
+    Example:
+    >>> convert_checkpoint("open_clip", "open_clip_model.safetensors", "my_clip",
+    ...                    model_name="ViT-B-32")  # doctest: +SKIP
     """
     sources, architectures = formats.converted_formats(), formats.architecture_formats()
     if source not in sources:

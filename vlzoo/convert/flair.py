@@ -1,23 +1,11 @@
 """The FLAIR authors' checkpoints (ExplainableML/flair) -> `vlzoo.FLAIR`.
 
-The authors' `FLAIR` module keeps open_clip's key names for the towers, without
-their projections, and adds the projections and the pooling:
-
-    visual.class_embedding (W_v,), visual.positional_embedding (1 + P, W_v), visual.conv1.weight,
-    visual.ln_pre.*, visual.transformer.resblocks.{i}.*, visual.ln_post.*
-    token_embedding.weight, positional_embedding, transformer.resblocks.{i}.*, ln_final.*
-    image_post.proj (W_v, D)     applied as x @ proj to the CLS and the patch outputs
-    text_post.proj  (W_t, D)
-    visual_proj.ln_q.*, ln_k.*, ln_v.*                       (D,) each
-    visual_proj.attn.in_proj_weight (3D, D), in_proj_bias (3D,)   q, k, v stacked (torch layout)
-    visual_proj.attn.out_proj.weight (D, D), out_proj.bias (D,)
-    logit_scale ()  the log of the multiplier, as vlzoo's
-    logit_bias ()
-
-The released files (`flair-cc3m-recap.pt`, ...) are training checkpoints
-`{"epoch", "name", "state_dict", ...}` whose keys may carry DDP's `module.`.
-The pooling's head count and the activation are not in the checkpoint; the
-preset supplies them.
+`from_flair_checkpoint` reads the authors' training checkpoints (`flair-cc3m-recap.pt`, ...:
+`{"epoch", "name", "state_dict", ...}`, keys possibly prefixed by DDP's `module.`): open_clip's
+tower keys without their projections, plus the projections (`image_post.proj`,
+`text_post.proj`), the text-conditioned pooling (`visual_proj.*`), `logit_scale` and
+`logit_bias`. The pooling's head count and the activation are not in the checkpoint; the preset
+supplies them. The key layout: docs/converting.md, *The authors' checkpoint layouts*.
 """
 
 from vlzoo._keras import without_weights
@@ -58,9 +46,11 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
         Nothing is assigned unless every key and variable matched.
 
     Example:
-    >>> model = vlzoo.convert.from_flair_checkpoint("flair-merged30m.pt")
-    >>> model.similarity(images, ["a dog on a sofa", "a red door"]).shape  # images: (B, 224, 224, 3)
-    (B, 2)
+    >>> model = vlzoo.convert.from_flair_checkpoint("flair-merged30m.pt")  # doctest: +SKIP
+    >>> import numpy as np
+    >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> tuple(model.similarity(images, ["a dog on a sofa", "a red door"]).shape)  # doctest: +SKIP
+    (4, 2)
     """
     state_dict = read_state_dict(path_or_state_dict)
     with without_weights():

@@ -54,6 +54,10 @@ def from_keras_hub(backbone, *, dtype=None, tokenizer=None, preprocessor=None, p
     Raises:
         KeyError: a backbone variable has no vlzoo counterpart (named).
         NotImplementedError: an unsupported backbone or feature.
+
+    Example:
+    >>> backbone = keras_hub.models.CLIPBackbone.from_preset("dir")  # doctest: +SKIP
+    >>> model = vlzoo.convert.from_keras_hub(backbone)  # doctest: +SKIP
     """
     name = type(backbone).__name__
     registered = architectures("keras_hub")

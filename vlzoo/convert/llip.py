@@ -1,22 +1,11 @@
 """The Llip authors' checkpoints (facebookresearch/Llip) -> `vlzoo.Llip`.
 
-The authors' model (`CMP` in their open_clip fork) stores the towers with
-open_clip's key names and the head as bare matrices:
-
-    visual.class_embedding        (K, W_v)   K mixture tokens ((W_v,) when K = 1)
-    visual.positional_embedding   (K + P, W_v), tokens first
-    visual.conv1.weight, visual.ln_pre.*, visual.transformer.resblocks.{i}.*, visual.ln_post.*
-    token_embedding.weight, positional_embedding, transformer.resblocks.{i}.*, ln_final.*
-    text_projection               (W_t, D)
-    q_proj (W_t, D), k_proj (K, W_v, D), v_proj (K, W_v, D), pred.out_proj (D, D)
-    Q_norm.*, K_norm.*, V_norm.*  (D,) each, with `use_norm` (the H/14 and G/14 models)
-    logit_scale ()  the log of the multiplier (their forward returns its exp), as vlzoo's
-    logit_bias ()
-
-All of them map one to one onto vlzoo's variables (no transposes besides the
-towers' torch layouts): every head matrix is applied as `x @ W` on both sides.
-The attention temperature tau, the head counts and the activation are not in
-the checkpoint; the vlzoo preset supplies them.
+`from_llip_checkpoint` reads the authors' model (`CMP` in their open_clip fork): the towers under
+open_clip's key names, and the head as bare matrices (`q_proj`, `k_proj`, `v_proj`,
+`pred.out_proj`, the optional `Q_norm`/`K_norm`/`V_norm`), each applied as `x @ W` and mapped
+one to one onto vlzoo's variables. The attention temperature tau, the head counts and the
+activation are not in the checkpoint; the preset supplies them. The key layout:
+docs/converting.md, *The authors' checkpoint layouts*.
 """
 
 from vlzoo._keras import without_weights
@@ -64,9 +53,11 @@ def from_llip_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=Non
         Nothing is assigned unless every key and variable matched.
 
     Example:
-    >>> model = vlzoo.convert.from_llip_checkpoint("llip_b16_k32.pt", "llip_vit_b16")
-    >>> model.similarity(images, ["a dog", "two dogs"]).shape  # images: (B, 224, 224, 3), preprocessed
-    (B, 2)
+    >>> model = vlzoo.convert.from_llip_checkpoint("llip_b16_k32.pt", "llip_vit_b16")  # doctest: +SKIP
+    >>> import numpy as np
+    >>> images = np.zeros((4, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> tuple(model.similarity(images, ["a dog", "two dogs"]).shape)  # doctest: +SKIP
+    (4, 2)
     """
     state_dict = _canonical(read_state_dict(path_or_state_dict))
     with without_weights():

@@ -62,6 +62,8 @@ def from_open_clip(model, *, dtype=None, tokenizer=None, preprocessor=None, prog
     Raises:
         NotImplementedError: the model uses a feature vlzoo cannot express
             (named in the message).
+
+    Example: `vlzoo.convert`'s.
     """
     spec = _spec_from_module(model)
     state_dict = dict(model.state_dict())
@@ -91,6 +93,10 @@ def from_open_clip_state_dict(
         ValueError: a tensor's shape does not match the config (key and
             shapes named).
         NotImplementedError: the config uses a feature vlzoo cannot express.
+
+    Example:
+    >>> config = open_clip_model_config("ViT-B-32")  # doctest: +SKIP
+    >>> model = from_open_clip_state_dict(load_state_dict("weights.pt"), config)  # doctest: +SKIP
     """
     state_dict = _unwrap(state_dict)
     spec = _spec_from_config(config, state_dict, vision_overrides)
@@ -114,6 +120,11 @@ def to_open_clip_state_dict(model, custom_text=None):
         `{key: numpy array}`, loadable with `load_state_dict(..., strict=True)`
         into the matching open_clip model (wrap values with
         `torch.from_numpy`).
+
+    Example:
+    >>> peer = open_clip.CLIP(**open_clip_config(model))  # doctest: +SKIP
+    >>> peer.load_state_dict({k: torch.from_numpy(v)
+    ...                       for k, v in to_open_clip_state_dict(model).items()})  # doctest: +SKIP
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"
@@ -125,7 +136,9 @@ def open_clip_config(model, custom_text=None):
     """open_clip's model config dict describing a vlzoo model (for `open_clip.CLIP(**config)`).
 
     Only models that `to_open_clip_state_dict` exports with open_clip's own
-    towers (not timm trunks) are described.
+    towers (not timm trunks) are described: `open_clip.CLIP` keyword arguments (`embed_dim`,
+    `vision_cfg`, `text_cfg`, ...); NotImplementedError for a tower with a MAP head (a timm trunk in
+    open_clip) or QuickGELU on one tower only. Example: `to_open_clip_state_dict`'s.
     """
     if custom_text is None:
         custom_text = getattr(model, "family", None) == "siglip"

@@ -41,7 +41,7 @@ from vlzoo.presets.files import read_json
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 
-# A constant until the table of checkpoint formats; deprecated 2026-11-28.
+# `FORMATS`: deprecated (2026-11-28) alias of `vlzoo.formats.repository_formats()`, with a warning.
 __getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.repository_formats()",
                                                           formats.repository_formats)})
 _TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -221,6 +221,12 @@ def convert_repository(directory, fmt=None, *, dtype=None, progress=None):
 
     Returns:
         A `vlzoo.CLIP` or `vlzoo.SigLIP` with the repository's tokenizer and preprocessor.
+
+    Raises:
+        ValueError: an unknown `fmt`; `detect_format`'s and the converters' errors.
+
+    Example:
+    >>> model = convert_repository("snapshots/clip-vit-base-patch32")  # doctest: +SKIP
     """
     directory = pathlib.Path(directory)
     fmt = fmt or detect_format(directory)

@@ -111,7 +111,7 @@ def gemma_tokenizer(directory, config):
     """A SigLIP 2 repository's tokenizer: Gemma's `tokenizer.model`, with the start and end pieces the
     repository's tokenizer adds (`_gemma_special_pieces`; SigLIP 2's: none, then `<eos>`), padded with its
     pad piece, cleaned as the class `tokenizer_config.json` names cleans (`_GEMMA_CLEANING`); None without
-    `tokenizer.model`."""
+    `tokenizer.model`. ValueError for a tokenizer class without a known cleaning."""
     if not (directory / "tokenizer.model").is_file():
         return None
     settings = json_or_none(directory / "tokenizer_config.json") or {}

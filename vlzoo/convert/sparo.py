@@ -1,23 +1,11 @@
 """Checkpoints of the SPARO authors' open_clip fork (github.com/ankitkv/sparo-clip) -> vlzoo `SPARO`.
 
-The fork's `CLIP(use_sparo=True, ...)` keeps open_clip's towers with
-`layers - reduce_depth` blocks and replaces each tower's pooling and
-projection by a `SPARO` module. Its state dict is open_clip's (vision under
-`visual.`, text at the top level) minus `visual.proj` / `text_projection`,
-plus the two read-outs:
-
-    visual.sparo.q_emb       (1, L/g, g, 1, D)   queries, slot l = group * g + j
-    visual.sparo.k.weight    ((L/g) D, d)        key = value projection (tied)
-    visual.sparo.k.bias      ((L/g) D,)
-    visual.sparo.v.*         alias of k.* when share_kv=True (the same tensor)
-    visual.sparo.proj.weight (V, D)              shared slot output map
-    visual.sparo.proj.bias   (V,)
-    text_sparo.*             the text read-out, same layout
-    logit_scale              ()                  log of the logit multiplier
-
-Checkpoints carry no architecture, so the vlzoo preset gives it; everything
-the weights show (L, g, D, V, tower widths and depths) is checked against it
-before anything is assigned.
+The fork's `CLIP(use_sparo=True, ...)` keeps open_clip's towers with `layers - reduce_depth`
+blocks and replaces each tower's pooling and projection by a `SPARO` read-out: its state dict is
+open_clip's minus `visual.proj` / `text_projection`, plus `visual.sparo.*` and `text_sparo.*`.
+Checkpoints carry no architecture, so the vlzoo preset gives it; everything the weights show
+(L, g, D, V, tower widths and depths) is checked against it before anything is assigned. The key
+layout: docs/converting.md, *The authors' checkpoint layouts*.
 """
 
 import re
@@ -76,10 +64,11 @@ def from_sparo_checkpoint(path_or_state_dict, preset, *, dtype=None, progress=No
             the key width (vlzoo's values have the key width).
 
     Example:
-    >>> model = vlzoo.convert.from_sparo_checkpoint("epoch_25.pt", "sparo_clip_vit_b32")
-    >>> model.encode_image(images, normalize=True)["embeds"].shape  # images: (8, 224, 224, 3), preprocessed
+    >>> model = vlzoo.convert.from_sparo_checkpoint("epoch_25.pt", "sparo_clip_vit_b32")  # doctest: +SKIP
+    >>> images = np.zeros((8, 224, 224, 3), "float32")  # preprocessed pixels
+    >>> model.encode_image(images, normalize=True)["embeds"].shape  # doctest: +SKIP
     (8, 4096)
-    >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches
+    >>> model.image_attention(images).shape  # L = 64 slots over CLS + 7 x 7 patches  # doctest: +SKIP
     (8, 64, 50)
     """
     state_dict = read_state_dict(path_or_state_dict)

@@ -13,7 +13,11 @@ import pathlib
 
 
 def numpy_state_dict(state_dict):
-    """A plain `{str key: value}` dict of a state dict (values become numpy when a rule reads them)."""
+    """A plain `{str key: value}` dict of a state dict (values become numpy when a rule reads them).
+
+    Raises:
+        TypeError: `state_dict` is not a mapping.
+    """
     if not hasattr(state_dict, "items"):
         raise TypeError(f"`state_dict` must be a mapping of names to tensors; received {type(state_dict).__name__}.")
     return {str(k): v for k, v in state_dict.items()}
@@ -41,6 +45,17 @@ def read_state_dict(path_or_state_dict):
     Args:
         path_or_state_dict: a `.pt`/`.pth`/`.bin`/`.safetensors` path, a bare
             state dict, or a training checkpoint `{"state_dict": ..., ...}`.
+
+    Returns:
+        `{str key: torch tensor or numpy array}`, `module.` and `_orig_mod.` prefixes removed.
+
+    Raises:
+        TypeError: neither a path nor a mapping; `load_state_dict`'s errors for a file.
+
+    Example:
+    >>> import numpy as np
+    >>> read_state_dict({"module.logit_scale": np.zeros(())})
+    {'logit_scale': array(0.)}
     """
     if isinstance(path_or_state_dict, (str, os.PathLike)):
         return strip_prefix(numpy_state_dict(load_state_dict(path_or_state_dict)))
@@ -61,6 +76,14 @@ def load_state_dict(path, log=print, torchscript=True):
     Pickled files are read with torch's weights-only unpickler. `torchscript=True` also reads
     TorchScript archives (OpenAI's original checkpoints) with `torch.jit.load`; files from a
     download are read with `torchscript=False`, so nothing in them can run code.
+
+    Raises:
+        FileNotFoundError: `path` is missing.
+        ValueError: a file that is not a state dict, or that the weights-only unpickler refuses
+            (a TorchScript archive with `torchscript=False`).
+
+    Example:
+    >>> state_dict = load_state_dict("open_clip_model.safetensors")  # doctest: +SKIP
     """
     path = pathlib.Path(path)
     if not path.is_file():

@@ -65,6 +65,14 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
 
     Returns:
         `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel` and `Siglip2Model`.
+
+    Raises:
+        TypeError: `model` is not a transformers model.
+        NotImplementedError: a transformers class or feature vlzoo does not convert (named).
+        KeyError, ValueError: a weight without a vlzoo counterpart, or of another shape (named).
+
+    Example:
+    >>> model = vlzoo.convert.from_transformers(transformers.CLIPModel.from_pretrained("dir"))  # doctest: +SKIP
     """
     if not hasattr(model, "state_dict") or not hasattr(model, "config"):
         raise TypeError(f"from_transformers expects a transformers model; received {type(model).__name__}.")
@@ -95,6 +103,10 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
         KeyError: a key is missing or unexpected (named).
         ValueError: a tensor's shape does not match the config (named).
         NotImplementedError: an unsupported model type or feature.
+
+    Example:
+    >>> state_dict = load_state_dict("model.safetensors")  # doctest: +SKIP
+    >>> model = from_transformers_state_dict(state_dict, read_json("config.json"))  # doctest: +SKIP
     """
     if hasattr(config, "to_dict"):
         config = config.to_dict()

@@ -7,16 +7,13 @@ synthetic compositional shapes dataset (`vlzoo.data.shapes`, its hard negatives 
 consumes on every Keras backend. TensorFlow is imported when a pipeline is built.
 
 Example:
-
-```python
-import vlzoo
-model = vlzoo.from_preset("clip_tiny")
-train = vlzoo.data.image_text_dataset(
-    "data/shards/{000..009}.tar", model.tokenizer, model.preprocessor,
-    batch_size=64, training=True, seed=0)
-model.compile(optimizer="adamw")
-model.fit(train, epochs=1)
-```
+>>> import vlzoo
+>>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+>>> train = vlzoo.data.image_text_dataset(
+...     "data/shards/{000..009}.tar", model.tokenizer, model.preprocessor,
+...     batch_size=64, training=True, seed=0)  # doctest: +SKIP
+>>> model.compile(optimizer="adamw")  # doctest: +SKIP
+>>> model.fit(train, epochs=1)  # doctest: +SKIP
 """
 
 from vlzoo.data import shapes

@@ -42,6 +42,16 @@ class ImageFiles:
         items: image paths or encoded image bytes.
         preprocessor: the preset's `ImagePreprocessor` (the evaluation transform).
         sources: names of the items for error messages (default: the paths).
+
+    Raises:
+        TypeError: an index that is neither an int nor a slice.
+        FileNotFoundError, ValueError: when sliced, an unreadable or undecodable image (named by
+            its source).
+
+    Example:
+    >>> images = ImageFiles(["a.jpg", "b.jpg"], model.preprocessor)  # doctest: +SKIP
+    >>> images[0:2].shape  # doctest: +SKIP
+    (2, 224, 224, 3)
     """
 
     def __init__(self, items, preprocessor, sources=None):
@@ -101,7 +111,8 @@ def read_classes_file(path):
 
 
 def folder_labels(root):
-    """`(image paths, class-folder name of each, sorted folder names)` of `root/<class>/**/*.jpg`."""
+    """`(image paths, class-folder name of each, sorted folder names)` of `root/<class>/**/*.jpg`;
+    ValueError when `root` has no class folder or they hold no image."""
     folders = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
     if not folders:
         raise ValueError(f"{root} has no class sub-folders (expected DIR/<class>/*.jpg, or pass a caption file)")
@@ -136,7 +147,8 @@ def _peek_keys(path):
 def caption_file_labels(path, image_key=None, label_key=None, on_error="raise"):
     """`(image paths, label of each)` of a caption file whose `label_key` column is the class.
 
-    `label_key` defaults to the first of `LABEL_KEYS` in the file, else its caption column."""
+    `label_key` defaults to the first of `LABEL_KEYS` in the file, else its caption column. Raises
+    as `read_caption_file`, and ValueError when no row is usable."""
     if label_key is None:
         keys = _peek_keys(path)
         label_key = next((k for k in LABEL_KEYS if k in keys), None)
@@ -148,7 +160,8 @@ def caption_file_labels(path, image_key=None, label_key=None, on_error="raise"):
 
 def label_indices(labels, class_names, folder_names, from_folders):
     """`(int labels (N,) in [0, C), note or None)`: labels matched by name, else by sorted folder order
-    (`from_folders`, ImageNet convention) or read as integer indices (caption files)."""
+    (`from_folders`, ImageNet convention) or read as integer indices (caption files); ValueError
+    naming the labels that match no class name otherwise."""
     index = {name: i for i, name in enumerate(class_names)}
     if all(label in index for label in set(labels)):
         return np.array([index[label] for label in labels], np.int64), None
@@ -181,7 +194,9 @@ def data_source(data):
 
 def retrieval_pairs(data, image_key=None, caption_key=None, on_error="raise"):
     """`(image items, their sources, captions, image id of every caption (N,), DatasetStats)` of a
-    caption file (rows naming the same image are captions of that image) or tar shards."""
+    caption file (rows naming the same image are captions of that image) or tar shards. ValueError
+    when `data` holds no usable pair, or for an `image_key` with tar shards; else as
+    `data_source` and the readers."""
     kind, location = data_source(data)
     stats = records.DatasetStats()
     if kind == "captions":

@@ -15,17 +15,12 @@ tokenizer's sequence length):
    record's source, so an undecodable image raises naming the caption file and line
    (or the tar member), or is skipped and counted. Evaluation: the preprocessor itself
    (pixels equal `preprocessor(image)` exactly). Training: torchvision's
-   RandomResizedCrop (`scale`, `ratio`) then the preprocessor's mean/std. PIL
-   releases the GIL while decoding and resizing, so the parallel map scales.
+   RandomResizedCrop (`scale`, `ratio`) then the preprocessor's mean/std, in a
+   parallel map.
 3. batch, then tokenise: one `tf.py_function` call per batch runs the model's own
-   tokenizer on the `B` captions. Why per batch in the pipeline rather than up front:
-   vlzoo's tokenizers are Python (ftfy, regex) + keras_hub objects, not graph ops;
-   pre-tokenising a caption file costs start-up time and memory in proportion to the
-   dataset (CLIP BPE runs at a few thousand captions a second) and cannot stream tar
-   shards, while one call per batch amortises the Python overhead over `B` captions,
-   overlaps with training through `prefetch`, and gives ids equal to
-   `tokenizer(captions)` by construction. Calls are serialised by a lock (the
-   tokenizers keep a cache that is not thread-safe).
+   tokenizer on the `B` captions (ids equal `tokenizer(captions)`; calls are serialised
+   by a lock, the tokenizers' cache not being thread-safe). Why per batch:
+   docs/finetuning.md, *The input pipeline*.
 4. prefetch.
 
 Several processes (`num_processes`, `process_index`; by default the launch's, see
@@ -91,7 +86,7 @@ def resolve_source(source):
         ValueError: naming `source` when it is none of these (or missing).
 
     Example:
-    >>> resolve_source("data/{000..001}.tar")
+    >>> resolve_source("data/{000..001}.tar")  # doctest: +SKIP
     ('shards', ['data/000.tar', 'data/001.tar'])
     """
     if isinstance(source, (list, tuple)):
@@ -295,16 +290,14 @@ def image_text_dataset(
         records (keep a reference before chaining other `tf.data` methods).
 
     Example:
-
-    ```python
-    model = vlzoo.from_preset("clip_tiny")
-    train = vlzoo.data.image_text_dataset(
-        "data/captions.csv", model.tokenizer, model.preprocessor, batch_size=32,
-        training=True, seed=0, on_error="skip")
-    model.compile(optimizer="adamw")
-    model.fit(train, epochs=2)
-    train.stats.summary()    # 'skipped 0 of 1000 records'
-    ```
+    >>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+    >>> train = vlzoo.data.image_text_dataset(
+    ...     "data/captions.csv", model.tokenizer, model.preprocessor, batch_size=32,
+    ...     training=True, seed=0, on_error="skip")  # doctest: +SKIP
+    >>> model.compile(optimizer="adamw")  # doctest: +SKIP
+    >>> model.fit(train, epochs=2)  # doctest: +SKIP
+    >>> train.stats.summary()  # doctest: +SKIP
+    'skipped 0 of 1000 records'
     """
     batch_size = _check_int(batch_size, "batch_size", 1)
     R.check_on_error(on_error)

@@ -18,12 +18,9 @@ Every bad record is named by its `source`: `"<caption file> line <n>"` or
 the record and counts it in a `DatasetStats`.
 
 Example:
-
-```python
-records = read_caption_file("data/captions.csv")   # columns image, caption
-records[0]   # ImageTextRecord(image='/abs/data/img/0.png', caption='a red circle',
-             #                 source='/abs/data/captions.csv line 2')
-```
+>>> records = read_caption_file("data/captions.csv")  # columns image, caption  # doctest: +SKIP
+>>> records[0]  # doctest: +SKIP
+ImageTextRecord(image='/abs/data/img/0.png', caption='a red circle', source='/abs/data/captions.csv line 2')
 """
 
 from __future__ import annotations
@@ -89,12 +86,11 @@ class DatasetStats:
             tar shards, which are only known while streaming).
 
     Example:
-
-    ```python
-    ds = image_text_dataset("data/captions.csv", tok, pre, 32, on_error="skip")
-    ds.stats.counts        # Counter({'missing image': 2})
-    ds.stats.summary()     # 'skipped 2 of 100 records (2 missing image)'
-    ```
+    >>> ds = image_text_dataset("data/captions.csv", tok, pre, 32, on_error="skip")  # doctest: +SKIP
+    >>> ds.stats.counts  # doctest: +SKIP
+    Counter({'missing image': 2})
+    >>> ds.stats.summary()  # doctest: +SKIP
+    'skipped 2 of 100 records (2 missing image)'
     """
 
     def __init__(self):
@@ -163,6 +159,7 @@ class BadRecord(Exception):
 
 
 def check_on_error(on_error):
+    """ValueError unless `on_error` is `"raise"` or `"skip"`."""
     if on_error not in ON_ERROR:
         raise ValueError(f"`on_error` must be 'raise' or 'skip'; received {on_error!r}.")
 
@@ -291,12 +288,10 @@ def read_caption_file(
         in file order.
 
     Example:
-
-    ```python
-    # data/captions.jsonl: {"file_name": "img/0.png", "text": "a red circle"}
-    records = read_caption_file("data/captions.jsonl")
-    records[0].caption   # 'a red circle'
-    ```
+    >>> # data/captions.jsonl: {"file_name": "img/0.png", "text": "a red circle"}
+    >>> records = read_caption_file("data/captions.jsonl")  # doctest: +SKIP
+    >>> records[0].caption  # doctest: +SKIP
+    'a red circle'
     """
     check_on_error(on_error)
     path = os.path.abspath(os.fspath(path))
@@ -538,11 +533,8 @@ def read_tar_samples(shard, caption_key=None, on_error="raise", stats=None):
         <image member>")`.
 
     Example:
-
-    ```python
-    for record in read_tar_samples("data/shard-000.tar"):
-        print(record.source, record.caption)
-    ```
+    >>> for record in read_tar_samples("data/shard-000.tar"):  # doctest: +SKIP
+    ...     print(record.source, record.caption)
     """
     check_on_error(on_error)
     shard = os.path.abspath(os.fspath(shard))

@@ -1,74 +1,44 @@
 """Synthetic, deterministic images of coloured shapes with captions, for training and probing.
 
-Nothing is downloaded: every image is drawn in numpy from a seed, so the same call
-gives the same bytes on every machine and backend.
+Every image is drawn in numpy from a seed (nothing is downloaded): the same call gives the same
+bytes on every machine and backend.
 
-- `generate(split, num_examples)`: scenes of one object ("a red circle") or of two
-  objects with a spatial relation ("a red circle above a blue square"; or, with
-  `style="and"`, "a red circle and a blue square"), anti-aliased, with random sizes,
-  positions, colour and background jitter. The `train` and `test` splits are disjoint
-  by held-out compositions (see *Splits*).
-- `binding_pairs(split, num_examples, swap=...)`: two-object scenes, each with its true
-  caption and a caption that swaps the two colours, the two shapes, or the two objects'
-  roles in the relation. Both captions use exactly the same words, so only a model that
-  binds attributes to objects (the fine-grained skill FILIP, SPARC and SPARO target)
-  can tell them apart; `vlzoo.evaluation.shapes_benchmark.binding_accuracy` scores a
-  model on them.
-- `classification(num_per_class, seed)`: balanced one-object images per colour-shape
-  class, for zero-shot classification; what `vlzoo demo` trains and evaluates on.
-- `retrieval_scenes(split)`: one image of each distinct two-object scene of a split
-  (captions that no other image of the set satisfies), for retrieval recall.
-- Hard negative captions of SugarCrepe's and ARO's types on held-out scenes:
-  `vlzoo.data.shapes_negatives`, scored by `vlzoo.evaluation.shapes_compositional`.
-- The fixed held-out benchmark the bundled `*_shapes` presets report (retrieval
-  R@1/R@5, binding accuracy per swap, zero-shot accuracy) is
-  `vlzoo.evaluation.shapes_benchmark.evaluate(model)`.
-- `vocabulary()`: every word of the captions and of common prompt wordings, the
-  WordPiece vocabulary of the `stair_shapes` preset.
-- `class_names`, `parse_caption`, `composition_split`: the vocabulary, the caption
-  grammar read back into attributes, and the split rule.
-- `model_inputs(images, captions, tokenizer, preprocessor)`: the dict `model.fit` takes.
+- `generate`: scenes of one object or of two objects with a spatial relation, with captions.
+- `binding_pairs`: two-object scenes with a true and an attribute-swapped caption.
+- `retrieval_scenes`: one image of each distinct two-object scene of a split.
+- `classification`: balanced one-object images per colour-shape class.
+- `object_masks`, `class_names`, `vocabulary`, `parse_caption`, `composition_split`,
+  `model_inputs`: masks, class names, the WordPiece vocabulary, the grammar read back, the split
+  rule, and the dict `model.fit` takes.
 
-Vocabulary: 6 colours (`COLORS`), 4 shapes (`SHAPES`), 4 relations (`RELATIONS`).
-Every colour and shape word takes the article "a", so prompt templates such as
-`"a photo of a {}."` read correctly. Captions follow the grammar
+Hard negatives of SugarCrepe's and ARO's types: `vlzoo.data.shapes_negatives`; the held-out
+benchmark of the `*_shapes` presets: `vlzoo.evaluation.shapes_benchmark.evaluate(model)`.
+
+Vocabulary: 6 colours (`COLORS`), 4 shapes (`SHAPES`), 4 relations (`RELATIONS`); every colour
+and shape word takes the article "a". Grammar:
 
     a COLOR SHAPE
     a COLOR SHAPE RELATION a COLOR SHAPE        (style="relation")
     a COLOR SHAPE and a COLOR SHAPE             (style="and")
 
-and the two objects of a scene always differ in colour and in shape.
+The two objects of a scene always differ in colour and in shape.
 
-Splits: a two-object scene's *composition* is its unordered pair of colours with its
-unordered pair of shapes, e.g. ({red, blue}, {circle, square}); the scenes "a red circle
-.. a blue square" and its attribute swap "a blue circle .. a red square" share it. With
-the pairs of `COLORS` and of `SHAPES` numbered in `itertools.combinations` order, the
-k-th of the 15 colour pairs holds out the `(k % 6)`-th of the 6 shape pairs for `test`:
-15 of the 90 compositions (`composition_split`). So no two-object test caption, nor its
-swapped caption, ever occurs in `train`, while every colour-shape binding, every colour
-pair and every shape pair (and every word) does: a model must compose what it learned,
-and `binding_accuracy` on `test` pairs measures binding on unseen combinations rather
-than memorised captions. One-object scenes of every class occur in both splits, drawn
-from different random streams (the split is part of the seed), so zero-shot
-classification can be evaluated on `test`.
+Splits: a two-object scene's *composition* is its unordered colour pair with its unordered shape
+pair. With the pairs of `COLORS` and of `SHAPES` numbered in `itertools.combinations` order, the
+k-th of the 15 colour pairs holds out the `(k % 6)`-th of the 6 shape pairs for `test`: 15 of the
+90 compositions (`composition_split`). No two-object `test` caption, nor its swapped caption,
+occurs in `train`; every colour-shape binding, colour pair, shape pair and word does. One-object
+scenes of every class occur in both splits, from different random streams. Why the split is
+built this way: docs/evaluation.md, *The shapes dataset's split*.
 
 Example:
-
-```python
-from vlzoo.data import shapes
-from vlzoo.evaluation import shapes_benchmark
-
-train = shapes.generate("train", 1000, image_size=32, seed=0)
-train["images"].shape, train["captions"][:2]
-# (1000, 32, 32, 3)
-# ['a yellow circle to the left of a cyan cross', 'a yellow triangle above a green cross']
-x = shapes.model_inputs(train["images"], train["captions"], model.tokenizer, model.preprocessor)
-model.fit(x, batch_size=32, epochs=5)
-
-pairs = shapes.binding_pairs("test", 200, swap="color")
-shapes_benchmark.binding_accuracy(model, model.preprocessor(pairs["images"]),
-                                  pairs["captions"], pairs["swapped_captions"])   # chance 0.5
-```
+>>> from vlzoo.data import shapes
+>>> train = shapes.generate("train", 1000, image_size=32, seed=0)
+>>> train["images"].shape, train["captions"][:2]
+((1000, 32, 32, 3), ['a yellow circle to the left of a cyan cross', 'a yellow triangle above a green cross'])
+>>> x = shapes.model_inputs(train["images"], train["captions"], model.tokenizer,
+...                         model.preprocessor)  # doctest: +SKIP
+>>> model.fit(x, batch_size=32, epochs=5)  # doctest: +SKIP
 """
 
 import itertools
@@ -235,12 +205,12 @@ def class_names(colors=None, shapes=None, template="{}"):
         list of `len(colors) * len(shapes)` str; class `i` is colour
         `i // len(shapes)` with shape `i % len(shapes)`.
 
-    Example:
+    Raises:
+        ValueError: unknown, repeated or no colours or shapes; a `template` without exactly one `{}`.
 
-    ```python
-    class_names(["red", "blue"], ["circle"], template="a photo of a {}.")
-    # ['a photo of a red circle.', 'a photo of a blue circle.']
-    ```
+    Example:
+    >>> class_names(["red", "blue"], ["circle"], template="a photo of a {}.")
+    ['a photo of a red circle.', 'a photo of a blue circle.']
     """
     colors = _check_names(colors, "colors", COLORS)
     shapes = _check_names(shapes, "shapes", SHAPES)
@@ -263,10 +233,8 @@ def vocabulary():
         list of str, line `i` of `vocab.txt` = id `i`.
 
     Example:
-
-    ```python
-    vocabulary()[5:8]   # ['a', 'red', 'green']
-    ```
+    >>> vocabulary()[5:8]
+    ['a', 'red', 'green']
     """
     words = ["a", *COLORS, *SHAPES]
     for relation in RELATIONS + ("and",):
@@ -300,12 +268,12 @@ def parse_caption(caption):
         order) and `"relation"`: a name from `RELATIONS`, or None for one object or the
         "and" style.
 
-    Example:
+    Raises:
+        ValueError: `caption` does not follow the grammar or names an unknown colour or shape.
 
-    ```python
-    parse_caption("a red circle to the left of a blue square")
-    # {'objects': [('red', 'circle'), ('blue', 'square')], 'relation': 'to the left of'}
-    ```
+    Example:
+    >>> parse_caption("a red circle to the left of a blue square")
+    {'objects': [('red', 'circle'), ('blue', 'square')], 'relation': 'to the left of'}
     """
     match = _CAPTION_PATTERN.fullmatch(caption) if isinstance(caption, str) else None
     if match is None:
@@ -341,12 +309,14 @@ def composition_split(colors, shapes):
         "test" for the 15 held-out compositions (see *Splits* in the module
         docstring), else "train".
 
-    Example:
+    Raises:
+        ValueError: not two different known colours and two different known shapes.
 
-    ```python
-    composition_split(("red", "green"), ("circle", "square"))   # 'test'
-    composition_split(("green", "red"), ("square", "circle"))   # 'test' (order is irrelevant)
-    ```
+    Example:
+    >>> composition_split(("red", "green"), ("circle", "square"))
+    'test'
+    >>> composition_split(("green", "red"), ("square", "circle"))  # order is irrelevant
+    'test'
     """
     colors = _check_names(colors, "colors", COLORS)
     shapes = _check_names(shapes, "shapes", SHAPES)
@@ -403,13 +373,15 @@ def generate(split, num_examples, image_size=32, seed=0, num_objects=None, style
         - `"radii"`: float32 `(N, 2)` half-sides of the objects' boxes; NaN where absent;
         - `"labels"`: int `(N,)` index into `class_names()` of one-object scenes; -1 for two.
 
-    Example:
+    Raises:
+        ValueError: an argument outside the values above.
 
-    ```python
-    data = generate("test", 4, image_size=48, seed=1, num_objects=2, style="and")
-    data["images"].shape   # (4, 48, 48, 3)
-    data["captions"][0]    # 'a yellow cross and a red circle'
-    ```
+    Example:
+    >>> data = generate("test", 4, image_size=48, seed=1, num_objects=2, style="and")
+    >>> data["images"].shape
+    (4, 48, 48, 3)
+    >>> data["captions"][0]
+    'a yellow cross and a red circle'
     """
     _check_choice(split, "split", SPLITS)
     n = _check_int(num_examples, "num_examples", 1)
@@ -479,13 +451,14 @@ def binding_pairs(split, num_examples, swap="color", image_size=32, seed=0, styl
     Returns:
         `generate`'s dict plus `"swapped_captions"`: list of `N` str.
 
-    Example:
+    Raises:
+        ValueError: an unknown `swap`, `swap="relation"` without `style="relation"`, or
+            `generate`'s checks.
 
-    ```python
-    pairs = binding_pairs("test", 2, swap="color", style="and", seed=0)
-    pairs["captions"][0], pairs["swapped_captions"][0]
-    # ('a yellow cross and a red circle', 'a red cross and a yellow circle')
-    ```
+    Example:
+    >>> pairs = binding_pairs("test", 2, swap="color", style="and", seed=0)
+    >>> pairs["captions"][0], pairs["swapped_captions"][0]
+    ('a yellow cross and a red circle', 'a red cross and a yellow circle')
     """
     _check_choice(swap, "swap", SWAPS)
     if swap == "relation" and style != "relation":
@@ -517,11 +490,9 @@ def object_masks(data):
         scene never overlap.
 
     Example:
-
-    ```python
-    scenes = generate("test", 2, image_size=32, num_objects=2)
-    object_masks(scenes).shape   # (2, 2, 32, 32)
-    ```
+    >>> scenes = generate("test", 2, image_size=32, num_objects=2)
+    >>> object_masks(scenes).shape
+    (2, 2, 32, 32)
     """
     size = data["images"].shape[1]
     masks = np.zeros((len(data["images"]), 2, size, size), np.float32)
@@ -546,8 +517,7 @@ def retrieval_scenes(split, image_size=32, seed=0):
     A scene is its two coloured shapes and their arrangement; "a red circle above a
     blue square" and "a blue square below a red circle" are the same scene, so only
     the first of them is kept. No caption of the set is true of another image of it,
-    which makes recall@K well posed: telling the images of a composition apart needs
-    the binding of colours to shapes and the spatial relation. `test` has 120 scenes
+    so recall@K is well posed. `test` has 120 scenes
     (15 held-out compositions x 2 bindings x 2 axes x 2 orders), `train` 600.
 
     Args:
@@ -558,13 +528,15 @@ def retrieval_scenes(split, image_size=32, seed=0):
         `generate`'s dict restricted to the kept scenes (`N` = 120 or 600), caption `i`
         describing image `i` and no other.
 
-    Example:
+    Raises:
+        ValueError: `generate`'s checks.
 
-    ```python
-    scenes = retrieval_scenes("test")
-    len(scenes["captions"])   # 120
-    retrieval_recall(model, model.preprocessor(scenes["images"]), scenes["captions"], ks=(1, 5))
-    ```
+    Example:
+    >>> scenes = retrieval_scenes("test")
+    >>> len(scenes["captions"])
+    120
+    >>> retrieval_recall(model, model.preprocessor(scenes["images"]), scenes["captions"],
+    ...                  ks=(1, 5))  # doctest: +SKIP
     """
     # Per composition: 4 ordered object pairs x 4 relations = 8 scenes x 2 wordings.
     total = 2 * len(_compositions(split))
@@ -602,13 +574,13 @@ def classification(num_per_class, seed=0, image_size=32, colors=None, shapes=Non
         len(class_names)`; `"labels"`: int `(N,)` indices into `"class_names"`;
         `"captions"`: `N` str ("a red circle"); `"class_names"`: the list of classes.
 
-    Example:
+    Raises:
+        ValueError: an argument outside the values above, or `class_names`' checks.
 
-    ```python
-    data = classification(2, seed=3, colors=["red", "blue"], shapes=["circle", "square"])
-    data["images"].shape, data["class_names"]
-    # (8, 32, 32, 3) ['red circle', 'red square', 'blue circle', 'blue square']
-    ```
+    Example:
+    >>> data = classification(2, seed=3, colors=["red", "blue"], shapes=["circle", "square"])
+    >>> data["images"].shape, data["class_names"]
+    ((8, 32, 32, 3), ['red circle', 'red square', 'blue circle', 'blue square'])
     """
     per_class = _check_int(num_per_class, "num_per_class", 1)
     seed = _check_int(seed, "seed", 0)
@@ -645,13 +617,14 @@ def model_inputs(images, captions, tokenizer, preprocessor):
         `"token_ids"` int32 `(N, T)`, `"padding_mask"` bool `(N, T)` (`(N, K, T)`
         with `K` captions per image).
 
-    Example:
+    Raises:
+        ValueError: `images` and `captions` of different lengths, no captions, or captions mixing
+            strings and lists or lists of different lengths.
 
-    ```python
-    data = generate("train", 256)
-    model.fit(model_inputs(data["images"], data["captions"], model.tokenizer,
-                           model.preprocessor), batch_size=32, epochs=2)
-    ```
+    Example:
+    >>> data = generate("train", 256)
+    >>> model.fit(model_inputs(data["images"], data["captions"], model.tokenizer,
+    ...                        model.preprocessor), batch_size=32, epochs=2)  # doctest: +SKIP
     """
     captions = list(captions)
     if len(captions) != len(images):

@@ -38,12 +38,9 @@ come from their own random stream per `(seed, split, type)`, so the scenes are
 exactly those of `generate` and `binding_pairs`.
 
 Example:
-
-```python
-data = negatives("replace_att", 2, seed=0)
-data["captions"][0], data["negative_captions"][0]
-# ('a yellow cross to the right of a red circle', 'a yellow cross to the right of a cyan circle')
-```
+>>> data = negatives("replace_att", 2, seed=0)
+>>> data["captions"][0], data["negative_captions"][0]
+('a yellow cross to the right of a red circle', 'a yellow cross to the right of a cyan circle')
 """
 
 import numpy as np
@@ -91,11 +88,8 @@ def shuffled_caption(caption, perturbation, rng):
         str with the same words (it may equal `caption`; `negatives` draws again then).
 
     Example:
-
-    ```python
-    shuffled_caption("a red circle above a blue square", "trigrams", np.random.default_rng(0))
-    # 'square a red circle above a blue'
-    ```
+    >>> shuffled_caption("a red circle above a blue square", "trigrams", np.random.default_rng(0))
+    'square a red circle above a blue'
     """
     _check_choice(perturbation, "perturbation", ORDER_PERTURBATIONS)
     words = caption.split(" ")
@@ -177,12 +171,9 @@ def negatives(kind, num_examples, split="test", image_size=32, seed=0):
         `"negative_captions"`: list of `N` str, each false of its image.
 
     Example:
-
-    ```python
-    data = negatives("add_obj", 2, seed=0)
-    data["captions"][0], data["negative_captions"][0]
-    # ('a yellow circle', 'a yellow circle above a green square')
-    ```
+    >>> data = negatives("add_obj", 2, seed=0)
+    >>> data["captions"][0], data["negative_captions"][0]
+    ('a yellow circle', 'a yellow circle above a green square')
     """
     _check_choice(kind, "kind", NEGATIVE_TYPES)
     _check_choice(split, "split", SPLITS)

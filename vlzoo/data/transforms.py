@@ -7,13 +7,12 @@
   preprocessor's interpolation), then the preprocessor's mean/std normalisation.
 
 Example:
-
-```python
-rng = np.random.default_rng(0)
-image = Image.new("RGB", (64, 48), (200, 100, 50))
-train_transform(image, ImagePreprocessor(32), (0.9, 1.0), (3 / 4, 4 / 3), rng).shape
-# (32, 32, 3)
-```
+>>> from PIL import Image
+>>> from vlzoo.preprocessing import ImagePreprocessor
+>>> rng = np.random.default_rng(0)
+>>> image = Image.new("RGB", (64, 48), (200, 100, 50))
+>>> train_transform(image, ImagePreprocessor(32), (0.9, 1.0), (3 / 4, 4 / 3), rng).shape
+(32, 32, 3)
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ caption to `(token, Penn Treebank tag)` pairs. The trigram perturbations split w
 for reuse with another tie rule.
 
 Example:
->>> benchmark = vg_relation("prerelease_bow")      # visual_genome_relation.json, images/
->>> evaluate_aro(model, benchmark)["metrics"]
+>>> benchmark = vg_relation("prerelease_bow")      # visual_genome_relation.json, images/  # doctest: +SKIP
+>>> evaluate_aro(model, benchmark)["metrics"]  # doctest: +SKIP
 {'acc': ..., 'macro_acc': ...}
 """
 
@@ -128,8 +128,8 @@ class CroppedImageFiles(ImageFiles):
     box that misses the image altogether raises a `ValueError` naming `sources[i]`.
 
     Example:
-    >>> crops = CroppedImageFiles(["a.jpg"], [(10, 20, 64, 48)], model.preprocessor)
-    >>> crops[0:1].shape   # (1, H, W, 3): the preprocessed 64 x 48 crop
+    >>> crops = CroppedImageFiles(["a.jpg"], [(10, 20, 64, 48)], model.preprocessor)  # doctest: +SKIP
+    >>> crops[0:1].shape   # (1, H, W, 3): the preprocessed 64 x 48 crop  # doctest: +SKIP
     """
 
     def __init__(self, items, boxes, preprocessor, sources=None):
@@ -234,7 +234,16 @@ def split_words(text):
 
 
 def spacy_tagger(name="en_core_web_sm"):
-    """The authors' tagger: a callable from a caption to its spaCy `(token.text, token.tag_)` pairs."""
+    """The authors' tagger: a callable from a caption to its spaCy `(token.text, token.tag_)` pairs.
+
+    Raises:
+        ImportError: spaCy or its `en_core_web_sm` model is not installed (naming the install
+            command).
+
+    Example:
+    >>> spacy_tagger()("a red car")  # doctest: +SKIP
+    [('a', 'DT'), ('red', 'JJ'), ('car', 'NN')]
+    """
     if spacy is None:
         raise ImportError(f"The noun/adjective perturbations need a part-of-speech tagger: pass `tagger=` "
                           f"(a callable from a caption to (token, Penn Treebank tag) pairs) or install "
@@ -262,9 +271,13 @@ class TextShuffler:
             `split_words`.
         seed: the seed of both generators.
 
+    Raises:
+        ValueError: an unknown perturbation name, or a `tagger` that does not return
+            `(token, tag)` pairs.
+
     Example:
-    >>> shuffler = TextShuffler(tagger=my_tagger, seed=1)
-    >>> [shuffler.perturb(name, "a red car near a green tree") for name in PERTURBATIONS]
+    >>> shuffler = TextShuffler(tagger=my_tagger, seed=1)  # doctest: +SKIP
+    >>> [shuffler.perturb(name, "a red car near a green tree") for name in PERTURBATIONS]  # doctest: +SKIP
     """
 
     def __init__(self, tagger=None, word_tokenize=None, seed=1):
@@ -307,7 +320,11 @@ class TextShuffler:
         return " ".join(" ".join(trigram) for trigram in trigrams)
 
     def perturb(self, name, caption):
-        """The perturbation `name` (one of `PERTURBATIONS`) of `caption`."""
+        """The perturbation `name` (one of `PERTURBATIONS`) of `caption`.
+
+        Raises:
+            ValueError: `name` is not one of `PERTURBATIONS`.
+        """
         if name not in PERTURBATIONS:
             raise ValueError(f"`name` must be one of {PERTURBATIONS}; received {name!r}.")
         return getattr(self, name)(caption)
@@ -398,6 +415,9 @@ def evaluate_aro(model, benchmark, batch_size=16, ties="expected", verbose=False
         `{"dataset", "task": "image_caption_selection", "metrics": {"acc"[, "macro_acc"]},
         "groups": {...}}`: VG groups `{"acc", "count", "in_macro"}` per relation or attribute
         pair; Order groups `{"acc"}` per perturbation (the original against it alone).
+
+    Example:
+    >>> evaluate_aro(model, vg_relation("prerelease_bow"))["metrics"]  # doctest: +SKIP
     """
     i2t, t2i = aro_scores(model, benchmark, batch_size=batch_size, verbose=verbose, **score_kwargs)
     metrics, groups = aro_metrics(benchmark, i2t, t2i, ties=ties, symmetric=model.symmetric_score)

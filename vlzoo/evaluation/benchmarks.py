@@ -1,51 +1,15 @@
 """Benchmarks read from their published on-disk layouts (nothing is downloaded).
 
-The compositionality readers return `SelectionBenchmark`s: named lists of
-`SelectionItem`s (image paths, captions in the order the benchmark's `kind`
-expects, the entry's key and group), which `evaluate_selection` scores with any
-family (`vlzoo.evaluation.selection`). The retrieval reader returns a
-`RetrievalBenchmark` (image paths, captions, the image of each caption), which
-`evaluate_retrieval` scores with `retrieval_recall`.
-
-* `sugarcrepe(data, images)`: SugarCrepe (Hsieh et al., NeurIPS 2023 D&B),
-  `data/` of the RAIVNLab/sugar-crepe repository: `add_att.json`,
-  `add_obj.json`, `replace_att.json`, `replace_obj.json`, `replace_rel.json`,
-  `swap_att.json`, `swap_obj.json`, each a JSON object
-  `{"<index>": {"filename", "caption", "negative_caption"}}` (indices need
-  not be contiguous) over COCO val2017 images `images/<filename>`. One benchmark
-  per file, `sugar_crepe/<file stem>`, kind `"caption"`.
-* `winoground(data)`: Winoground (Thrush et al., CVPR 2022), the
-  `facebook/winoground` dataset's `data/`: `examples.jsonl` (one object per line
-  with `id`, `image_0`, `image_1`, `caption_0`, `caption_1`, `tag`,
-  `secondary_tag`, `num_main_preds`, `collapsed_tag`) and the images
-  `images/<image_k>.png`; kind `"winoground"`, grouped by `collapsed_tag`.
-* `mmvp(data)`: MMVP-VLM (Tong et al., CVPR 2024), the `MMVP/MMVP_VLM`
-  dataset: `Questions.csv` (columns `Question ID`, `Type`, `Statement`; rows
-  taken two at a time, the odd id describing the first image) and the images
-  `MLLM_VLM Images/<Type>/<Question ID>.jpg`. Each statement is prompted as
-  `"a photo of <statement>"`, as the benchmark's own script does; kind
-  `"mmvp"`, grouped by `Type`.
-* `cifar(directory, split="test")`: CIFAR-10 or CIFAR-100 from the python
-  pickles (`cifar-10-batches-py/`: `test_batch`, `data_batch_1..5`,
-  `batches.meta`; `cifar-100-python/`: `test`, `train`, `meta`): `data` uint8
-  `(N, 3072)` channel-major, `labels` / `fine_labels`, the class names
-  `label_names` / `fine_label_names` of the meta file (underscores read as
-  spaces, as CLIP's prompts write them); scored by `evaluate_classification`.
-* `image_folder(directory, classes=None)`: any folder of class folders,
-  `<class>/**/<image>` (torchvision's `ImageFolder` layout); class `j` is the
-  `j`-th folder in sorted order, named by the folder (underscores read as
-  spaces) or by line `j` of `classes`, a text file of one name per line.
-* `karpathy(path, images, split="test")`: COCO or Flickr30k retrieval from
-  Karpathy's split file (`dataset_coco.json`, `dataset_flickr30k.json`:
-  `{"images": [{"filename", "split", "sentences": [{"raw"}, ...]}]}`, COCO's
-  entries also with `filepath`, e.g. `val2014`), images at
-  `images/<filepath>/<filename>` (COCO) or `images/<filename>` (Flickr30k).
-
-A malformed file (a missing key, a missing image, a wrong row count) raises an
-error naming the file and the entry.
+Compositionality readers (`sugarcrepe`, `winoground`, `mmvp`) return `SelectionBenchmark`s,
+scored by `evaluate_selection` with any family (`vlzoo.evaluation.selection`); `karpathy`
+returns a `RetrievalBenchmark` for `evaluate_retrieval`; `cifar` and `image_folder` return a
+`ClassificationBenchmark` for `evaluate_classification`. Each reader's docstring gives the
+layout it reads. A malformed file (a missing key or image, a wrong row count) raises an error
+naming the file and the entry: `FileNotFoundError` for a missing file or image, `ValueError`
+otherwise.
 
 Example:
->>> for benchmark in sugarcrepe("sugar-crepe/data", "coco/val2017"):
+>>> for benchmark in sugarcrepe("sugar-crepe/data", "coco/val2017"):  # doctest: +SKIP
 ...     print(benchmark.name, evaluate_selection(model, benchmark)["metrics"])
 """
 
@@ -121,7 +85,23 @@ class ClassificationBenchmark:
 
 
 def sugarcrepe(data, images, files=SUGARCREPE_FILES):
-    """SugarCrepe's seven benchmarks (or `files`), from its `data/` directory and COCO val2017 `images`."""
+    """SugarCrepe's seven benchmarks (or `files`), from its `data/` directory and COCO val2017 `images`.
+
+    SugarCrepe (Hsieh et al., NeurIPS 2023 D&B): `data/` of the RAIVNLab/sugar-crepe repository,
+    `<stem>.json` for each stem of `files` (`add_att`, `add_obj`, `replace_att`, `replace_obj`,
+    `replace_rel`, `swap_att`, `swap_obj`), each `{"<index>": {"filename", "caption",
+    "negative_caption"}}` (indices need not be contiguous), over `images/<filename>`.
+
+    Returns:
+        list of `SelectionBenchmark`, one per file, named `sugar_crepe/<stem>`, kind `"caption"`.
+
+    Raises:
+        FileNotFoundError: a missing file or image. ValueError: a malformed file or entry.
+
+    Example:
+    >>> [b.name for b in sugarcrepe("sugar-crepe/data", "coco/val2017", files=("swap_att",))]  # doctest: +SKIP
+    ['sugar_crepe/swap_att']
+    """
     benchmarks = []
     for stem in files:
         source = os.path.join(data, f"{stem}.json")
@@ -138,7 +118,23 @@ def sugarcrepe(data, images, files=SUGARCREPE_FILES):
 
 
 def winoground(data):
-    """Winoground's 400 items, from the directory holding `examples.jsonl` and `images/`."""
+    """Winoground's 400 items, from the directory holding `examples.jsonl` and `images/`.
+
+    Winoground (Thrush et al., CVPR 2022), the `facebook/winoground` dataset's `data/`:
+    `examples.jsonl`, one object per line with `id`, `image_0`, `image_1`, `caption_0`,
+    `caption_1` and `collapsed_tag` (others ignored), and `images/<image_k>.png`.
+
+    Returns:
+        a `SelectionBenchmark` named `winoground`, kind `"winoground"`, grouped by `collapsed_tag`.
+
+    Raises:
+        FileNotFoundError: a missing file or image. ValueError: a line that is not JSON, or an
+            entry without those keys.
+
+    Example:
+    >>> len(winoground("winoground/data").items)  # doctest: +SKIP
+    400
+    """
     source = os.path.join(data, "examples.jsonl")
     if not os.path.isfile(source):
         raise FileNotFoundError(f"Benchmark file not found: {source}.")
@@ -160,7 +156,24 @@ def winoground(data):
 
 
 def mmvp(data):
-    """MMVP-VLM's pairs, from the directory holding `Questions.csv` and `MLLM_VLM Images/`."""
+    """MMVP-VLM's pairs, from the directory holding `Questions.csv` and `MLLM_VLM Images/`.
+
+    MMVP-VLM (Tong et al., CVPR 2024), the `MMVP/MMVP_VLM` dataset: `Questions.csv` (columns
+    `Question ID`, `Type`, `Statement`; rows taken two at a time, the odd id describing the first
+    image) and `MLLM_VLM Images/<Type>/<Question ID>.jpg`. Each statement is prompted as
+    `"a photo of <statement>"`, as the benchmark's own script does.
+
+    Returns:
+        a `SelectionBenchmark` named `mmvp_vlm`, kind `"mmvp"`, grouped by `Type`.
+
+    Raises:
+        FileNotFoundError: a missing file or image. ValueError: missing columns, an odd row
+            count, or a pair that is not an odd id and the next one.
+
+    Example:
+    >>> mmvp("MMVP_VLM").items[0].captions[0].startswith("a photo of ")  # doctest: +SKIP
+    True
+    """
     source = os.path.join(data, "Questions.csv")
     if not os.path.isfile(source):
         raise FileNotFoundError(f"Benchmark file not found: {source}.")
@@ -202,6 +215,13 @@ def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose
     Returns:
         `{"dataset": name, "task": "image_caption_selection", "metrics": {...},
         "groups": {group: {...}}}`.
+
+    Raises:
+        ValueError: a bad `ties` or `batch_size`; FileNotFoundError for an unreadable image.
+
+    Example:
+    >>> evaluate_selection(model, winoground("winoground/data"))["metrics"]  # doctest: +SKIP
+    {'text': ..., 'image': ..., 'group': ...}
     """
     items = benchmark.items
     images = ImageFiles([path for item in items for path in item.images], model.preprocessor)
@@ -219,7 +239,22 @@ def evaluate_selection(model, benchmark, batch_size=16, ties="expected", verbose
 
 def karpathy(path, images, split="test", name=None):
     """The `split` of a Karpathy split file (`dataset_coco.json` / `dataset_flickr30k.json`), every caption
-    of every image; `name` defaults to the file's `dataset` entry (`coco`, `flickr30k`)."""
+    of every image; `name` defaults to the file's `dataset` entry (`coco`, `flickr30k`).
+
+    The file is `{"images": [{"filename", "split", "sentences": [{"raw"}, ...]}]}`, COCO's entries
+    also with `filepath` (e.g. `val2014`); images are `images/<filepath>/<filename>` (COCO) or
+    `images/<filename>` (Flickr30k).
+
+    Returns:
+        a `RetrievalBenchmark`: image paths, captions, and the image index of each caption.
+
+    Raises:
+        FileNotFoundError: a missing file or image. ValueError: a malformed file or entry, an
+            image without sentences, or no image in `split`.
+
+    Example:
+    >>> evaluate_retrieval(model, karpathy("dataset_flickr30k.json", "flickr30k-images"))  # doctest: +SKIP
+    """
     document = read_json(path, "Benchmark file")
     if not isinstance(document, dict) or not isinstance(document.get("images"), list):
         raise ValueError(f"{path}: expected an object with an `images` list (Karpathy's split file).")
@@ -250,8 +285,19 @@ def evaluate_retrieval(model, benchmark, ks=(1, 5, 10), batch_size=64, ties="exp
     their expected value under a random order by default (a constant model scores chance exactly);
     without ties every rule gives clip_benchmark's recall.
 
+    Args:
+        model, ks, batch_size, ties, verbose, **score_kwargs: as `retrieval_recall`.
+        benchmark: a `RetrievalBenchmark`.
+
     Returns:
         `{"dataset": name, "task": "zeroshot_retrieval", "metrics": {...}}`.
+
+    Raises:
+        ValueError: `retrieval_recall`'s checks; FileNotFoundError for an unreadable image.
+
+    Example:
+    >>> evaluate_retrieval(model, benchmark, ks=(1,))["metrics"]  # doctest: +SKIP
+    {'image_retrieval_recall@1': ..., 'text_retrieval_recall@1': ...}
     """
     images = ImageFiles(benchmark.images, model.preprocessor)
     recall = retrieval_recall(model, images, list(benchmark.captions), image_ids=list(benchmark.image_ids), ks=ks,
@@ -281,7 +327,24 @@ def _entry(batch, key, path):
 
 
 def cifar(directory, split="test"):
-    """CIFAR-10 (`cifar-10-batches-py/`) or CIFAR-100 (`cifar-100-python/`) from its python pickles."""
+    """CIFAR-10 (`cifar-10-batches-py/`) or CIFAR-100 (`cifar-100-python/`) from its python pickles.
+
+    CIFAR-10: `test_batch`, `data_batch_1..5` and `batches.meta`; CIFAR-100 (told apart by its
+    `meta` file): `test`, `train` and `meta`. Each batch holds `data` uint8 `(N, 3072)`
+    channel-major and `labels` / `fine_labels`; the meta file the class names `label_names` /
+    `fine_label_names`, whose underscores are read as spaces (as CLIP's prompts write them).
+
+    Returns:
+        a `ClassificationBenchmark` of uint8 images `(N, 32, 32, 3)`, int64 labels and class names.
+
+    Raises:
+        FileNotFoundError: a missing pickle. ValueError: a file that is not a CIFAR pickle, a
+            missing key, `data` not `(N, 3072)` with `N` labels, or labels outside the classes.
+
+    Example:
+    >>> cifar("cifar-10-batches-py").images.shape  # doctest: +SKIP
+    (10000, 32, 32, 3)
+    """
     hundred = os.path.isfile(os.path.join(directory, "meta"))
     if hundred:
         files, label_key, names_key = [split], b"fine_labels", b"fine_label_names"
@@ -320,9 +383,13 @@ def image_folder(directory, classes=None, name="image_folder"):
     Returns:
         A `ClassificationBenchmark` of image paths.
 
+    Raises:
+        FileNotFoundError: `directory` or `classes` is missing. ValueError: no class folders, no
+            images in them, or `classes` naming another number of classes than there are folders.
+
     Example:
-    >>> benchmark = image_folder("flowers/test", classes="flowers/classnames.txt")
-    >>> evaluate_classification(model, benchmark, ["a photo of a {}, a type of flower."])
+    >>> benchmark = image_folder("flowers/test", classes="flowers/classnames.txt")  # doctest: +SKIP
+    >>> evaluate_classification(model, benchmark, ["a photo of a {}, a type of flower."])  # doctest: +SKIP
     """
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"Benchmark directory not found: {directory}.")
@@ -364,6 +431,13 @@ def evaluate_classification(model, benchmark, templates, ks=(1, 5), batch_size=6
     Returns:
         `{"dataset": name, "task": "zeroshot_classification", "metrics": {"acc1", "acc5",
         "mean_per_class_recall"}}` (`vlzoo.evaluation.zeroshot.classification_metrics`).
+
+    Raises:
+        ValueError, TypeError: `zero_shot_classifier`'s and `classification_metrics`' checks.
+
+    Example:
+    >>> evaluate_classification(model, cifar("cifar-10-batches-py"), SIMPLE_TEMPLATES)["metrics"]  # doctest: +SKIP
+    {'acc1': ..., 'acc5': ..., 'mean_per_class_recall': ...}
     """
     images = benchmark.images
     images = (_Pixels(images, model.preprocessor) if isinstance(images, np.ndarray)

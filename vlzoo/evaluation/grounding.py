@@ -1,40 +1,24 @@
 """Grounding: does a word's map over the image's patches land on the object it names?
 
-Two scores per word, each against the object's region given as its coverage of
-each patch (`patch_coverage`: the fraction of the patch's pixels inside the
-object, in [0, 1]):
+`word_maps` gives each caption word a map over its image's patches from the family's own
+alignment (`grounding_method`: `"token_alignment"` for FILIP and SPARC, the mean of the word's
+tokens' weights; `"text_attention"` for FLAIR, its pooling's attention with the word alone as the
+query; `"patch_text_cosine"` for CLIP and FLAIR, a softmax over the patches of each projected
+patch token's cosine with the word at the model's temperature). SigLIP, Llip, SPARO and STAIR put
+no patch in the joint space and are refused.
 
-* **pointing game** (Zhang et al., 2016, at patch resolution): the word's
-  highest-weighted patch, scored by its coverage, as if the pointed pixel were
-  drawn uniformly within that patch. Tied highest patches share the point
-  (their mean coverage), so a map that says nothing (all weights equal) scores
-  exactly the object's share of the image, the chance level.
-* **mass inside**: the share of the map's weight on the object,
-  `sum_p w_p c_p / sum_p w_p` (a map of zeros counts as uniform). Chance is
-  again the object's share of the image.
-
-The word maps come from the family's own alignment (`word_maps`):
-
-* families with a token-to-patch alignment (`model.has_token_alignment`:
-  SPARC's sparse weights, FILIP's best match per token) give each caption
-  token a map over its image's patches; a word's map is the mean of its
-  tokens' (`word_token_positions`).
-* FLAIR looks at the image through its text-conditioned pooling: a word's
-  map is that pooling's attention over the patches when the word, encoded
-  alone as a text, is the query (`FLAIR.text_attention_maps`).
-* CLIP is scored by the baseline the papers compare with, the patch-text
-  cosine: each patch token of the image tower in the joint space (CLIP's
-  final-LayerNorm'd patch tokens through its image projection, as its CLS
-  token is; FLAIR's own projected patch tokens, `method="patch_text_cosine"`),
-  its cosine with the word encoded alone as a text, and a softmax over the
-  patches at the model's own temperature `exp(logit_scale)`.
-
-SigLIP, Llip, SPARO and STAIR put no patch in the joint space: `word_maps`
-refuses them, naming why (`grounding_method`).
+Each map is scored against the object's coverage of each patch (`patch_coverage`):
+`pointing_game` (the coverage of the highest-weighted patch, tied maxima averaged) and
+`mass_inside` (the share of the map's weight on the object). For both, a constant map scores the
+object's share of the image, the chance level. The methods in full: docs/evaluation.md,
+*Grounding*.
 
 Example:
->>> maps, method = word_maps(model, pixels, ["a red circle above a blue square"])  # (1, 7, P)
->>> pointing_game(maps[0, 2], patch_coverage(circle_mask, model.vision.patch_size))  # "circle"
+>>> maps, method = word_maps(model, pixels, ["a red circle above a blue square"])  # doctest: +SKIP
+>>> maps.shape  # (N, W, P)  # doctest: +SKIP
+(1, 7, 64)
+>>> pointing_game(maps[0, 2], patch_coverage(circle_mask, model.vision.patch_size))  # doctest: +SKIP
+0.5
 """
 
 import numpy as np
@@ -51,6 +35,13 @@ def patch_coverage(masks, patch_size):
     Args:
         masks: float `(..., S, S)` per-pixel coverage in [0, 1] (1: inside).
         patch_size: the side of a patch in pixels; `S` must be a multiple of it.
+
+    Returns:
+        float32 `(..., P)`, `P = (S / patch_size) ** 2`.
+
+    Raises:
+        ValueError: `masks` not `(..., S, S)` with `S` a multiple of `patch_size`, or a bad
+            `patch_size`.
 
     Example:
     >>> patch_coverage(np.eye(4)[None], 2)  # two patches on the diagonal, half covered each
@@ -88,8 +79,12 @@ def pointing_game(maps, coverage):
     Returns:
         float64 `(...)` in [0, 1]; a constant map scores `coverage.mean(-1)`, the chance level.
 
+    Raises:
+        ValueError: `maps` and `coverage` of different shapes, `maps` negative or not finite, or
+            `coverage` outside [0, 1].
+
     Example:
-    >>> pointing_game([0.1, 0.7, 0.7, 0.0], [0.0, 1.0, 0.5, 1.0])  # two tied maxima: (1.0 + 0.5) / 2
+    >>> float(pointing_game([0.1, 0.7, 0.7, 0.0], [0.0, 1.0, 0.5, 1.0]))  # two tied maxima: (1.0 + 0.5) / 2
     0.75
     """
     maps, coverage = _check_maps(maps, coverage)
@@ -101,10 +96,10 @@ def mass_inside(maps, coverage):
     """The share of each map's weight on the object, `sum w c / sum w` (a zero map counts as uniform).
 
     Takes and returns what `pointing_game` does: float64 `(...)` in [0, 1], a constant map scoring
-    `coverage.mean(-1)`, the chance level.
+    `coverage.mean(-1)`, the chance level; raises as `pointing_game`.
 
     Example:
-    >>> mass_inside([0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 0.5, 1.0])  # (3 * 1 + 1 * 0.5) / 4
+    >>> float(mass_inside([0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 0.5, 1.0]))  # (3 * 1 + 1 * 0.5) / 4
     0.875
     """
     maps, coverage = _check_maps(maps, coverage)
@@ -121,12 +116,19 @@ def word_token_positions(tokenizer, caption):
     token included in the count, end token excluded), so it follows any
     tokenizer that encodes words apart (CLIP's BPE, WordPiece, SentencePiece).
 
+    Args:
+        tokenizer: a vlzoo tokenizer (`token_ids`, `padding_mask`).
+        caption: str.
+
     Returns:
         a list with one list of int positions per word (empty for a word
         truncated away).
 
+    Raises:
+        ValueError: `caption` has no words.
+
     Example:
-    >>> word_token_positions(model.tokenizer, "a red circle")
+    >>> word_token_positions(model.tokenizer, "a red circle")  # doctest: +SKIP
     [[1], [2], [3]]
     """
     words = caption.split()
@@ -211,11 +213,18 @@ def grounding_method(model, method=None):
     SPARC), `"text_attention"` (FLAIR) or `"patch_text_cosine"` (CLIP: patch tokens projected into the joint
     space); `method` picks one the model has (FLAIR's `"patch_text_cosine"`, the baseline).
 
+    Returns:
+        str, the method's name.
+
     Raises:
         NotImplementedError: for a model with none, naming why (SigLIP pools with an attention head and
             projects nothing; Llip's image side is its mixture tokens, SPARO's its slots, STAIR's a sparse
             vocabulary).
         ValueError: for a `method` the model does not have, naming those it has.
+
+    Example:
+    >>> grounding_method(vlzoo.from_preset("sparc_shapes"))  # doctest: +SKIP
+    'token_alignment'
     """
     methods = _supported_methods(model)
     if not methods:
@@ -246,8 +255,13 @@ def word_maps(model, images, captions, batch_size=32, verbose=False, method=None
         `(maps, method)`: float64 `(N, W, P)` non-negative, `W` the most words of a caption (rows past a
         caption's words are zeros), and the method that made them (`grounding_method`).
 
+    Raises:
+        ValueError: not one caption per image, a bad `batch_size`, or `grounding_method`'s errors
+            (NotImplementedError for a family without word maps).
+
     Example:
-    >>> maps, method = word_maps(vlzoo.from_preset("sparc_shapes"), pixels, ["a red circle"])
+    >>> maps, method = word_maps(vlzoo.from_preset("sparc_shapes"), pixels,
+    ...                          ["a red circle"])  # doctest: +SKIP
     """
     method = grounding_method(model, method)
     count = num_rows(images)

@@ -36,10 +36,10 @@ The class lists ship in `imagenet_classes.json` next to this module:
 `IMAGENET_A_WNIDS`, `IMAGENET_R_WNIDS` of the benchmarks' own repositories.
 
 Example:
->>> benchmark = imagenet_v2("imagenetv2-matched-frequency-format-val")
->>> len(benchmark.images), len(benchmark.class_names)
+>>> benchmark = imagenet_v2("imagenetv2-matched-frequency-format-val")  # doctest: +SKIP
+>>> len(benchmark.images), len(benchmark.class_names)  # doctest: +SKIP
 (10000, 1000)
->>> evaluate_classification(model, benchmark, IMAGENET_TEMPLATES)["metrics"]
+>>> evaluate_classification(model, benchmark, IMAGENET_TEMPLATES)["metrics"]  # doctest: +SKIP
 {'acc1': ..., 'acc5': ..., 'mean_per_class_recall': ...}
 """
 

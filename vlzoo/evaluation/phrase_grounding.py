@@ -24,8 +24,8 @@ boxes' share of the crop, beside them.
 `mass` and `chance` and the same per group.
 
 Example:
->>> benchmark = flickr30k_entities("/data/flickr30k_entities")
->>> evaluate_phrase_grounding(vlzoo.from_preset("sparc_shapes"), benchmark)["metrics"]
+>>> benchmark = flickr30k_entities("/data/flickr30k_entities")  # doctest: +SKIP
+>>> evaluate_phrase_grounding(vlzoo.from_preset("sparc_shapes"), benchmark)["metrics"]  # doctest: +SKIP
 """
 
 import dataclasses
@@ -105,6 +105,13 @@ def flickr30k_entities(root, split="test", images=None):
 
     Returns:
         a `GroundingBenchmark`, one caption per sentence.
+
+    Raises:
+        ValueError: `split` not `"train"`, `"val"` or `"test"`; FileNotFoundError: a missing folder
+            or file (named).
+
+    Example:
+    >>> len(flickr30k_entities("flickr30k_entities", split="test").captions)  # doctest: +SKIP
     """
     if split not in ("train", "val", "test"):
         raise ValueError(f"`split` must be 'train', 'val' or 'test'; received {split!r}.")
@@ -145,6 +152,14 @@ def refcoco(root, dataset="refcoco", split="val", images=None):
 
     Returns:
         a `GroundingBenchmark`, one caption (the expression) per sentence.
+
+    Raises:
+        ValueError: an unknown `dataset`, or no expression in `split`; FileNotFoundError: a
+            missing folder or file (named).
+
+    Example:
+    >>> refcoco("refer/data", "refcoco+", split="testA").name  # doctest: +SKIP
+    'refcoco+/testA'
     """
     if dataset not in SPLITS_BY:
         raise ValueError(f"`dataset` must be one of {sorted(SPLITS_BY)}; received {dataset!r}.")
@@ -189,6 +204,9 @@ def evaluate_phrase_grounding(model, benchmark, batch_size=32, verbose=False, me
     Returns:
         `{"dataset", "task": "phrase_grounding", "method", "metrics": {"pointing", "mass", "chance",
         "phrases"}, "groups": {group: the same}}`.
+
+    Example:
+    >>> evaluate_phrase_grounding(model, refcoco("refer/data", "refcoco"))["metrics"]  # doctest: +SKIP
     """
     patch = model.vision.patch_size
     scores = []

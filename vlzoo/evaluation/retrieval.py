@@ -36,7 +36,7 @@ embeddings.
 Example:
 >>> recall_at_k(np.array([[0.9, 0.1], [0.2, 0.3]]), ks=(1,))
 {'i2t_r@1': 1.0, 't2i_r@1': 1.0}
->>> retrieval_recall(model, images, captions, image_ids=caption_image_ids)
+>>> retrieval_recall(model, images, captions, image_ids=caption_image_ids)  # doctest: +SKIP
 {'i2t_r@1': ..., 'i2t_r@5': ..., 'i2t_r@10': ..., 't2i_r@1': ..., ...}
 """
 
@@ -162,6 +162,10 @@ def recall_at_k(scores, image_ids=None, ks=(1, 5, 10), ties="pessimistic", t2i_s
     Returns:
         `{"i2t_r@1": float, ..., "t2i_r@1": float, ...}`.
 
+    Raises:
+        ValueError: `scores` not `(N_images, N_texts)`, `t2i_scores` of another shape, non-finite
+            scores, bad `image_ids`, `ks` or `ties`.
+
     Example:
     >>> scores = np.array([[0.9, 0.8, 0.1], [0.9, 0.2, 0.5]])  # 2 images, 3 captions
     >>> recall_at_k(scores, image_ids=[0, 0, 1], ks=(1, 2))
@@ -216,7 +220,7 @@ def retrieval_recall(model, images, texts, image_ids=None, ks=(1, 5, 10), batch_
         `{"i2t_r@1": float, ..., "t2i_r@10": float}`.
 
     Example:
-    >>> retrieval_recall(model, images, ["a dog", "a puppy", "a cat"], image_ids=[0, 0, 1], ks=(1, 5))
+    >>> retrieval_recall(model, images, ["a dog", "a puppy", "a cat"], image_ids=[0, 0, 1], ks=(1, 5))  # doctest: +SKIP
     """
     ks, ties = check_ks(ks, "ks"), check_ties(ties, ALL_TIES)
     num_images = num_rows(images)

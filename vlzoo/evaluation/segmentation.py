@@ -1,50 +1,29 @@
 """Zero-shot semantic segmentation on PASCAL VOC 2012 with per-patch image embeddings.
 
-The method of SPARC's paper (Bica et al., 2024, "Semantic Segmentation" and app. D.7, after
-PACL): every patch embedding is compared by cosine with the class text
-embeddings, the patch-by-class score map is upsampled bilinearly to the label's
-resolution (`keras.ops.image.resize`), and each pixel takes its best class.
+SPARC's method (Bica et al., 2024, app. D.7, after PACL): each patch embedding
+(`model.dense_image_embeddings`) is scored by cosine against the class prompts (SPARC: the
+prompt-ensembled global text embeddings, `EmbeddingMean`; FILIP: per patch, the best cosine over a
+prompt's real tokens averaged over the templates, `TokenSimilarityMean`), the patch-by-class map
+is upsampled bilinearly to the label's size, and each pixel takes its best class. Only families
+with per-patch embeddings qualify (`patch_families()`: FILIP and SPARC); the others raise
+`TypeError`.
 
-Families that qualify are those whose `encode_image` gives one embedding per
-patch (`"tokens"` among `image_embedding_keys`):
+`background=` chooses the convention (the numbers are not comparable across them): `"ignore"`
+(VOC20, default: background pixels ignored, 20 object classes; SPARC's paper's), `"prompts"`
+(VOC21: background scored by `background_names`' prompts) or a threshold `t` in (0, 1) (VOC21:
+background where no object class's softmax probability reaches `t`). `candidates="present"`
+restricts each image's pixels to its own ground-truth object classes (the paper's "given a text
+label" protocol); `"all"` (default) is plain zero-shot segmentation.
 
-* SPARC: `dense_image_embeddings`, i.e. `g_v(h_v(F_v[p]))` (the global head
-  applied to each patch, as D.7 describes), scored against the prompt-ensembled
-  global text embeddings (`EmbeddingMean`).
-* FILIP: its projected patch tokens (a CLS token is left out), each scored by
-  the per-patch term of its own zero-shot score: the best cosine over a
-  prompt's real tokens, averaged over the templates (`TokenSimilarityMean`;
-  the mean over patches of this map is FILIP's zero-shot score / scale).
-
-CLIP, SigLIP, SPARO, Llip and STAIR give one global embedding per image in
-their contract and are refused with a `TypeError`.
-
-Background conventions (`background=`); the numbers are not comparable across them:
-
-* `"ignore"` (default, "VOC20"): background pixels are ignored and the 20
-  object classes are scored (mmseg's `reduce_zero_label`). SPARC's paper reports
-  "the mIoU only for the foreground classes", so this is its convention.
-* `"prompts"` ("VOC21"): background is class 0, scored by its own prompts
-  (`background_names`, each a class; a pixel is background when one of them
-  wins).
-* a float `t` in (0, 1) ("VOC21"): a pixel is background when its largest
-  softmax probability over the object classes (logits `exp(logit_scale) *
-  cos`) is below `t`.
-
-`candidates="present"` is the "given a text label" protocol SPARC's paper
-describes (after PACL): each image's pixels choose only among the object classes
-of its own ground truth; `"all"` (default) is plain zero-shot segmentation.
-
-Metrics (`segmentation_metrics`, mmseg's `IoUMetric`): intersections and
-unions summed over the whole dataset, `IoU_c = I_c / U_c`, `mIoU` their mean
-over the classes with a non-zero union; also `pixel_accuracy`,
-`mean_accuracy` and `mIoU_per_image` (per image, the mean IoU over the classes
-of its label; then the mean over images: the reading "mean IoU over classes
-present in the ground-truth image" of the paper). Fractions in [0, 1], not %.
+Metrics (`segmentation_metrics`, mmseg's `IoUMetric`): areas summed over the whole dataset,
+`IoU_c = I_c / U_c`, `mIoU` their mean over the classes with a non-zero union; also
+`pixel_accuracy`, `mean_accuracy` and `mIoU_per_image` (each image's mean IoU over the classes of
+its label, averaged over images). Fractions in [0, 1], not %. Protocol notes and how they map to
+the paper's table: docs/evaluation.md, *Zero-shot semantic segmentation*.
 
 Example:
->>> benchmark = voc2012("VOCdevkit/VOC2012")
->>> evaluate_segmentation(vlzoo.from_preset("sparc_..."), benchmark, SIMPLE_TEMPLATES)["metrics"]
+>>> benchmark = voc2012("VOCdevkit/VOC2012")  # doctest: +SKIP
+>>> evaluate_segmentation(vlzoo.from_preset("sparc_..."), benchmark, SIMPLE_TEMPLATES)["metrics"]  # doctest: +SKIP
 {'mIoU': ..., 'pixel_accuracy': ..., 'mean_accuracy': ..., 'mIoU_per_image': ...}
 """
 
@@ -123,6 +102,11 @@ class SegmentationMetrics:
     Args:
         num_classes: `C`; labels and predictions lie in `[0, C)`.
         ignore_index: label value of the pixels left out (VOC's 255).
+
+    Raises:
+        ValueError: `num_classes` not a positive int; in `update`, maps of different shapes,
+            not ints, or values outside `[0, C)` and `ignore_index`; in `result`, `class_names`
+            not naming `C` classes, or no labelled pixel.
 
     Example:
     >>> metrics = SegmentationMetrics(2)
@@ -204,6 +188,9 @@ def segmentation_metrics(predictions, labels, num_classes, ignore_index=IGNORE_I
     Returns:
         See `SegmentationMetrics.result`.
 
+    Raises:
+        ValueError: as `SegmentationMetrics`, or different numbers of predictions and labels.
+
     Example:
     >>> segmentation_metrics([[0, 0, 1, 1]], [[0, 255, 1, 0]], 2)["mIoU"]   # I = (1, 1), U = (2, 2)
     0.5
@@ -221,11 +208,15 @@ def segmentation_metrics(predictions, labels, num_classes, ignore_index=IGNORE_I
 
 
 def patch_families():
-    """The registered families whose models give per-patch embeddings (`has_dense_embeddings`), sorted."""
+    """The registered families whose models give per-patch embeddings (`has_dense_embeddings`), sorted.
+
+    >>> patch_families()  # doctest: +SKIP
+    ('filip', 'sparc')
+    """
     return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
 
 
-# A constant until the family registry; deprecated 2026-11-28.
+# `PATCH_FAMILIES`: deprecated (2026-11-28) alias of `patch_families()`, with a warning.
 __getattr__ = deprecated_constants(__name__, {"PATCH_FAMILIES": ("patch_families()", patch_families)})
 
 
@@ -332,6 +323,16 @@ def evaluate_segmentation(model, benchmark, templates=DEFAULT_TEMPLATES, backgro
         `{"dataset": "voc2012/voc20" (or "/voc21", "+ /present"), "task": "zeroshot_segmentation",
         "metrics": {"mIoU", "pixel_accuracy", "mean_accuracy", "mIoU_per_image"},
         "groups": {class name: {"IoU", "accuracy"}}}`.
+
+    Raises:
+        TypeError: `model` has no per-patch embeddings.
+        ValueError: a bad `background` or `candidates`, an unreadable or mismatched label PNG, or
+            no labelled pixel at all.
+
+    Example:
+    >>> evaluate_segmentation(sparc, voc2012("VOCdevkit/VOC2012"), SIMPLE_TEMPLATES,
+    ...                       background=0.5)["dataset"]  # doctest: +SKIP
+    'voc2012/voc21'
     """
     check_family(model)
     background = _check_background(background)

@@ -106,6 +106,15 @@ def selection_metrics(kind, i2t, t2i, ties="expected", symmetric=None):
 
     Returns:
         `{metric: fraction of items}` (`acc`; `text`, `image`, `group`; `pair`).
+
+    Raises:
+        ValueError: `i2t` and `t2i` not both `(N, n_images, n_captions)`, an unknown `kind`, a
+            shape that does not fit `kind`, or a bad `ties`.
+
+    Example:
+    >>> i2t = np.array([[[0.9, 0.1]], [[0.2, 0.3]]])  # two items, one image, two captions
+    >>> selection_metrics("caption", i2t, i2t)
+    {'acc': 0.5}
     """
     check_ties(ties, SELECTION_TIES)
     i2t, t2i = finite_numpy(i2t, "i2t"), finite_numpy(t2i, "t2i")
@@ -152,6 +161,15 @@ def selection_scores(model, images, captions, batch_size=16, verbose=False, **sc
 
     Returns:
         `(i2t, t2i)`, float32 numpy `(N, n_images, n_captions)` each.
+
+    Raises:
+        ValueError: items with different numbers of captions, or `images` not holding the same
+            number of images for every item.
+
+    Example:
+    >>> i2t, t2i = selection_scores(model, pixels, [("a red circle", "a blue circle")])  # doctest: +SKIP
+    >>> i2t.shape  # (items, images per item, captions per item)  # doctest: +SKIP
+    (1, 1, 2)
     """
     captions = [list(item) for item in captions]
     counts = {len(item) for item in captions}

@@ -1,15 +1,11 @@
-"""The shapes benchmark: what the bundled `*_shapes` presets report, on `vlzoo.data.shapes` scenes.
+"""The shapes benchmark the bundled `*_shapes` presets report, on `vlzoo.data.shapes` scenes.
 
-- `binding_accuracy(model, pixels, true_texts, swapped_texts)`: how often the
-  true caption outscores the one with swapped colours, shapes or relation roles.
-- `zero_shot_metrics(model, pixels, labels, class_names)`: zero-shot accuracy and
-  text-to-image R@1 over a set of classes, one prompt each.
-- `evaluate(model)`: the fixed held-out benchmark (retrieval R@1/R@5, binding
-  accuracy per swap, zero-shot accuracy) on compositions never seen in training.
+`binding_accuracy` (true against attribute-swapped captions), `zero_shot_metrics` (zero-shot
+accuracy and text-to-image R@1 over classes) and `evaluate` (the fixed held-out benchmark).
 
 Example:
->>> model = vlzoo.from_preset("sparc_shapes")
->>> shapes_benchmark.evaluate(model)["binding_mean"]
+>>> model = vlzoo.from_preset("sparc_shapes")  # doctest: +SKIP
+>>> shapes_benchmark.evaluate(model)["binding_mean"]  # a float in [0, 1]  # doctest: +SKIP
 """
 
 import keras
@@ -31,8 +27,7 @@ def binding_accuracy(model, pixels, true_texts, swapped_texts, batch_size=64):
     Image `i` is scored against `true_texts[i]` and `swapped_texts[i]` with
     `model.similarity` (the family's own score; any vlzoo model), `batch_size` images
     (and their `2 * batch_size` captions) at a time. Ties count as failures, so a model
-    that cannot tell the captions apart (e.g. one blind to word order) scores 0, not 0.5;
-    chance for a model that can is 0.5.
+    that cannot tell the captions apart scores 0; chance for one that can is 0.5.
 
     Args:
         model: a vlzoo model, or any object with `tokenizer(list_of_str)` and
@@ -45,13 +40,13 @@ def binding_accuracy(model, pixels, true_texts, swapped_texts, batch_size=64):
     Returns:
         float in [0, 1].
 
-    Example:
+    Raises:
+        ValueError: no images, texts of another length than `pixels`, or a bad `batch_size`.
 
-    ```python
-    pairs = binding_pairs("test", 200, swap="color")
-    binding_accuracy(model, model.preprocessor(pairs["images"]),
-                     pairs["captions"], pairs["swapped_captions"])
-    ```
+    Example:
+    >>> pairs = binding_pairs("test", 200, swap="color")
+    >>> binding_accuracy(model, model.preprocessor(pairs["images"]),
+    ...                  pairs["captions"], pairs["swapped_captions"])  # in [0, 1]  # doctest: +SKIP
     """
     pixels = keras.ops.convert_to_numpy(pixels)
     true_texts, swapped_texts = list(true_texts), list(swapped_texts)
@@ -91,13 +86,14 @@ def zero_shot_metrics(model, pixels, labels, class_names, template="a {}"):
     Returns:
         dict `{"zero_shot_accuracy": float, "t2i_recall@1": float}`.
 
-    Example:
+    Raises:
+        ValueError: `labels` not of shape `(N,)`.
 
-    ```python
-    data = classification(8, seed=1)
-    zero_shot_metrics(model, model.preprocessor(data["images"]), data["labels"],
-                      data["class_names"])
-    ```
+    Example:
+    >>> data = classification(8, seed=1)
+    >>> zero_shot_metrics(model, model.preprocessor(data["images"]), data["labels"],
+    ...                   data["class_names"])  # doctest: +SKIP
+    {'zero_shot_accuracy': ..., 't2i_recall@1': ...}
     """
     labels = np.asarray(labels)
     if labels.shape != (len(pixels),):
@@ -138,11 +134,7 @@ def evaluate(model, image_size=None, num_pairs=300, num_per_class=10, seed=0, ba
         `binding_shape`, `binding_relation`, `binding_mean`, `zero_shot_accuracy`.
 
     Example:
-
-    ```python
-    model = vlzoo.from_preset("sparc_shapes")
-    shapes_benchmark.evaluate(model)["binding_mean"]
-    ```
+    >>> evaluate(vlzoo.from_preset("sparc_shapes"))["binding_mean"]  # in [0, 1]  # doctest: +SKIP
     """
     size = image_size or model.vision.image_size
     scenes = retrieval_scenes("test", image_size=size, seed=seed)

@@ -1,25 +1,17 @@
 """Compositionality suite on synthetic shapes: SugarCrepe- and ARO-style hard negatives, offline.
 
-Each negative type of `vlzoo.data.shapes_negatives.NEGATIVE_TYPES` is a set of
-held-out scenes (the `test` split's compositions), each with its true caption and a
-caption false of it by construction. A model passes an example when its own `score`
-ranks the true caption above the negative: the `"caption"` kind of
-`vlzoo.evaluation.selection`, scored by the same code as SugarCrepe
-(`selection_scores`, `selection_metrics`), so ties follow the same rule (`ties`;
-chance is 0.5 for every type).
-
-- `evaluate_negatives(model, data, name)`: one type's record from a
-  `shapes_negatives.negatives(...)` dict.
-- `evaluate(model)`: every type, one record each, in clip_benchmark's result
-  layout (`{"dataset": "shapes/<type>", "task": "image_caption_selection",
-  "metrics": {"acc": ...}}`; `vlzoo.evaluation.results.benchmark_record`).
-- `table(records)`: the records of several models as one Markdown table, one row
-  per model, one column per type and their mean.
+Each type of `vlzoo.data.shapes_negatives.NEGATIVE_TYPES` is a set of held-out scenes, each with
+its true caption and a caption false of it by construction. An example passes when the model's
+own `score` ranks the true caption above the negative (the `"caption"` kind of
+`vlzoo.evaluation.selection`, ties by its rule; chance 0.5 for every type).
+`evaluate_negatives` scores one type, `evaluate` every type (records in clip_benchmark's layout),
+`table` lays several models' records out in Markdown.
 
 Example:
->>> model = vlzoo.from_preset("sparo_shapes")
->>> records = shapes_compositional.evaluate(model)
->>> print(table([benchmark_record(r, "sparo_shapes") for r in records]))
+>>> records = evaluate(vlzoo.from_preset("sparo_shapes"))  # doctest: +SKIP
+>>> print(table([benchmark_record(r, "sparo_shapes") for r in records]))  # doctest: +SKIP
+| model | replace_obj | ... | mean |
+...
 """
 
 import numpy as np
@@ -51,12 +43,12 @@ def evaluate_negatives(model, data, name, batch_size=64, ties="expected", verbos
     Returns:
         `{"dataset": name, "task": "image_caption_selection", "metrics": {"acc": float}}`.
 
-    Example:
+    Raises:
+        ValueError: no images, or `data`'s captions and negatives not one per image; a bad `ties`.
 
-    ```python
-    data = shapes_negatives.negatives("swap_att", 100)
-    evaluate_negatives(model, data, "shapes/swap_att")["metrics"]["acc"]
-    ```
+    Example:
+    >>> data = negatives("swap_att", 100)
+    >>> evaluate_negatives(model, data, "shapes/swap_att")["metrics"]["acc"]  # doctest: +SKIP
     """
     n = len(data["images"])
     if n == 0 or len(data["captions"]) != n or len(data["negative_captions"]) != n:
@@ -93,12 +85,13 @@ def evaluate(model, num_examples=200, seed=0, batch_size=64, ties="expected", ki
         list of `{"dataset": "shapes/<type>", "task": "image_caption_selection",
         "metrics": {"acc": float}}`, one per type.
 
-    Example:
+    Raises:
+        ValueError: `num_examples` or `batch_size` not a positive int, an unknown entry of `kinds`,
+            or `evaluate_negatives`' checks.
 
-    ```python
-    model = vlzoo.from_preset("clip_shapes")
-    {r["dataset"]: r["metrics"]["acc"] for r in evaluate(model, num_examples=100)}
-    ```
+    Example:
+    >>> model = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
+    >>> {r["dataset"]: r["metrics"]["acc"] for r in evaluate(model, num_examples=100)}  # doctest: +SKIP
     """
     check_positive_int(num_examples, "num_examples")
     check_positive_int(batch_size, "batch_size")
@@ -126,14 +119,16 @@ def table(records, metric="acc", digits=3):
     Returns:
         str, a Markdown table with a trailing newline.
 
-    Example:
+    Raises:
+        ValueError: no records, a record that is not `shapes/<type>` or repeats a type, or models
+            with different types.
 
-    ```python
-    records = [benchmark_record(r, name) for name in ("clip_shapes", "sparo_shapes")
-               for r in evaluate(vlzoo.from_preset(name))]
-    print(table(records))
-    # | model | replace_obj | ... | order | mean |
-    ```
+    Example:
+    >>> print(table([{"model": "clip_shapes", "dataset": "shapes/order", "metrics": {"acc": 0.5}}]))
+    | model | order | mean |
+    |---|---:|---:|
+    | clip_shapes | 0.500 | 0.500 |
+    <BLANKLINE>
     """
     if not records:
         raise ValueError("`records` must hold at least one record; received none.")

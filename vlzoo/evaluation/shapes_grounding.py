@@ -1,30 +1,18 @@
-"""Grounding on synthetic shapes scenes, whose objects' pixels are known exactly: nothing to download.
+"""Grounding on synthetic shapes scenes, whose objects' pixels are known exactly (offline).
 
-Each held-out scene (`vlzoo.data.shapes.generate("test", ...)`: one or two
-objects, captions such as "a yellow cross to the right of a red circle") gives
-its caption's words maps over the patches (`vlzoo.evaluation.grounding.word_maps`,
-from the family's own alignment), scored against the drawn objects
-(`vlzoo.data.shapes.object_masks`) by kind of word:
-
-* `noun` (the shape word) and `color` (its colour word): the object they name;
-* `relation` ("above", "below", "left", "right"): the two objects together,
-  the pair the relation is about.
-
-For each kind: the pointing game (`pointing_<kind>`), the mass inside
-(`mass_<kind>`) and chance, the target's share of the image (`chance_<kind>`),
-averaged over the words of that kind; `grounding.pointing_game` and
-`grounding.mass_inside` define the scores (a map that says nothing scores
-chance on both).
-
-A map can find objects without finding the one its word names. On the scenes
-with two objects, nouns and colours are also scored against their own object
-(`pair_<kind>`) and against the other one (`distractor_<kind>`): a word that
-grounds points at its own object far more often than at the other; a map
-that only tells objects from the background scores the two alike.
+`evaluate` draws held-out scenes (`vlzoo.data.shapes.generate("test", ...)`, one or two objects),
+maps each caption word over the patches (`vlzoo.evaluation.grounding.word_maps`) and scores the
+maps against the drawn objects (`vlzoo.data.shapes.object_masks`) by kind of word (`KINDS`):
+`noun` (the shape word) and `color` against the object they name, `relation` against both
+objects together. On two-object scenes nouns and colours are also scored against their own
+object (`pair_<kind>`) and the other one (`distractor_<kind>`), which tells a map that finds the
+named object from one that only finds objects. How to read the scores: docs/evaluation.md,
+*Grounding*.
 
 Example:
->>> record = evaluate(vlzoo.from_preset("sparc_shapes"))
->>> record["metrics"]["pointing_noun"], record["metrics"]["chance_noun"]
+>>> record = evaluate(vlzoo.from_preset("sparc_shapes"))  # doctest: +SKIP
+>>> record["metrics"]["pointing_noun"], record["metrics"]["chance_noun"]  # doctest: +SKIP
+(..., ...)
 """
 
 import numpy as np
@@ -75,7 +63,18 @@ def evaluate(model, num_scenes=400, seed=0, image_size=None, batch_size=32, verb
     Returns:
         `{"dataset": "shapes/grounding", "task": "word_grounding", "method": ..., "metrics": {...}}` with
         `pointing_<kind>`, `mass_<kind>`, `chance_<kind>` for each kind of `KINDS` and `words_<kind>`, how
-        many words were scored; `pair_<kind>` and `distractor_<kind>` for nouns and colours.
+        many words were scored; `pair_<kind>` and `distractor_<kind>` for nouns and colours. The
+        scores are `grounding.pointing_game` and `grounding.mass_inside` averaged over the words
+        of a kind; `chance_<kind>` is the mean share of the image the targets cover.
+
+    Raises:
+        ValueError: `num_scenes` not a positive int, or an image side not a multiple of the
+            patch size; `grounding.word_maps`' errors (NotImplementedError for a family without
+            word maps).
+
+    Example:
+    >>> sorted(evaluate(vlzoo.from_preset("sparc_shapes"), num_scenes=40)["metrics"])[:3]  # doctest: +SKIP
+    ['chance_color', 'chance_noun', 'chance_relation']
     """
     num_scenes = check_positive_int(num_scenes, "num_scenes")
     size = image_size or model.vision.image_size

@@ -1,19 +1,13 @@
-"""SPARO's slot metrics: how well each slot alone classifies, and the paper's post-hoc slot selection.
+"""SPARO's slot metrics: each slot's own zero-shot accuracy, and the paper's post-hoc slot selection.
 
-SPARO's embedding concatenates `L` slots of width `V`. The paper (Sec. 5.1)
-scores every slot by its own zero-shot accuracy and keeps the best 32; the
-model then scores on those slots only (`model.similarity(..., slots=...)`).
-
-- `per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim)`:
-  float32 `(L,)` from embeddings.
-- `rank_slots(slot_scores, top_k)`: slot indices by decreasing score.
-- `slot_zero_shot_accuracy(model, images, labels, class_texts)` and
-  `select_slots(model, images, labels, class_texts, top_k)`: the same from a
-  SPARO model, images and tokenised prompts.
+The paper (Sec. 5.1) scores each of the `L` slots by its own zero-shot accuracy and keeps the best
+32; the model then scores on those slots only (`model.similarity(..., slots=...)`).
 
 Example:
->>> best = select_slots(model, images, labels, model.tokenizer(prompts_per_class), top_k=32)
->>> zero_shot_accuracy(model, test_images, test_labels, names, slots=best)
+>>> best = select_slots(model, images, labels, model.tokenizer(prompts_per_class),
+...                     top_k=32)  # doctest: +SKIP
+>>> zero_shot_accuracy(model, test_images, test_labels, names, slots=best)  # doctest: +SKIP
+{'top1': ..., 'top5': ...}
 """
 
 import numpy as np
@@ -44,6 +38,10 @@ def per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim):
 
     Returns:
         float32 `(L,)`.
+
+    Raises:
+        ValueError: `class_embeds` not `(C, K, L * V)` or `(C, L * V)` matching `image_embeds` with
+            `L * V` a multiple of `slot_dim`, `image_embeds` not 2-D, or `labels` not `(N,)`.
 
     Example:
     >>> acc = per_slot_zero_shot_accuracy(image_embeds, class_embeds, labels, slot_dim=64)  # doctest: +SKIP
@@ -83,6 +81,13 @@ def rank_slots(slot_scores, top_k=None):
     Returns:
         numpy int32 `(top_k or L,)`, best first; pass it as `slots=` to
         `SPARO.similarity` / `score`.
+
+    Raises:
+        ValueError: `slot_scores` not 1-D, or `top_k` outside `[1, L]`.
+
+    Example:
+    >>> rank_slots(np.array([0.2, 0.9, 0.5]), top_k=2)
+    array([1, 2], dtype=int32)
     """
     scores = np.asarray(ops.convert_to_numpy(slot_scores), dtype="float64")
     if scores.ndim != 1:
@@ -102,7 +107,16 @@ def slot_zero_shot_accuracy(model, images, labels, class_texts):
         class_texts: tokenizer dict whose `token_ids` / `padding_mask`
             have shape `(C, K, T)` (K prompt templates per class) or `(C, T)`.
 
-    See `per_slot_zero_shot_accuracy` for the classifier.
+    Returns:
+        float32 `(L,)`; see `per_slot_zero_shot_accuracy` for the classifier.
+
+    Raises:
+        TypeError: `model` is not a SPARO model.
+        ValueError: `per_slot_zero_shot_accuracy`'s checks.
+
+    Example:
+    >>> slot_zero_shot_accuracy(sparo, images, labels, sparo.tokenizer(prompts)).shape  # doctest: +SKIP
+    (L,)
     """
     if model.family != "sparo":
         raise TypeError(f"`model` must be a SPARO model (slots); received {type(model).__name__}.")
@@ -119,5 +133,15 @@ def select_slots(model, images, labels, class_texts, top_k=None):
 
     The paper keeps the top 32 (ImageNet validation set) and evaluates with
     `model.similarity(..., slots=select_slots(...))`.
+
+    Returns:
+        numpy int32 `(top_k or L,)`, best first.
+
+    Raises:
+        as `slot_zero_shot_accuracy` and `rank_slots`.
+
+    Example:
+    >>> select_slots(sparo, images, labels, sparo.tokenizer(prompts), top_k=4)  # doctest: +SKIP
+    array([...], dtype=int32)
     """
     return rank_slots(slot_zero_shot_accuracy(model, images, labels, class_texts), top_k)

@@ -165,7 +165,16 @@ TEMPLATE_SETS = ("imagenet", "simple", "default")
 
 
 def read_templates(spec):
-    """Prompt templates of a set name (`TEMPLATE_SETS`) or of a file (one template with `{}` a line)."""
+    """Prompt templates of a set name (`TEMPLATE_SETS`) or of a file (one template with `{}` a line).
+
+    Raises:
+        ValueError: `spec` is neither a set name nor a file, or a line of the file is not a
+            template with exactly one `{}`.
+
+    Example:
+    >>> read_templates("simple") == list(SIMPLE_TEMPLATES)  # doctest: +SKIP
+    True
+    """
     sets = {"imagenet": IMAGENET_TEMPLATES, "simple": SIMPLE_TEMPLATES, "default": DEFAULT_TEMPLATES}
     if spec in sets:
         return tuple(sets[spec])

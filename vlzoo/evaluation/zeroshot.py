@@ -11,10 +11,11 @@ plus SigLIP's and Llip's bias), so `softmax` over classes gives CLIP-style
 probabilities.
 
 Example:
->>> model = vlzoo.from_preset("clip_tiny")
->>> classifier = zero_shot_classifier(model, ["circle", "square"], SIMPLE_TEMPLATES)
->>> classifier(images).shape                        # (B, 2) scores
->>> zero_shot_accuracy(model, images, labels, ["circle", "square"], top_k=(1,))
+>>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+>>> classifier = zero_shot_classifier(model, ["circle", "square"], SIMPLE_TEMPLATES)  # doctest: +SKIP
+>>> tuple(classifier(images).shape)  # (B, C) scores  # doctest: +SKIP
+(8, 2)
+>>> zero_shot_accuracy(model, images, labels, ["circle", "square"], top_k=(1,))  # doctest: +SKIP
 {'top1': 0.75}
 """
 
@@ -92,6 +93,14 @@ class ZeroShotClassifier:
 
         Returns:
             `{"top1": float, "top5": float, ...}`, one entry per `k`.
+
+        Raises:
+            ValueError: `labels` not ints of shape `(N,)` in `[0, C)`, no images, a bad `top_k`
+                or `ties`, or non-finite scores.
+
+        Example:
+        >>> classifier.accuracy(images, labels, top_k=(1,))  # doctest: +SKIP
+        {'top1': 0.75}
         """
         ks, ties = check_ks(top_k, "top_k"), check_ties(ties)
         n = num_rows(images)
@@ -135,9 +144,14 @@ def zero_shot_classifier(model, class_names, templates=DEFAULT_TEMPLATES, batch_
     Returns:
         A `ZeroShotClassifier`; `classifier(images)` gives `(B, C)` scores.
 
+    Raises:
+        ValueError, TypeError: `build_prompts`' checks (empty or non-string class names, bad
+            templates); ValueError: `batch_size` not a positive int.
+
     Example:
-    >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES, slots=select_slots(sparo, ...))
-    >>> classifier.accuracy(images, labels)
+    >>> classifier = zero_shot_classifier(sparo, names, IMAGENET_TEMPLATES,
+    ...                                   slots=select_slots(sparo, ...))  # doctest: +SKIP
+    >>> classifier.accuracy(images, labels)  # doctest: +SKIP
     {'top1': ..., 'top5': ...}
     """
     prompts = build_prompts(class_names, templates)
@@ -159,26 +173,22 @@ def zero_shot_accuracy(model, images, labels, class_names, templates=DEFAULT_TEM
                        batch_size=64, ties="pessimistic", verbose=False, **score_kwargs):
     """Top-k zero-shot accuracy of `model` on labelled images.
 
-    `zero_shot_classifier(model, class_names, templates, ...)` followed by
-    `ZeroShotClassifier.accuracy`; see both for the arguments.
-
-    Args:
-        model: a `ContrastiveModel`.
-        images: float `(N, H, W, 3)` preprocessed pixels.
-        labels: int `(N,)` in `[0, C)`.
-        class_names: `C` class names.
-        templates: `K` prompt templates.
-        top_k: an int or a sequence of ints, `(1, 5)` by default.
-        batch_size: images (and prompts) per forward pass.
-        ties: "pessimistic" (default) or "optimistic", see `accuracy`.
-        verbose: show progress bars.
-        **score_kwargs: passed to every score (`slots=` for SPARO...).
+    `zero_shot_classifier(model, class_names, templates, batch_size, verbose, **score_kwargs)`
+    followed by its `accuracy(images, labels, top_k, batch_size, ties, verbose)`; the arguments
+    are theirs (`images` float `(N, H, W, 3)` preprocessed pixels, `labels` int `(N,)` in
+    `[0, C)`, `top_k` an int or ints, `(1, 5)` by default; `batch_size` counts images here and
+    prompts when building the classifier).
 
     Returns:
         `{"top1": float, "top5": float}` (one entry per `k`).
 
+    Raises:
+        ValueError: as `zero_shot_classifier` and `ZeroShotClassifier.accuracy`; a bad `top_k` or
+            `ties` before any prompt is encoded.
+
     Example:
-    >>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES, top_k=1)
+    >>> zero_shot_accuracy(model, images, labels, ["cat", "dog"], SIMPLE_TEMPLATES,
+    ...                    top_k=1)  # doctest: +SKIP
     {'top1': 0.5}
     """
     top_k, ties = check_ks(top_k, "top_k"), check_ties(ties)  # fail before encoding the prompts
@@ -202,6 +212,13 @@ def classification_metrics(scores, labels, ks=(1, 5)):
         scores: float `(N, C)`.
         labels: int `(N,)` in `[0, C)`.
         ks: an int or a sequence of ints.
+
+    Returns:
+        `{"acc1": float, ..., "mean_per_class_recall": float}`, one `acc` entry per `K`.
+
+    Raises:
+        ValueError: mismatched or empty `scores` and `labels`, labels outside `[0, C)`,
+            non-finite scores, or bad `ks`.
 
     Example:
     >>> classification_metrics(np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), [0, 1, 1], ks=(1,))

@@ -1,20 +1,19 @@
-"""Faster kernels than Keras' ops reach for the towers' dense layers and attention: what differs per backend.
+"""Faster kernels for the towers' dense layers and attention, where a backend has them.
 
-The layers stay in `keras.ops`; where a backend has a faster route to the same result on some
-device and dtype, they ask here first and fall back to Keras when the answer is None. Only JAX
-has such routes now (`_jax`):
+The layers stay in `keras.ops`; `dense` and `attention` return the same result by a faster route
+where this backend, device and dtype have one, and None where Keras' own op is the one to run. Only
+JAX has such routes (`_jax`):
 
-- on the CPU in bfloat16, products accumulated and returned in float32, then rounded once to
-  bfloat16 as Keras' are (XLA:CPU's fast bfloat16 kernels: about twice Keras' speed for the
-  dense layers, seven times for the attention);
-- on an Ampere or newer GPU in half precision without a mask, cuDNN's fused attention on inputs
-  padded to a multiple of 64 tokens, which it trains on (ViT-B/16's 197 tokens it refuses); where
-  JAX finds no cuDNN or cuDNN refuses the inputs, Keras' attention.
+- on the CPU in bfloat16: products accumulated and returned in float32, then rounded once to
+  bfloat16 as Keras' are;
+- on an Ampere or newer GPU in half precision without a mask: cuDNN's fused attention on inputs
+  padded to a multiple of 64 tokens; Keras' attention where JAX finds no cuDNN or cuDNN refuses.
+
+The speed-ups and when each route can go: docs/workarounds.md.
 
 Example:
-
->>> out = attention(q, k, v, scale=0.125)
->>> out = keras.ops.dot_product_attention(q, k, v, scale=0.125) if out is None else out
+>>> out = attention(q, k, v, scale=0.125)  # doctest: +SKIP
+>>> out = keras.ops.dot_product_attention(q, k, v, scale=0.125) if out is None else out  # doctest: +SKIP
 """
 
 import keras

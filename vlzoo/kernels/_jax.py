@@ -1,22 +1,13 @@
-"""JAX: kernels faster than those Keras' ops reach, for the towers' attention and dense layers.
+"""JAX: faster kernels for the towers' attention and dense layers (`vlzoo.kernels`).
 
-**Attention on a GPU: cuDNN's fused (flash) attention at any sequence length, by padding to a
-multiple of 64.** Keras checks cuDNN's flash attention for inference only, and in training cuDNN
-refuses sequence lengths such as ViT-B/16's 197 tokens, leaving XLA's unfused attention, which
-materialises the `(B, heads, N, N)` logits, their softmax and its gradient in memory. Padded to the
-next multiple of 64 (the lengths cuDNN's kernels tile by), with the padding outside the sequence
-lengths of cuDNN's padding mask (`query_seq_lengths`, `key_value_seq_lengths` of
-`jax.nn.dot_product_attention`), the padded keys get no weight and the padded queries' rows are
-dropped: the attention of the unpadded inputs, through the fused kernel forward and backward, with
-no bias (whose training kernels want even lengths).
+- `padded_attention` / `cudnn_padded_attention`: attention on copies padded to a multiple of 64
+  tokens, with cuDNN's padding mask hiding the padding, so that cuDNN's fused attention runs
+  forward and backward at any sequence length; `padding_helps` says when.
+- `dense`, `float32_attention`: bfloat16 products accumulated and returned in float32, then rounded
+  to bfloat16 as Keras' results are (the same numbers); `accumulates_in_float32` and
+  `float32_attention_helps` say when (bfloat16 on the CPU).
 
-**bfloat16 products on the CPU, accumulated in float32.** Keras' `ops.matmul` asks XLA for a
-bfloat16 product of bfloat16 operands, which XLA:CPU computes more slowly than float32; asked for
-float32 results (`preferred_element_type`), it runs the CPU's bfloat16 instructions. `dense` is a
-`keras.layers.Dense`'s call with that product, rounded to bfloat16 once it is summed, as Keras'
-result is: the same numbers, faster. `float32_attention` is attention with its two products asked
-for that way (`jax.nn.dot_product_attention`'s XLA implementation takes the slow route). The
-figures and when each can go: docs/workarounds.md.
+Why these routes are faster, the figures, and when each can go: docs/workarounds.md.
 """
 
 import jax
@@ -36,6 +27,9 @@ def padding_helps(query, key, mask):
         query: `(B, T, heads, head_dim)`.
         key: `(B, S, heads, head_dim)`.
         mask: the attention mask, or None.
+
+    Returns:
+        bool.
     """
     device = jax.devices()[0]
     if device.platform != "gpu" or mask is not None:
@@ -61,7 +55,6 @@ def padded_attention(query, key, value, scale, is_causal=False, implementation="
         `(B, T, heads, head_dim)`, as `jax.nn.dot_product_attention(query, key, value)`.
 
     Example:
-
     >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
     >>> padded_attention(q, q, q, 0.125, implementation="xla").shape
     (2, 197, 12, 64)
@@ -84,14 +77,8 @@ def cudnn_padded_attention(query, key, value, scale, is_causal=False):
     traced (no cuDNN found, a GPU or head width its kernels do not cover: JAX raises `RuntimeError` or
     `NotImplementedError` before anything runs), so that the caller runs Keras' attention instead.
 
-    Args:
-        query: `(B, T, heads, head_dim)`.
-        key, value: `(B, S, heads, head_dim)`.
-        scale: the logits' scale.
-        is_causal: whether token `i` attends to tokens `<= i` only (T == S).
-
-    Returns:
-        `(B, T, heads, head_dim)`, or None.
+    Takes `padded_attention`'s arguments but `implementation`; returns `(B, T, heads, head_dim)` or
+    None.
     """
     try:
         return padded_attention(query, key, value, scale, is_causal=is_causal, implementation="cudnn")
@@ -123,7 +110,6 @@ def float32_attention(query, key, value, scale, mask=None, is_causal=False):
         `(B, T, heads, head_dim)` in `query`'s dtype.
 
     Example:
-
     >>> q = jnp.ones((2, 197, 12, 64), jnp.bfloat16)
     >>> float32_attention(q, q, q, 0.125).shape
     (2, 197, 12, 64)
@@ -158,7 +144,6 @@ def dense(layer, x):
         `(..., units)` bfloat16: `activation(x @ kernel + bias)`.
 
     Example:
-
     >>> layer = keras.layers.Dense(4, dtype="bfloat16")
     >>> layer.build((None, 8))
     >>> dense(layer, jnp.ones((2, 8), jnp.bfloat16)).dtype

@@ -7,12 +7,9 @@ from keras import ops
 def float32_einsum(subscripts, *operands):
     """`ops.einsum(subscripts, *operands)` computed in float32; returns float32.
 
-    The towers' matrix products take bfloat16 operands and accumulate in float32 (products of
-    bfloat16 numbers are exact in float32). `keras.layers.Dense`'s products and PyTorch's and
-    XLA's einsums do; TensorFlow's bfloat16 einsum on a CPU without oneDNN's bfloat16 kernels
-    does not: a batched contraction over 4096 terms is off by 5% against 0.7% for its matmul,
-    so the result would depend on the CPU's vector units. Casting the operands first gives every
-    backend the float32 accumulation; the caller casts the result back where it wants bfloat16.
+    Operands not already float32 are cast first, so every backend accumulates in float32 (as the
+    towers' `Dense` products do; TensorFlow's bfloat16 einsum on some CPUs would not: figures in
+    docs/precision.md). The caller casts the result back where it wants bfloat16.
 
     Args:
         subscripts: an einsum equation, e.g. `"ikw,kwd->ikd"`.
@@ -23,7 +20,7 @@ def float32_einsum(subscripts, *operands):
 
     Example:
     >>> x = keras.ops.ones((2, 3, 8), dtype="bfloat16")
-    >>> float32_einsum("ikw,kwd->ikd", x, keras.ops.ones((3, 8, 4))).dtype
+    >>> keras.backend.standardize_dtype(float32_einsum("ikw,kwd->ikd", x, keras.ops.ones((3, 8, 4))).dtype)
     'float32'
     """
     # Operands already float32 pass as they are: casting a variable would read it, and an abstract

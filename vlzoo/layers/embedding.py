@@ -140,6 +140,9 @@ class PositionEmbedding(keras.layers.Layer):
 
     Returns:
         `x` plus the position embedding, `(B, N, D)`.
+
+    Raises:
+        ValueError: neither or both of `sequence_length` and `grid_size`.
     """
 
     def __init__(self, hidden_dim, sequence_length=None, grid_size=None, num_prefix_tokens=0, init_std=0.01, **kwargs):
@@ -225,14 +228,11 @@ class PositionEmbedding(keras.layers.Layer):
 class TokenEmbedding(keras.layers.Embedding):
     """`keras.layers.Embedding` whose table gets the same gradient, and the same Adam step, on every backend.
 
-    On TensorFlow the gradient of a table lookup is an `IndexedSlices` with one
-    row per looked-up token, a token that occurs `k` times in the batch giving
-    `k` rows. Keras 3.15's Adam and AdamW square those rows one by one before
-    they are summed, so the second moment of such a token's row is
-    `sum_i g_i^2` instead of `(sum_i g_i)^2`, and its step is up to `sqrt(k)`
-    times too large. In text batches every caption's end token repeats. In training this layer reads the table through `ops.where`,
-    whose TensorFlow gradient sums the rows into one dense gradient first: the
-    gradient JAX and PyTorch compute. Elsewhere it is `keras.layers.Embedding`.
+    On TensorFlow in training (not quantized) it reads the table through `ops.where`, whose
+    gradient is one dense gradient with a repeated token's rows summed: the gradient JAX and
+    PyTorch compute, so Keras' Adam and AdamW take the same step on every backend. Elsewhere it is
+    `keras.layers.Embedding`. Why (Keras' optimizers square TensorFlow's per-occurrence
+    `IndexedSlices` rows before summing them): docs/workarounds.md.
 
     Input: int token ids `(B, T)`; output `(B, T, output_dim)`.
 

@@ -49,6 +49,10 @@ class TextConditionedPooling(keras.layers.Layer):
         `(N, S, D)`: the image's embedding conditioned on each caption,
         unnormalised.
 
+    Raises:
+        ValueError: `embed_dim` not a positive int, `num_heads` not a positive int dividing it, or
+            call inputs not of the shapes above.
+
     Example:
     >>> pool = TextConditionedPooling(16, num_heads=4)
     >>> pool(keras.ops.ones((2, 5, 16)), keras.ops.ones((2, 9, 16))).shape

@@ -65,6 +65,10 @@ class LlipCrossAttention(keras.layers.Layer):
         `(N_I, N_T, D)`: the image embedding of every (image, text) pair,
         unnormalised.
 
+    Raises:
+        ValueError: `num_heads` not dividing `embed_dim`, `temperature <= 0`, `num_tokens < 1`,
+            or call inputs not of the shapes above.
+
     Example:
     >>> head = LlipCrossAttention(4, 32, 24, 16, num_heads=2)
     >>> head(keras.ops.ones((3, 4, 32)), keras.ops.ones((5, 24))).shape

@@ -30,6 +30,9 @@ def end_token_index(token_ids, end_token_id=None):
         int32 `(B,)`: the position of the end token, `T - 1` for a row that
         does not contain it (the whole row is then attended).
 
+    Raises:
+        ValueError: `token_ids` not of rank 2.
+
     Example:
     >>> end_token_index(np.array([[5, 9, 0, 0], [5, 7, 9, 9]]))  # doctest: +SKIP
     [1, 2]
@@ -89,6 +92,10 @@ class SPAROReadout(keras.layers.Layer):
         dict with `"slots"` `(B, L, V)` (raw, unnormalised; concatenate
         slot-major for the `L V` encoding) and `"attention"` float32
         `(B, L, n)` (rows sum to 1; exactly 0 after `end_index`).
+
+    Raises:
+        ValueError: a size not a positive int, `group_size` not dividing `num_slots`, `tokens` not
+            `(B, n, d)`, or `end_index` not `(B,)`.
 
     Example:
     >>> readout = SPAROReadout(num_slots=4, slot_dim=8, key_dim=8)

@@ -42,6 +42,9 @@ class TextTransformer(keras.layers.Layer):
         dict with `"pooled"` `(B, output_dim or hidden_dim)` and `"tokens"`
         `(B, T, hidden_dim)` (after the final LN).
 
+    Raises:
+        ValueError: an unknown `pooling`.
+
     Example:
     >>> tower = TextTransformer(1000, 16, 64, 2, 4, 256, output_dim=32)
     >>> ids = keras.ops.ones((2, 16), "int32")

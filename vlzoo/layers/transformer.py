@@ -13,12 +13,16 @@ ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
 
 def quick_gelu(x):
-    """OpenAI CLIP's sigmoid approximation of GELU: `x * sigmoid(1.702 x)`."""
+    """OpenAI CLIP's sigmoid approximation of GELU: `x * sigmoid(1.702 x)`.
+
+    >>> float(quick_gelu(keras.ops.convert_to_tensor(0.0)))
+    0.0
+    """
     return x * ops.sigmoid(1.702 * x)
 
 
 def get_activation(name):
-    """Returns the MLP activation for `name` (one of `ACTIVATIONS`)."""
+    """Returns the MLP activation for `name` (one of `ACTIVATIONS`); ValueError for another name."""
     if name == "quick_gelu":
         return quick_gelu
     if name == "gelu":
@@ -44,13 +48,10 @@ def _normal(std):
 def _float32_logits_operands(q, k):
     """`q` and `k` cast to float32, so that the attention logits `q k^T` are formed in float32.
 
-    Keras' TensorFlow attention forms the logits in the inputs' dtype and casts them to float32
-    only for the softmax: under bfloat16 every logit is first rounded to 8 significant bits, an
-    error of up to `|logit| * 2**-9` that the softmax turns into a relative error of the attention
-    weights (at logits of 10, 2%: five times the token-level error JAX and PyTorch give, whose
-    kernels keep the logits in float32). Products of bfloat16 numbers are exact in float32, so
-    these operands give the float32 logits the other backends compute from the same bfloat16
-    inputs; the attention then runs in float32 and the output projection casts back.
+    For Keras' TensorFlow attention, which forms the logits in the inputs' dtype: products of
+    bfloat16 numbers are exact in float32, so these operands give the float32 logits JAX and
+    PyTorch form from the same bfloat16 inputs. The attention then runs in float32 and the output
+    projection casts back. Why: docs/precision.md.
     """
     return ops.cast(q, "float32"), ops.cast(k, "float32")
 
@@ -94,6 +95,15 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Returns:
         `(B, N, D)`.
+
+    Raises:
+        ValueError: `num_heads` does not divide `hidden_dim`.
+
+    Example:
+    >>> attention = MultiHeadAttention(64, 4)
+    >>> attention.build((2, 10, 64), (2, 5, 64))
+    >>> attention(keras.ops.ones((2, 10, 64)), context=keras.ops.ones((2, 5, 64))).shape
+    (2, 10, 64)
     """
 
     def __init__(self, hidden_dim, num_heads, use_bias=True, init_std=None, **kwargs):
@@ -164,6 +174,9 @@ class MLP(keras.layers.Layer):
         activation: one of `"quick_gelu"`, `"gelu"` (exact), `"gelu_tanh"`.
 
     Call: `(..., D)` -> `(..., D)`.
+
+    Raises:
+        ValueError: an unknown `activation`.
     """
 
     def __init__(self, hidden_dim, intermediate_dim, activation="gelu", fc_std=None, proj_std=None, **kwargs):
@@ -274,7 +287,11 @@ class TransformerBlock(keras.layers.Layer):
 
 
 def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype):
-    """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ..."""
+    """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ...
+
+    >>> [block.name for block in transformer_stack(64, 2, 4, 256, "gelu", 1e-5, "float32")]
+    ['block_0', 'block_1']
+    """
     return [
         TransformerBlock(
             hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
@@ -296,17 +313,11 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
     With `scan=True` the blocks' weights are stacked and one block's
     computation runs over them with `keras.ops.scan` (as big_vision and
     MaxText scan their layers): the same function, compiled once instead of
-    once per block. `scan=None` scans when training on JAX on the CPU
-    (`scan_by_default`): given the unrolled stack, XLA's CPU compiler fuses
-    the residual stream's gradient sums over all later blocks into every
-    block's backward pass, so a training step costs more than the sum of its
-    blocks; scanned, it costs their sum and compiles faster (docs/benchmarks.md).
-    On a GPU the scan costs more than it saves: stacking the weights and
-    stashing each block's activations are copies of their own, and the
-    stacked stash holds more memory (docs/benchmarks.md). Inference and the
-    other backends run the blocks one after another (an eager scan would be
-    traced again at every call). Blocks that differ in configuration or
-    trainability always run one after another.
+    once per block, with the same values. `scan=None` scans when training on
+    JAX on the CPU (`scan_by_default`); inference, the GPU and the other
+    backends run the blocks one after another, and so do blocks that differ
+    in configuration or trainability. Why, with the figures:
+    docs/workarounds.md and docs/benchmarks.md.
 
     Args:
         blocks: list of `TransformerBlock`s (as `transformer_stack` returns).
@@ -337,9 +348,11 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
 def scan_by_default(training):
     """Whether `apply_blocks(scan=None)` scans: in training on JAX when it computes on the CPU.
 
-    Measured on one H100 (ViT-B/16 CLIP, `mixed_bfloat16`, batch 256), the scanned step took
-    0.212 s and 48.2 GB against 0.133 s and 27.2 GB unrolled; on the CPU scanning is the faster
-    of the two (`apply_blocks`).
+    Args:
+        training: whether the call trains.
+
+    Returns:
+        bool. (Scanning is the faster on the CPU and the slower on a GPU: docs/benchmarks.md.)
     """
     if not training or keras.backend.backend() != "jax":
         return False

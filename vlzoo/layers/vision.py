@@ -69,6 +69,10 @@ class VisionTransformer(keras.layers.Layer):
         dict with `"pooled"` `(B, output_dim or hidden_dim)`, `"tokens"`
         `(B, num_prefix_tokens + P, hidden_dim)` (after the final LN).
 
+    Raises:
+        ValueError: an unknown `pooling`, `pooling="cls"` without a prefix token, or `image_size`
+            not a multiple of `patch_size`.
+
     Example:
     >>> vit = VisionTransformer(32, 8, 64, 2, 4, 256, output_dim=32)
     >>> vit(keras.ops.ones((2, 32, 32, 3)))["pooled"].shape

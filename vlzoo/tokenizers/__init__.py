@@ -1,35 +1,24 @@
 """Text tokenizers for vlzoo models.
 
-Everything here is backend-neutral: inputs may be Python strings, numpy arrays or any
-backend tensor, and outputs are always numpy arrays, so the same tokenization feeds a
-model on JAX, TensorFlow or PyTorch. These classes run eagerly in Python (they are not
-`tf.data` graph ops); use them in a Python input pipeline or before `model.predict`.
+Inputs may be Python strings, numpy arrays or any backend tensor; outputs are numpy arrays, so
+one tokenization feeds a model on any backend. They run eagerly in Python (not as `tf.data`
+graph ops). `keras_hub` (which imports TensorFlow) is imported on a tokenizer's first call.
 
-- `CLIPTokenizer` (`clip_bpe.py`): OpenAI CLIP byte-pair encoding (49,408 tokens),
-  id-for-id identical to open_clip's `SimpleTokenizer` (with `ftfy` installed), backed
-  by `keras_hub.models.CLIPTokenizer` and `keras_hub.layers.StartEndPacker`.
-- `SentencePieceTokenizer` (`sentencepiece.py`): a SentencePiece model (e.g. SigLIP's),
-  backed by `keras_hub.tokenizers.SentencePieceTokenizer`. No SentencePiece model is
+- `CLIPTokenizer` (`clip_bpe.py`): OpenAI CLIP byte-pair encoding (49,408 tokens), id for id
+  open_clip's `SimpleTokenizer` (with `ftfy` installed).
+- `SentencePieceTokenizer` (`sentencepiece.py`): a SentencePiece model (e.g. SigLIP's); none is
   shipped.
-- `WordPieceTokenizer` (`wordpiece.py`): BERT WordPiece (STAIR's bert-base-uncased
-  vocabulary, 30,522 tokens, bundled), backed by `keras_hub.tokenizers.WordPieceTokenizer`.
-- `tokenizer_from_config(config, assets_dir)`: rebuild a tokenizer from a serialised
-  config plus the directory holding its asset files (what preset loading calls).
-- `bundled_tokenizer(spec, sequence_length)`: a tokenizer with one of the vocabularies
-  shipped under `presets/_assets/` (`CLIP_BPE`, `BERT_UNCASED`, `SHAPES_WORDS`).
-
-Image preprocessing (`ImagePreprocessor`) lives in `vlzoo.preprocessing`.
+- `WordPieceTokenizer` (`wordpiece.py`): BERT WordPiece (STAIR's bert-base-uncased vocabulary,
+  30,522 tokens, bundled).
+- `tokenizer_from_config(config, assets_dir)`, `bundled_tokenizer(spec, sequence_length)`: a
+  tokenizer from a serialised config, or from a vocabulary shipped under `presets/_assets/`
+  (`CLIP_BPE`, `BERT_UNCASED`, `SHAPES_WORDS`).
 
 Example:
-
-```python
-tok = CLIPTokenizer.from_assets("presets/_assets/clip_bpe")
-out = tok(["a photo of a cat", "a dog"])
-out["token_ids"].shape      # (2, 77) int32
-out["padding_mask"].shape   # (2, 77) bool
-```
-
-`keras_hub` (which imports TensorFlow) is imported lazily, on a tokenizer's first call.
+>>> tok = CLIPTokenizer.from_assets("presets/_assets/clip_bpe")  # doctest: +SKIP
+>>> out = tok(["a photo of a cat", "a dog"])  # doctest: +SKIP
+>>> out["token_ids"].shape, out["token_ids"].dtype, out["padding_mask"].dtype  # doctest: +SKIP
+((2, 77), dtype('int32'), dtype('bool'))
 """
 
 from __future__ import annotations
@@ -79,6 +68,14 @@ def tokenizer_from_config(config, assets_dir=None):
 
     Returns:
         A `CLIPTokenizer`, `SentencePieceTokenizer` or `WordPieceTokenizer`.
+
+    Raises:
+        TypeError: `config` is not a dict.
+        ValueError: the class name is not a key of `TOKENIZER_CLASSES`.
+
+    Example:
+    >>> tokenizer_from_config({"class_name": "clip_bpe", "sequence_length": 16}).sequence_length  # doctest: +SKIP
+    16
     """
     if not isinstance(config, dict):
         raise TypeError(
@@ -135,6 +132,10 @@ def bundled_tokenizer(spec, sequence_length):
 
     Returns:
         The tokenizer, with its vocabulary loaded when bundled.
+
+    Example:
+    >>> bundled_tokenizer(CLIP_BPE, 77)(["a cat"])["token_ids"].shape  # doctest: +SKIP
+    (1, 77)
     """
     tokenizer = TOKENIZER_CLASSES[spec["class_name"]](sequence_length=sequence_length, **spec.get("options", {}))
     if spec.get("assets"):
@@ -150,6 +151,9 @@ class UnavailableTokenizer:
         config: the serialised tokenizer it stands for, kept so that
             `save_to_preset` writes it back (drop the files into the saved
             preset's `assets/tokenizer/` and it loads).
+
+    Raises:
+        FileNotFoundError: when called, with `message`.
     """
 
     def __init__(self, message, config=None):

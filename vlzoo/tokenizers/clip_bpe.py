@@ -175,15 +175,18 @@ class CLIPTokenizer(_VocabularyTokenizer):
     `"token_ids"` int32 `(B, T)` and `"padding_mask"` bool `(B, T)`, True on the
     start token, the text tokens and the end token.
 
-    Example:
+    Raises:
+        ValueError: a non-int `pad_value`, only one of `vocabulary` and `merges`, or a vocabulary
+            without CLIP's start and end tokens.
 
-    ```python
-    tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
-                        "presets/_assets/clip_bpe/merges.txt")
-    out = tok(["a photo of a cat"])
-    out["token_ids"][0, :7]   # [49406, 320, 1125, 539, 320, 2368, 49407]
-    tok.detokenize(out["token_ids"])   # ["a photo of a cat"]
-    ```
+    Example:
+    >>> tok = CLIPTokenizer("presets/_assets/clip_bpe/vocabulary.json",
+    ...                     "presets/_assets/clip_bpe/merges.txt")  # doctest: +SKIP
+    >>> out = tok(["a photo of a cat"])  # doctest: +SKIP
+    >>> out["token_ids"][0, :7].tolist()  # doctest: +SKIP
+    [49406, 320, 1125, 539, 320, 2368, 49407]
+    >>> tok.detokenize(out["token_ids"])  # doctest: +SKIP
+    ['a photo of a cat']
     """
 
     START_TOKEN = "<|startoftext|>"

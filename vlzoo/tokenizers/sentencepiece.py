@@ -59,6 +59,16 @@ class SentencePieceTokenizer(_PackingTokenizer):
         proto_file: file name used by `save_assets` / `load_assets`.
 
     Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
+
+    Raises:
+        ValueError: an unknown `clean`, or special pieces missing from the vocabulary.
+        TypeError: `proto` neither a path nor bytes.
+        RuntimeError: tokenizing or saving before a model is set.
+
+    Example:
+    >>> tok = SentencePieceTokenizer(proto="spiece.model", sequence_length=64)  # doctest: +SKIP
+    >>> tok(["a photo of a cat"])["token_ids"].shape  # doctest: +SKIP
+    (1, 64)
     """
 
     _CONFIG_KEYS = (

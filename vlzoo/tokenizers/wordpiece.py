@@ -73,13 +73,15 @@ class WordPieceTokenizer(_VocabularyTokenizer):
     Call: `tokenizer(texts, sequence_length=None)` -> `{"token_ids": int32 (B, T),
     "padding_mask": bool (B, T)}`, True on `[CLS]`, the word pieces and `[SEP]`.
 
-    Example:
+    Raises:
+        ValueError: a special token missing from the vocabulary.
 
-    ```python
-    tok = WordPieceTokenizer.from_assets("presets/_assets/bert_uncased")
-    tok(["a photo of a cat"])["token_ids"][0, :7]   # [101, 1037, 6302, 1997, 1037, 4937, 102]
-    tok.detokenize(tok(["a photo of a cat"])["token_ids"])   # ["a photo of a cat"]
-    ```
+    Example:
+    >>> tok = WordPieceTokenizer.from_assets("presets/_assets/bert_uncased")  # doctest: +SKIP
+    >>> tok(["a photo of a cat"])["token_ids"][0, :7].tolist()  # doctest: +SKIP
+    [101, 1037, 6302, 1997, 1037, 4937, 102]
+    >>> tok.detokenize(tok(["a photo of a cat"])["token_ids"])  # doctest: +SKIP
+    ['a photo of a cat']
     """
 
     _CONFIG_KEYS = (

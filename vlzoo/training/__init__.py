@@ -1,23 +1,15 @@
 """Training and fine-tuning recipes.
 
-* `defaults`: the papers' training defaults in one call (`configure`: AdamW,
-  `WarmupCosine`, weight-decay exclusions, accumulation, remat) and
-  `retain_host_memory` for CPU training.
-* `locking`: locked towers (LiT): `lock_tower(model, "image", unlocked_groups=N)`,
-  also `configure(..., lock_image=True)`; `cache_tower` computes a locked
-  tower's outputs once per dataset.
-* `lora`: LoRA adapters through Keras' `enable_lora` (`enable_lora`, `merge_lora`,
-  `save_lora_weights`, `load_lora_weights`).
-* `backup`: `BackupAndRestore`, Keras' resumable training written by one process
-  of a multi-process run and read by all.
-* `interpolation`: WiSE-FT weight-space ensembles of a zero-shot and a
-  fine-tuned model (`interpolate`, `interpolation_sweep`).
+`defaults` (`configure`, `training_optimizer`, `WarmupCosine`, `retain_host_memory`), `locking`
+(LiT: `lock_tower`, `tower_groups`, `cache_tower`), `lora` (`enable_lora`, `merge_lora`,
+`save_lora_weights`, `load_lora_weights`), `backup` (`BackupAndRestore` for multi-process runs)
+and `interpolation` (WiSE-FT: `interpolate`, `interpolation_sweep`). Guide: docs/finetuning.md.
 
 Example:
->>> model = vlzoo.from_preset("clip_tiny")
->>> vlzoo.training.configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100)
->>> model.fit(dataset)
->>> vlzoo.training.interpolate(vlzoo.from_preset("clip_tiny"), model, 0.5)
+>>> model = vlzoo.from_preset("clip_tiny")  # doctest: +SKIP
+>>> vlzoo.training.configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100)  # doctest: +SKIP
+>>> model.fit(dataset)  # doctest: +SKIP
+>>> vlzoo.training.interpolate(vlzoo.from_preset("clip_tiny"), model, 0.5)  # doctest: +SKIP
 """
 
 from vlzoo.training.backup import BackupAndRestore

@@ -1,21 +1,15 @@
 """`BackupAndRestore`: Keras' resumable-training callback for runs over several processes.
 
-Keras' `keras.callbacks.BackupAndRestore` writes the model's weights, the
-optimizer's state and the epoch reached to `backup_dir` at the end of each
-epoch (or every `save_freq` batches), and restores them when `fit` starts
-again. Launched over several processes (torchrun, JAX processes, TensorFlow
-workers), every process would write the same files at once. Here only the
-writing process (`vlzoo.parallel.is_writer()`: rank 0, process 0 or the chief)
-writes and deletes them (where saving is collective, JAX processes and
-TensorFlow workers, the others join the save into a scratch directory), and
-every process reads them when `fit` starts, so a run resumes on the same number
-of processes where it stopped. In a single
-process it is Keras' callback unchanged.
+As `keras.callbacks.BackupAndRestore` (weights, optimizer state and the epoch reached, written
+to `backup_dir` each epoch or every `save_freq` batches and restored when `fit` starts again),
+except that only the writing process (`vlzoo.parallel.is_writer()`: rank 0, process 0 or the
+chief) writes and deletes the files, the others joining a collective save into a scratch
+directory, and every process reads them. A run resumes on the number of processes it stopped
+with. In a single process it is Keras' callback unchanged.
 
 Example:
-
->>> backup = vlzoo.training.BackupAndRestore("runs/b16/backup")
->>> model.fit(train, epochs=10, callbacks=[backup])   # run again after a crash: resumes
+>>> backup = vlzoo.training.BackupAndRestore("runs/b16/backup")  # doctest: +SKIP
+>>> model.fit(train, epochs=10, callbacks=[backup])  # run again after a crash: resumes  # doctest: +SKIP
 """
 
 import keras

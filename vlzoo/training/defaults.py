@@ -7,12 +7,7 @@ the logit scale/bias, a linear warm-up (2,000 to 5,000 steps) followed by a
 per-step cosine decay to 0, and bfloat16 autocast with float32 losses.
 FILIP uses LAMB and is not covered by these defaults.
 
-    model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")
-    vlzoo.training.configure(model, learning_rate=5e-4, total_steps=10_000, warmup_steps=500,
-                             gradient_accumulation_steps=4, remat=True)
-    model.fit(dataset, epochs=...)
-
-What each switch does:
+Where each setting lives:
 
 - schedule: `WarmupCosine` (open_clip's `cosine_lr`, with an optional floor).
 - weight-decay exclusions: `ContrastiveModel.compile`, which `configure` calls.
@@ -25,6 +20,12 @@ What each switch does:
 - remat: the towers' `remat` flag (`keras.remat` around every block).
 - host memory on CPU: `retain_host_memory()` keeps the memory a step frees
   for the next step instead of faulting it in again.
+
+Example:
+>>> model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")  # doctest: +SKIP
+>>> vlzoo.training.configure(model, learning_rate=5e-4, total_steps=10_000, warmup_steps=500,
+...                          remat=True)  # doctest: +SKIP
+>>> model.fit(dataset, epochs=1)  # doctest: +SKIP
 """
 
 import ctypes
@@ -66,6 +67,9 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
             accumulation advances `N` times per update; the schedule divides
             it by `N` (rounding down) so that `s` counts updates.
         name: name of the schedule.
+
+    Raises:
+        ValueError: an argument outside the ranges above, or a step count that is not an integer.
 
     Example:
     >>> schedule = WarmupCosine(1e-3, total_steps=100, warmup_steps=10)
@@ -144,21 +148,22 @@ def training_optimizer(
             mean gradient is clipped, decayed and applied once). The schedule
             and Adam's step count advance once per update, so
             `total_steps`/`warmup_steps` count updates, not batches. `None`
-            or 1: no accumulation.
-            Not the same as an `N` times bigger batch for a contrastive loss:
-            each micro-batch's loss only contrasts its own `B` pairs, so the
-            mean of `N` micro-batch gradients differs from the gradient over
-            the `N * B` batch (whose negatives span all of it). It saves
-            memory at the price of fewer negatives per sample.
+            or 1: no accumulation. Each micro-batch's loss contrasts only
+            its own `B` pairs: not the gradient of an `N * B` batch.
         clipnorm: optional per-variable gradient norm bound (None: no
             clipping, as the papers).
 
     Returns:
         a `vlzoo.optimizers.AdamW` (Keras' AdamW, its update fused on PyTorch).
 
+    Raises:
+        ValueError: `gradient_accumulation_steps` not None or an integer >= 1; `warmup_steps` or
+            `alpha` without `total_steps`; a schedule as `learning_rate` with `total_steps`; or
+            `WarmupCosine`'s own checks.
+
     Example:
     >>> optimizer = training_optimizer(1e-3, total_steps=10_000, warmup_steps=500)
-    >>> model.compile(optimizer=optimizer)
+    >>> model.compile(optimizer=optimizer)  # doctest: +SKIP
     """
     if gradient_accumulation_steps is None:
         gradient_accumulation_steps = 1
@@ -194,10 +199,8 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
 
     Sets the optimizer (`training_optimizer(**optimizer_args)`, with the
     family's weight-decay exclusions through `model.compile`), `jit_compile`,
-    and the towers' `remat` flag. The logit-scale clamp applies after every
-    update. Mixed precision is the model's dtype policy, chosen when it is
-    built (`vlzoo.from_preset(name, dtype="mixed_bfloat16")`).
-    `model.compile(optimizer=...)` keeps working for anything else.
+    the towers' `remat` flag, `micro_batch_size` and tower locks. Mixed
+    precision is the model's dtype policy, chosen when it is built.
 
     Args:
         model: a vlzoo model (`ContrastiveModel`).
@@ -210,9 +213,7 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
             towers run this many pairs at a time, holding one micro-batch's
             activations, while the loss contrasts the whole batch exactly;
             the batch size must be a multiple of it. None: the whole batch.
-            Use it rather than `gradient_accumulation_steps` to train with a
-            contrastive batch larger than memory: accumulation averages the
-            losses of small batches, each with its own negatives only.
+            (docs/finetuning.md compares it with gradient accumulation.)
         lock_image, lock_text: lock that tower (LiT), all of it but its last
             `lock_image_unlocked_groups` / `lock_text_unlocked_groups` groups
             (open_clip's `--lock-image --lock-image-unlocked-groups N`;
@@ -224,10 +225,19 @@ def configure(model, *, remat=None, jit_compile="auto", micro_batch_size=None, l
     Returns:
         the model's optimizer.
 
+    Raises:
+        TypeError: `model` is not a vlzoo model, or `remat` is not a bool or None.
+        ValueError: `micro_batch_size` not a positive int or None; `lock_*_unlocked_groups`
+            without `lock_*=True`; or `training_optimizer`'s checks.
+
+    Warns:
+        UserWarning: `gradient_accumulation_steps > 1` (it averages separate small batches'
+            losses; `micro_batch_size` gives the exact large contrastive batch).
+
     Example:
-    >>> model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")
-    >>> configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100, remat=True)
-    >>> model.fit(dataset)
+    >>> model = vlzoo.from_preset("clip_tiny", dtype="mixed_bfloat16")  # doctest: +SKIP
+    >>> configure(model, learning_rate=5e-4, total_steps=1000, warmup_steps=100, remat=True)  # doctest: +SKIP
+    >>> model.fit(dataset)  # doctest: +SKIP
     """
     check_model(model)
     if remat is not None:
@@ -263,30 +273,22 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 def retain_host_memory():
     """Keeps the host memory a training step frees for the next step (glibc's malloc, Linux).
 
-    A compiled training step on the CPU frees its temporaries (activations,
-    gradients: 6.3 GB for CLIP ViT-B/16 at batch 16 on JAX) when it ends and
-    allocates them again when the next one starts. glibc's malloc hands such
-    blocks back to the kernel (large blocks are mapped and unmapped, and each
-    thread's arena releases its emptied heaps), so every step faults them in
-    again, zero-filled page by page. This sets, through `mallopt(3)`, one
-    malloc arena (`M_ARENA_MAX=1`), no mapped blocks (`M_MMAP_MAX=0`) and no
-    trimming (`M_TRIM_THRESHOLD` at its maximum): freed memory stays in the
-    process and the next step reuses it. The same as starting Python with
+    Sets, through `mallopt(3)`, one malloc arena (`M_ARENA_MAX=1`), no mapped blocks
+    (`M_MMAP_MAX=0`) and no trimming (`M_TRIM_THRESHOLD` at its maximum), so that the memory a
+    step frees stays in the process for the next step instead of being faulted in again. The same
+    as starting Python with
     `GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=18446744073709551615`.
-
-    Measured (CLIP ViT-B/16, batch 16, float32, JAX, 2-core AMD EPYC): 7.1 GB
-    of page faults and 18.2-19.0 s per training step before; none and
-    16.1-17.1 s after.
-
-    Call it first, before the backend's first computation (building a model
-    is one): threads that have already allocated keep their own arenas. The
-    cost: the process's resident memory stays at its peak instead of
-    shrinking between steps, and all threads allocate from one arena (more
-    lock contention for many small allocations on many cores).
+    Call it first, before the backend's first computation (building a model is one): threads that
+    have already allocated keep their own arenas. Afterwards the process's resident memory stays
+    at its peak, and all threads allocate from one arena. Why and what it saves:
+    docs/benchmarks.md, *Eager calls, predict and the process-wide CPU settings*.
 
     Returns:
         True when the settings were applied; False, with a warning, where
         the C library is not glibc (macOS, Windows, musl): nothing changes.
+
+    Warns:
+        UserWarning: when it returns False.
 
     Example:
     >>> import vlzoo

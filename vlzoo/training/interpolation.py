@@ -1,25 +1,21 @@
 """Weight-space ensembles of two models of one geometry (WiSE-FT).
 
-WiSE-FT (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR
-2022) mixes a zero-shot model's weights `theta_0` with those of the same model
-after fine-tuning, `theta_1`:
+WiSE-FT (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022) mixes a zero-shot
+model's weights `theta_0` with those of the same model after fine-tuning, `theta_1`:
 
     theta(alpha) = (1 - alpha) * theta_0 + alpha * theta_1,   0 <= alpha <= 1
 
-`alpha = 1` is the fine-tuned model and `alpha = 0` the zero-shot one; the
-paper finds intermediate values (0.5 often) keep most of the fine-tuned
-accuracy in distribution and most of the zero-shot robustness under shift.
-Both ends are exact here: each weight is computed as
-`(1 - alpha) * theta_0 + alpha * theta_1` in float32 (float64 for float64
-variables), whose two products are exactly `theta_0`/`0` and `0`/`theta_1` at the
-ends. Integer variables are counters (STAIR's step counts), not weights: they
-are the fine-tuned model's.
+computed in float32 (float64 for float64 variables), so that `alpha = 0` and `alpha = 1` give
+`theta_0` and `theta_1` exactly. Integer variables (counters such as STAIR's step counts) are
+taken from the fine-tuned model. The paper finds intermediate values (often 0.5) keep most of the
+fine-tuned accuracy in distribution and most of the zero-shot robustness under shift.
 
 Example:
->>> zero_shot = vlzoo.from_preset("clip_shapes")
->>> finetuned = ...  # zero_shot's copy after model.fit
->>> mixed = interpolate(zero_shot, finetuned, 0.5)
->>> rows = interpolation_sweep(zero_shot, finetuned, [0, 0.5, 1], lambda m: {"acc": evaluate(m)})
+>>> zero_shot = vlzoo.from_preset("clip_shapes")  # doctest: +SKIP
+>>> mixed = interpolate(zero_shot, finetuned, 0.5)  # finetuned: zero_shot's copy after fit  # doctest: +SKIP
+>>> interpolation_sweep(zero_shot, finetuned, [0, 0.5, 1],
+...                     lambda m: {"acc": evaluate(m)})  # doctest: +SKIP
+[{'alpha': 0.0, 'acc': ...}, {'alpha': 0.5, 'acc': ...}, {'alpha': 1.0, 'acc': ...}]
 """
 
 import math
@@ -86,6 +82,10 @@ def interpolate(zero_shot, finetuned, alpha):
         TypeError: an input is not a vlzoo model.
         ValueError: `alpha` outside [0, 1]; the models differ in family,
             geometry or variables.
+
+    Example:
+    >>> interpolate(zero_shot, finetuned, 0.5).get_config() == finetuned.get_config()  # doctest: +SKIP
+    True
     """
     check_model(zero_shot, "zero_shot")
     check_model(finetuned, "finetuned")
@@ -108,6 +108,15 @@ def interpolation_sweep(zero_shot, finetuned, alphas, evaluate):
 
     Returns:
         A list of `{"alpha": alpha, **evaluate(model)}`, one per alpha in order.
+
+    Raises:
+        TypeError: an input is not a vlzoo model, or `evaluate` is not callable.
+        ValueError: no alphas or one outside [0, 1], `interpolate`'s checks, or `evaluate`
+            returning something other than a dict without an `"alpha"` key.
+
+    Example:
+    >>> interpolation_sweep(zero_shot, finetuned, [0, 1], lambda m: {"n": 1})  # doctest: +SKIP
+    [{'alpha': 0.0, 'n': 1}, {'alpha': 1.0, 'n': 1}]
     """
     alphas = [_check_alpha(a) for a in alphas]
     if not alphas:

@@ -1,33 +1,28 @@
 """Locked towers (LiT): train one tower, or the last groups of it, and keep the rest fixed.
 
-LiT (Zhai et al., "LiT: Zero-Shot Transfer with Locked-image text Tuning", CVPR
-2022) trains the text tower against a pretrained image tower that does not move.
-open_clip exposes it as `--lock-image --lock-image-unlocked-groups N` (and the same
-for text), and vlzoo groups a tower's parameters as open_clip does, in forward order:
+LiT (Zhai et al., "LiT: Zero-Shot Transfer with Locked-image text Tuning", CVPR 2022) trains
+the text tower against a pretrained image tower that does not move (open_clip's `--lock-image
+--lock-image-unlocked-groups N`, and the same for text).
+A tower's parameters are grouped as open_clip groups them, in forward order:
 
     image: [patch embedding, class token, position embedding, pre-norm]
            [block 0] ... [block L-2] [block L-1, post-norm, MAP head] [projection]
     text:  [token embedding, position embedding]
            [block 0] ... [block L-2] [block L-1, post-norm] [projection]
 
-Locking with `unlocked_groups=N` fixes every group but the last `N`. Only the
-tower is locked: a family's own heads outside it (SPARC's and FILIP's local
-projections, Llip's cross-attention, SPARO's readouts, STAIR's vocabulary heads)
-and the logit scale/bias keep training. Lock before `compile` (`configure` does):
-the optimizer takes the trainable variables when it is built. A locked variable
-is left alone by the optimizer, weight decay included, so it ends a `fit` bit for
-bit as it started.
-
-A wholly locked tower gives the same outputs at every epoch, so `cache_tower`
-computes them once per dataset; `fit` on the cached data then runs only the
-other tower and the family's heads (LiT on a CPU in a fraction of the time).
+`lock_tower(model, tower, unlocked_groups=N)` fixes every group but the last `N`. Only the
+tower is locked: a family's heads outside it (SPARC's and FILIP's local projections, Llip's
+cross-attention, SPARO's readouts, STAIR's vocabulary heads) and the logit scale/bias keep
+training. Lock before `compile` (`configure` does): the optimizer takes the trainable variables
+when it is built. A locked variable ends a `fit` bit for bit as it started (no update, no weight
+decay). `cache_tower` computes a wholly locked tower's outputs once per dataset, so that `fit`
+runs only the rest.
 
 Example:
->>> model = vlzoo.from_preset("clip_vit_b16_openai")
->>> lock_tower(model, "image")                     # LiT
->>> lock_tower(model, "text", unlocked_groups=2)   # all but the last block and the projection
->>> model.compile(optimizer="adamw")
->>> model.fit(cache_tower(model, data, "image"), batch_size=256, epochs=10)
+>>> model = vlzoo.from_preset("clip_vit_b16_openai")  # doctest: +SKIP
+>>> lock_tower(model, "image")  # LiT  # doctest: +SKIP
+>>> model.compile(optimizer="adamw")  # doctest: +SKIP
+>>> model.fit(cache_tower(model, data, "image"), batch_size=256, epochs=10)  # doctest: +SKIP
 """
 
 import math
@@ -49,7 +44,12 @@ def tower_groups(tower):
         tower: a model's `vision` (`VisionTransformer`) or `text` tower.
 
     Returns:
-        A list of non-empty lists of `keras.layers.Layer`s and `keras.Variable`s.
+        A list of non-empty lists of `keras.layers.Layer`s and `keras.Variable`s: `num_layers + 2`
+        groups.
+
+    Example:
+    >>> len(tower_groups(model.vision)) == model.vision.num_layers + 2  # doctest: +SKIP
+    True
     """
     if isinstance(tower, VisionTransformer):
         first = [tower.patch_embedding, getattr(tower, "prefix_tokens", None), tower.position_embedding,
@@ -76,6 +76,13 @@ def lock_tower(model, tower, unlocked_groups=0):
 
     Returns:
         The number of parameters locked.
+
+    Raises:
+        TypeError: `model` is not a vlzoo model.
+        ValueError: an unknown `tower`, or `unlocked_groups` not an int in that range.
+
+    Example:
+    >>> locked = lock_tower(model, "text", unlocked_groups=2)  # all but the last block and projection  # doctest: +SKIP
     """
     groups = tower_groups(tower_layer(model, tower))
     if isinstance(unlocked_groups, bool) or not isinstance(unlocked_groups, numbers.Integral) \
@@ -118,10 +125,15 @@ def cache_tower(model, data, tower="image", batch_size=64, verbose=False):
         A new dict: for `"image"`, `{"image_tower": {key: (N, ...)}, "token_ids", "padding_mask"}`; for
         `"text"`, `data` plus `{"text_tower": {key: (N, ...)}}`. Arrays are numpy.
 
+    Raises:
+        TypeError: `model` is not a vlzoo model.
+        ValueError: an unknown `tower`, a tower not wholly locked, `data` (or one of its batches)
+            without the tower's inputs, or no examples.
+
     Example:
-    >>> lock_tower(model, "image"); model.compile(optimizer="adamw")
-    >>> cached = cache_tower(model, {"images": x, "token_ids": ids, "padding_mask": mask})
-    >>> model.fit(cached, batch_size=64, epochs=20)
+    >>> lock_tower(model, "image"); model.compile(optimizer="adamw")  # doctest: +SKIP
+    >>> cached = cache_tower(model, {"images": x, "token_ids": ids, "padding_mask": mask})  # doctest: +SKIP
+    >>> model.fit(cached, batch_size=64, epochs=20)  # doctest: +SKIP
     """
     layer = tower_layer(model, tower)
     if layer.trainable_weights:

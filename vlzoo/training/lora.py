@@ -14,11 +14,11 @@ loadable as a plain preset. `merge_lora(model)` gives that model in memory, and
 apply to the base preset again.
 
 Example:
->>> model = vlzoo.from_preset("clip_vit_b16_openai")
->>> enable_lora(model, rank=8)
->>> model.compile(optimizer="adamw"); model.fit(dataset)
->>> save_lora_weights(model, "adapters.npz")            # the adapters alone
->>> model.save_to_preset("clip_b16_lora_merged")        # or merged into a preset
+>>> model = vlzoo.from_preset("clip_vit_b16_openai")  # doctest: +SKIP
+>>> enable_lora(model, rank=8)  # doctest: +SKIP
+>>> model.compile(optimizer="adamw"); model.fit(dataset)  # doctest: +SKIP
+>>> save_lora_weights(model, "adapters.npz")            # the adapters alone  # doctest: +SKIP
+>>> model.save_to_preset("clip_b16_lora_merged")        # or merged into a preset  # doctest: +SKIP
 """
 
 import json
@@ -79,6 +79,14 @@ def enable_lora(model, rank=8, targets=("query", "value"), towers=("image", "tex
 
     Returns:
         The number of trainable parameters (the adapters'), for the record.
+
+    Raises:
+        TypeError: `model` is not a vlzoo model.
+        ValueError: `rank` not a positive int, unknown `targets` or `towers`, or LoRA already
+            enabled.
+
+    Example:
+    >>> enable_lora(model, rank=8)  # doctest: +SKIP
     """
     check_model(model)
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
@@ -108,7 +116,10 @@ def _config(model):
 
 def save_lora_weights(model, path):
     """Writes `model`'s LoRA adapters alone to `path` (`.npz`: each `A` and `B` by variable path,
-    and the rank, alpha and adapted layers)."""
+    and the rank, alpha and adapted layers); ValueError when `model` has no adapters.
+
+    >>> save_lora_weights(model, "adapters.npz")  # doctest: +SKIP
+    """
     check_model(model)
     if not lora_layers(model):
         raise ValueError("`model` has no LoRA adapters to save (see enable_lora).")
@@ -121,7 +132,15 @@ def save_lora_weights(model, path):
 
 def load_lora_weights(model, path):
     """Applies the adapters `save_lora_weights` wrote to `model` (the base model they were trained on,
-    or one with LoRA already enabled alike): enables LoRA as saved, then assigns `A` and `B`."""
+    or one with LoRA already enabled alike): enables LoRA as saved, then assigns `A` and `B`.
+
+    Raises:
+        FileNotFoundError: `path` is missing.
+        ValueError: not a file `save_lora_weights` wrote, adapters of another rank or layer set than
+            `model`'s, layers `model` lacks, or an array of the wrong shape.
+
+    >>> load_lora_weights(vlzoo.from_preset("clip_vit_b16_openai"), "adapters.npz")  # doctest: +SKIP
+    """
     check_model(model)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LoRA weights file not found: {path}.")
@@ -151,7 +170,12 @@ def load_lora_weights(model, path):
 def merge_lora(model):
     """A new model of `model`'s config without adapters, each adapted kernel replaced by
     `W + (alpha / r) A B` (computed in float32, stored in the kernel's dtype); the tokenizer and
-    preprocessor are `model`'s. Its outputs equal the adapted model's."""
+    preprocessor are `model`'s. Its outputs equal the adapted model's.
+
+    >>> plain = merge_lora(model)  # doctest: +SKIP
+    >>> lora_layers(plain)  # doctest: +SKIP
+    []
+    """
     check_model(model)
     merged_kernels = {}
     for layer in lora_layers(model):
