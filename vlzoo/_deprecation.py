@@ -1,4 +1,5 @@
-"""Module constants that became functions, kept for a while with a `DeprecationWarning`."""
+"""Former names kept for a while with a `DeprecationWarning`: module constants that became functions
+(`deprecated_constants`) and functions folded into another one's argument (`warn_renamed`)."""
 
 import warnings
 
@@ -22,3 +23,14 @@ def deprecated_constants(module_name, constants):
         return function()
 
     return __getattr__
+
+
+def warn_renamed(old, new):
+    """Warns, at the caller of the deprecated function that calls this, that `old` is deprecated for `new`.
+
+    Example, in a deprecated function:
+    >>> def clip_loss_rows(i, t, s, start, count):  # doctest: +SKIP
+    ...     warn_renamed("clip_loss_rows(..., start, count)", "clip_loss(..., rows=(start, count))")
+    ...     return clip_loss(i, t, s, rows=(start, count))
+    """
+    warnings.warn(f"`{old}` is deprecated; call `{new}`.", DeprecationWarning, stacklevel=3)
