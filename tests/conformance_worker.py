@@ -28,7 +28,7 @@ the key prefix `<preset>/` (e.g. `clip_tiny/encode/image/embeds`):
                             default `training=True`: FILIP's token dropping applies,
                             as in `grad_loss`)
     loss_eval               `compute_loss(..., training=False)`
-    loss_chunked            (siglip) `siglip_loss_chunked(..., num_chunks=2)`
+    loss_chunked            (siglip) `siglip_loss(..., num_chunks=2)`
     grad_loss               the loss as computed inside the backend's autodiff
     grad/{j:03d}            d loss / d trainable weight j, dense float32 (j indexes
                             `model.trainable_variables`)
@@ -272,7 +272,7 @@ def _flat(prefix, value):
 
 def run_family(name, record, save_preset=None):
     import vlzoo
-    from vlzoo.losses import siglip_loss_chunked
+    from vlzoo.losses import siglip_loss
 
     model = vlzoo.from_preset(name, load_weights=False)
     if model.family == "stair":
@@ -313,7 +313,7 @@ def run_family(name, record, save_preset=None):
             "loss_eval": model.compute_loss(y_pred=outputs, training=False),
         }
         if model.family == "siglip":
-            result["loss_chunked"] = siglip_loss_chunked(
+            result["loss_chunked"] = siglip_loss(
                 outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"],
                 outputs["logit_bias"], num_chunks=2,
             )

@@ -44,9 +44,11 @@ def _cross_entropy(logits, labels):
     return -ops.mean(ops.sum(picked, axis=-1))
 
 
-def headwise_loss_rows(image, text, scales, start, count):
-    """This replica's share: images `start .. start + count - 1` against every text, and those texts
-    against every image. The shares of equal row ranges average to `headwise_loss_rows(..., 0, N)`."""
+def headwise_loss(image, text, scales, rows=None):
+    """The symmetric InfoNCE over `headwise_logits`; with `rows=(start, count)`, one replica's share: images
+    `start .. start + count - 1` against every text, and those texts against every image. The shares of
+    equal row ranges average to the whole batch's loss."""
+    start, count = rows if rows is not None else (0, ops.shape(image)[0])
     rows = lambda x: ops.slice(x, (start, 0, 0), (count, ops.shape(x)[1], ops.shape(x)[2]))  # noqa: E731
     labels = start + ops.arange(count)
     image_to_text = _cross_entropy(headwise_logits(rows(image), text, scales), labels)
@@ -89,8 +91,7 @@ class HeadwiseCLIP(CLIP):
 
     def contrastive_loss(self, outputs, rows=None, training=False):
         image, text = self._heads(outputs["image_embeds"]), self._heads(outputs["text_embeds"])
-        start, count = rows if rows is not None else (0, ops.shape(image)[0])
-        return headwise_loss_rows(image, text, self.head_scales(outputs["logit_scale"]), start, count)
+        return headwise_loss(image, text, self.head_scales(outputs["logit_scale"]), rows)
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads}

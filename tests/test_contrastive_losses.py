@@ -14,12 +14,10 @@ from backend_utils import to_numpy
 from backend_utils import value_and_grad
 from vlzoo.losses import clip_logits
 from vlzoo.losses import clip_loss
-from vlzoo.losses import clip_loss_rows
 from vlzoo.losses import l2_normalize
 from vlzoo.losses import siglip_logits
 from vlzoo.losses import siglip_loss
-from vlzoo.losses import siglip_loss_chunked
-from vlzoo.losses import siglip_loss_rows
+from vlzoo import losses
 
 BACKEND = keras.backend.backend()
 # (8, 6) is the common shape of the other tests: eager JAX compiles every
@@ -151,7 +149,7 @@ def test_hand_computed_orthogonal_pairs():
                                0.6931925794591622, rtol=RTOL)
     for k in (1, 2):
         np.testing.assert_allclose(
-            to_numpy(siglip_loss_chunked(img, txt, 2.0, 0.0, chunk_size=k)),
+            to_numpy(siglip_loss(img, txt, 2.0, 0.0, num_chunks=k)),
             0.8200751916029179, rtol=RTOL)
 
 
@@ -207,8 +205,7 @@ def test_low_precision_inputs_give_float32(dtype):
     np.testing.assert_allclose(to_numpy(out), ref.clip_loss(img_r, txt_r, 20),
                                rtol=1e-5)
     for out in (siglip_loss(img_lp, txt_lp, scale, bias),
-                siglip_loss_chunked(img_lp, txt_lp, scale, bias,
-                                    chunk_size=4)):
+                siglip_loss(img_lp, txt_lp, scale, bias, num_chunks=2)):
         _assert_scalar_f32(out)
         np.testing.assert_allclose(to_numpy(out),
                                    ref.siglip_loss(img_r, txt_r, 20, -4),
@@ -289,7 +286,7 @@ def test_degenerate_inputs_finite_loss_and_gradients(case):
         "clip": (lambda i, t, s, b: clip_loss(i, t, s), ref.clip_loss),
         "siglip": (siglip_loss, ref.siglip_loss),
         "siglip_chunked": (
-            lambda i, t, s, b: siglip_loss_chunked(i, t, s, b, chunk_size=3),
+            lambda i, t, s, b: siglip_loss(i, t, s, b, num_chunks=3),
             ref.siglip_loss),
     }
     for name, (fn, ref_fn) in fns.items():
@@ -305,20 +302,20 @@ def test_degenerate_inputs_finite_loss_and_gradients(case):
 # ------------------------------------------------------------------ chunked
 
 
-@pytest.mark.parametrize("b,kwargs,remat", [
-    (8, dict(chunk_size=3), True),     # 3 + 3 + 2: last chunk padded by 1
-    (8, dict(num_chunks=3), False),    # chunks of 3, padded by 1
-    (8, dict(chunk_size=4), False),    # dividing
-    (8, dict(chunk_size=64), True),    # larger than the batch: one chunk
-    (8, dict(num_chunks=20), True),    # more chunks than rows: 8 of 1
-    (1, dict(chunk_size=3), False),
+@pytest.mark.parametrize("b,num_chunks,remat", [
+    (8, 3, True),      # 3 + 3 + 2: last chunk padded by 1
+    (8, 3, False),
+    (8, 2, False),     # dividing
+    (8, 1, True),      # one chunk
+    (8, 20, True),     # more chunks than rows: 8 of 1
+    (1, 3, False),
 ])
-def test_chunked_matches_unchunked(b, kwargs, remat):
+def test_chunked_matches_unchunked(b, num_chunks, remat):
     img, txt = _embeds(b, 6, seed=9)
     args = (img, txt, np.float32(12.0), np.float32(-6.0))
     v0, g0 = value_and_grad(siglip_loss, *args)
     v1, g1 = value_and_grad(
-        lambda *a: siglip_loss_chunked(*a, remat=remat, **kwargs), *args,
+        lambda *a: siglip_loss(*a, num_chunks=num_chunks, remat=remat), *args,
         jit=True)
     np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-6)
     for a, c in zip(g1, g0):
@@ -328,16 +325,25 @@ def test_chunked_matches_unchunked(b, kwargs, remat):
 
 def test_chunked_argument_errors():
     img, txt = _embeds(4, 3)
-    with pytest.raises(ValueError, match="num_chunks"):
-        siglip_loss_chunked(img, txt, 1.0, 0.0)
-    with pytest.raises(ValueError, match="num_chunks"):
-        siglip_loss_chunked(img, txt, 1.0, 0.0, num_chunks=2, chunk_size=2)
-    with pytest.raises(ValueError, match="chunk_size"):
-        siglip_loss_chunked(img, txt, 1.0, 0.0, chunk_size=0)
-    with pytest.raises(ValueError, match="num_chunks"):
-        siglip_loss_chunked(img, txt, 1.0, 0.0, num_chunks=2.0)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        siglip_loss(img, txt, 1.0, 0.0, num_chunks=0)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        siglip_loss(img, txt, 1.0, 0.0, num_chunks=2.0)
     with pytest.raises(ValueError, match="text_embeds"):
-        siglip_loss_chunked(img, txt[:3], 1.0, 0.0, num_chunks=2)
+        siglip_loss(img, txt[:3], 1.0, 0.0, num_chunks=2)
+
+
+def test_the_former_chunked_function_warns_and_keeps_chunk_size():
+    img, txt = _embeds(8, 6, seed=9)
+    expected = float(to_numpy(siglip_loss(img, txt, 12.0, -6.0)))
+    for kwargs in (dict(chunk_size=3), dict(num_chunks=3)):
+        with pytest.warns(DeprecationWarning, match="`siglip_loss_chunked` is deprecated"):
+            value = float(to_numpy(losses.siglip_loss_chunked(img, txt, 12.0, -6.0, **kwargs)))
+        np.testing.assert_allclose(value, expected, rtol=1e-6)
+    for kwargs, match in ((dict(), "num_chunks"), (dict(num_chunks=2, chunk_size=2), "num_chunks"),
+                          (dict(chunk_size=0), "chunk_size")):
+        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=match):
+            losses.siglip_loss_chunked(img, txt, 1.0, 0.0, **kwargs)
 
 
 # ------------------------------------------------------------- invariances
@@ -348,8 +354,7 @@ def test_batch_permutation_invariance():
     perm = np.random.default_rng(0).permutation(8)
     for fn in (lambda i, t: clip_loss(i, t, 30.0),
                lambda i, t: siglip_loss(i, t, 10.0, -5.0),
-               lambda i, t: siglip_loss_chunked(i, t, 10.0, -5.0,
-                                                chunk_size=4)):
+               lambda i, t: siglip_loss(i, t, 10.0, -5.0, num_chunks=2)):
         base = to_numpy(fn(img, txt))
         np.testing.assert_allclose(to_numpy(fn(img[perm], txt[perm])), base,
                                    rtol=RTOL)
@@ -435,7 +440,7 @@ def test_error_messages_name_the_argument():
            "(4, 8); received (3, 8)")
     for fn in (lambda i, t: clip_loss(i, t, 1.0),
                lambda i, t: siglip_loss(i, t, 1.0, 0.0),
-               lambda i, t: siglip_loss_chunked(i, t, 1.0, 0.0, num_chunks=2)):
+               lambda i, t: siglip_loss(i, t, 1.0, 0.0, num_chunks=2)):
         with pytest.raises(ValueError, match=re.escape(msg)):
             fn(img, txt[:3])
         with pytest.raises(ValueError, match="text_embeds"):
@@ -470,16 +475,16 @@ def test_traced_function():
     s, b = np.float32(10.0), np.float32(-3.0)
     expected = (ref.clip_loss(img, txt, s), ref.siglip_loss(img, txt, s, b))
 
-    def losses(i, t):
+    def every_loss(i, t):
         return (clip_loss(i, t, s), siglip_loss(i, t, s, b),
-                siglip_loss_chunked(i, t, s, b, num_chunks=3))
+                siglip_loss(i, t, s, b, num_chunks=3))
 
     if BACKEND == "jax":
         import jax
 
-        out = jax.jit(losses)(img, txt)
+        out = jax.jit(every_loss)(img, txt)
         v1, g1 = value_and_grad(
-            lambda *a: siglip_loss_chunked(*a, chunk_size=3), img, txt, s, b,
+            lambda *a: siglip_loss(*a, num_chunks=3), img, txt, s, b,
             jit=True)
         v0, g0 = value_and_grad(siglip_loss, img, txt, s, b)
         np.testing.assert_allclose(v1, v0, rtol=1e-6)
@@ -489,14 +494,13 @@ def test_traced_function():
         import tensorflow as tf
 
         spec = tf.TensorSpec((None, 6), tf.float32)
-        out = tf.function(losses, input_signature=[spec, spec])(img, txt)
+        out = tf.function(every_loss, input_signature=[spec, spec])(img, txt)
 
         def grads(chunked, remat=True):
             def f(i, t):
                 with tf.GradientTape() as tape:
                     tape.watch([i, t])
-                    loss = (siglip_loss_chunked(i, t, s, b, num_chunks=3,
-                                                remat=remat)
+                    loss = (siglip_loss(i, t, s, b, num_chunks=3, remat=remat)
                             if chunked else siglip_loss(i, t, s, b))
                 return loss, tape.gradient(loss, [i, t])
             return tf.function(f, input_signature=[spec, spec],
@@ -509,9 +513,9 @@ def test_traced_function():
             for x, y in zip(g1, g0):
                 np.testing.assert_allclose(to_numpy(x), to_numpy(y),
                                            rtol=1e-5, atol=1e-6)
-        with pytest.raises(ValueError, match="num_chunks"):
+        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="num_chunks"):
             tf.function(
-                lambda i, t: siglip_loss_chunked(i, t, 1.0, 0.0, chunk_size=2),
+                lambda i, t: losses.siglip_loss_chunked(i, t, 1.0, 0.0, chunk_size=2),
                 input_signature=[spec, spec]).get_concrete_function()
     else:
         pytest.skip("torch runs eagerly; covered by the other tests")
@@ -538,8 +542,8 @@ def test_chunked_memory_grows_with_chunk_not_batch_squared():
         return analysis.temp_size_in_bytes / 2**20
 
     full = temp_mib(lambda i, t: siglip_loss(i, t, 10.0, -10.0))
-    chunked = temp_mib(lambda i, t: siglip_loss_chunked(
-        i, t, 10.0, -10.0, chunk_size=chunk))
+    chunked = temp_mib(lambda i, t: siglip_loss(
+        i, t, 10.0, -10.0, num_chunks=bsz // chunk))
     assert full >= bsz * bsz * 4 / 2**20  # the (B, B) logits: 4 MiB
     assert chunked < full / 2, (chunked, full)
 
@@ -562,8 +566,8 @@ def _share_reference(name, img, txt, start, count, scale=5.0, bias=-3.0):
 
 def _share(name, img, txt, start, count, num_chunks=None):
     if name == "clip":
-        return clip_loss_rows(img, txt, 5.0, start, count)
-    return siglip_loss_rows(img[start:start + count], txt, 5.0, -3.0, start, num_chunks=num_chunks)
+        return clip_loss(img, txt, 5.0, rows=(start, count))
+    return siglip_loss(img[start:start + count], txt, 5.0, -3.0, rows=(start, count), num_chunks=num_chunks)
 
 
 @pytest.mark.parametrize("name, num_chunks", [("clip", None), ("siglip", None), ("siglip", 3)])
@@ -589,6 +593,15 @@ def test_row_shares_are_the_replicas_parts_of_the_whole_batch_loss(name, num_chu
 def test_row_shares_check_their_arguments():
     img = np.ones((4, 8), "float32")
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
-        clip_loss_rows(img, img, 5.0, 0, 0)
+        clip_loss(img, img, 5.0, rows=(0, 0))
     with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
-        siglip_loss_rows(img, img, 5.0, -3.0, 0, num_chunks=0)
+        siglip_loss(img, img, 5.0, -3.0, rows=(0, 4), num_chunks=0)
+    with pytest.raises(ValueError, match="holds the replica's 2 images; received 4 rows"):
+        siglip_loss(img, img, 5.0, -3.0, rows=(0, 2))
+    for former, current in ((lambda: losses.clip_loss_rows(img, img, 5.0, 2, 2),
+                             lambda: clip_loss(img, img, 5.0, rows=(2, 2))),
+                            (lambda: losses.siglip_loss_rows(img[2:], img, 5.0, -3.0, 2),
+                             lambda: siglip_loss(img[2:], img, 5.0, -3.0, rows=(2, 2)))):
+        with pytest.warns(DeprecationWarning, match="_loss_rows"):
+            value = former()
+        assert float(to_numpy(value)) == float(to_numpy(current()))

@@ -19,7 +19,7 @@ from conftest import to_numpy
 import vlzoo
 from vlzoo.convert.flair import _rules, from_flair_checkpoint
 from vlzoo.layers import TextConditionedPooling
-from vlzoo.losses import flair_caption_indices, flair_loss, flair_loss_rows, flair_pair_logits
+from vlzoo.losses import flair_caption_indices, flair_loss, flair_pair_logits
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "flair"
 ATOL = 1e-5  # float32; logits up to 16 in magnitude, losses up to 18; rtol 0
@@ -263,7 +263,7 @@ def test_clear_errors(fixture):
                        r"matching `conditioned_logits` \(2, 3\); received \(2, 3\)"):
         flair_loss(np.zeros((2, 3)), 2, np.zeros((2, 3)))
     with pytest.raises(ValueError, match=r"`global_logits` must have shape \(R, B \* 2\) = \(1, 4\)"):
-        flair_loss_rows(np.zeros((1, 3)), 2, 1, np.zeros((2, 4)))
+        flair_loss(np.zeros((1, 3)), 2, np.zeros((2, 4)), rows=(1, 1))
     with pytest.raises(ValueError, match=r"`offsets` must have shape \(B, B - 1\); received \(3, 3\)"):
         flair_caption_indices(np.zeros((3, 3), "int32"), 2)
     with pytest.raises(ValueError, match="`mode` must be one of"):

@@ -1,4 +1,4 @@
-"""One replica's share of each family's loss (`*_loss_rows`): the shares of a partition of the batch into
+"""One replica's share of each family's loss (`rows=(start, count)`): the shares of a partition of the batch into
 equal row ranges average to the whole batch's loss, in value and in gradient, and differ from each other.
 
 The whole-batch losses are checked against independent references in their own test files; here they are
@@ -10,16 +10,12 @@ import pytest
 
 from backend_utils import value_and_grad
 from conftest import to_numpy
+from vlzoo import losses
 from vlzoo.losses import filip_loss
-from vlzoo.losses import filip_loss_rows
 from vlzoo.losses import flair_loss
-from vlzoo.losses import flair_loss_rows
 from vlzoo.losses import llip_loss
-from vlzoo.losses import llip_loss_rows
 from vlzoo.losses import sparc_loss
-from vlzoo.losses import sparc_loss_rows
 from vlzoo.losses import stair_contrastive_loss
-from vlzoo.losses import stair_contrastive_loss_rows
 
 BATCH = 8
 RNG_SEED = 3
@@ -40,20 +36,22 @@ def _cases():
     cases = {
         "llip": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8), normal(BATCH, 8)),
                  lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5, chunk_size=3),
-                 lambda q, k, v, t, start, count: llip_loss_rows(
-                     q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, start, chunk_size=3)),
+                 lambda q, k, v, t, start, count: llip_loss(
+                     q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, chunk_size=3,
+                     rows=(start, count))),
         "llip_unchunked": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8),
                             normal(BATCH, 8)),
                            lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5),
-                           lambda q, k, v, t, start, count: llip_loss_rows(
-                               q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, start)),
+                           lambda q, k, v, t, start, count: llip_loss(
+                               q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5,
+                               rows=(start, count))),
         "stair": ((np.abs(normal(BATCH, 40)), np.abs(normal(BATCH, 40))),
                   lambda i, t: stair_contrastive_loss(i, t, 6.0),
-                  lambda i, t, start, count: stair_contrastive_loss_rows(i, t, 6.0, start, count)),
+                  lambda i, t, start, count: stair_contrastive_loss(i, t, 6.0, rows=(start, count))),
         "flair": ((normal(BATCH, BATCH + 1), normal(BATCH, 2 * BATCH)),
                   lambda c, g: flair_loss(c, 2, g),
-                  lambda c, g, start, count: flair_loss_rows(c[start:start + count], 2, start,
-                                                             g[start:start + count])),
+                  lambda c, g, start, count: flair_loss(c[start:start + count], 2, g[start:start + count],
+                                                        rows=(start, count))),
     }
     for keep_ratio, chunk_size in ((1.0, None), (0.5, 3)):
         tokens = (normal(BATCH, 5, 16), normal(BATCH, 6, 16))
@@ -61,16 +59,16 @@ def _cases():
         cases[f"filip_keep{keep_ratio}_chunk{chunk_size}"] = (
             tokens,
             lambda i, t, options=options: filip_loss(i, t, text_mask, 5.0, **options),
-            lambda i, t, start, count, options=options: filip_loss_rows(i, t, text_mask, 5.0, start, count,
-                                                                        **options))
+            lambda i, t, start, count, options=options: filip_loss(i, t, text_mask, 5.0, **options,
+                                                                   rows=(start, count)))
     for reduction in ("tokens", "samples"):
         inputs = (normal(BATCH, 16), normal(BATCH, 16), normal(BATCH, 5, 16), normal(BATCH, 6, 16))
         cases[f"sparc_{reduction}"] = (
             inputs,
             lambda a, b, v, t, reduction=reduction: sparc_loss(a, b, v, t, token_mask, 5.0, reduction=reduction),
-            lambda a, b, v, t, start, count, reduction=reduction: sparc_loss_rows(
-                a, b, v[start:start + count], t[start:start + count], token_mask, 5.0, start, count,
-                reduction=reduction))
+            lambda a, b, v, t, start, count, reduction=reduction: sparc_loss(
+                a, b, v[start:start + count], t[start:start + count], token_mask, 5.0, reduction=reduction,
+                rows=(start, count)))
     return cases
 
 
@@ -95,11 +93,45 @@ def test_replica_shares_average_to_the_whole_loss_in_value_and_gradient(name):
 def test_shares_check_their_row_count():
     img = np.ones((4, 3, 8), "float32")
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
-        filip_loss_rows(img, img, np.ones((4, 3), bool), 5.0, 0, 0)
+        filip_loss(img, img, np.ones((4, 3), bool), 5.0, rows=(0, 0))
     with pytest.raises(ValueError, match=r"`token_mask` must have the batch size B = 4 of `image_global`"):
-        sparc_loss_rows(np.ones((4, 8)), np.ones((4, 8)), img[:2], img[:2], np.ones((2, 3), bool), 5.0, 0, 2)
+        sparc_loss(np.ones((4, 8)), np.ones((4, 8)), img[:2], img[:2], np.ones((2, 3), bool), 5.0, rows=(0, 2))
     with pytest.raises(ValueError, match=r"`values` must have shape \(N_I, K, M, D\) = \(2, 3, 2, None\)"):
-        llip_loss_rows(np.ones((4, 2, 4)), np.ones((2, 3, 2, 4)), np.ones((4, 3, 2, 8)), np.ones((4, 8)),
-                       4.0, -2.0, 0.5, 0)
+        llip_loss(np.ones((4, 2, 4)), np.ones((2, 3, 2, 4)), np.ones((4, 3, 2, 8)), np.ones((4, 8)),
+                  4.0, -2.0, 0.5, rows=(0, 2))
     with pytest.raises(ValueError, match="`count` must be a python int >= 1"):
-        stair_contrastive_loss_rows(np.ones((4, 8)), np.ones((4, 8)), 5.0, 0, -1)
+        stair_contrastive_loss(np.ones((4, 8)), np.ones((4, 8)), 5.0, rows=(0, -1))
+    with pytest.raises(ValueError, match=r"`rows` must be a pair `\(start, count\)` or None"):
+        stair_contrastive_loss(np.ones((4, 8)), np.ones((4, 8)), 5.0, rows=2)
+    with pytest.raises(ValueError, match="`image_ids` .* cannot be combined with `rows`"):
+        filip_loss(img, img, np.ones((4, 3), bool), 5.0, image_ids=np.arange(4), rows=(0, 2))
+
+
+def _former_calls():
+    """`name -> (the former share function's call, the same share through rows=)`."""
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: rng.normal(size=shape).astype("float32")  # noqa: E731
+    tokens, mask, embeds = normal(4, 3, 8), np.ones((4, 3), bool), normal(4, 8)
+    conditioned, overall = normal(2, 5), normal(2, 8)
+    queries, keys, values = normal(4, 2, 4), normal(2, 3, 2, 4), normal(2, 3, 2, 8)
+    return {
+        "filip_loss_rows": (lambda: losses.filip_loss_rows(tokens, tokens, mask, 5.0, 2, 2),
+                            lambda: filip_loss(tokens, tokens, mask, 5.0, rows=(2, 2))),
+        "flair_loss_rows": (lambda: losses.flair_loss_rows(conditioned, 2, 2, overall),
+                            lambda: flair_loss(conditioned, 2, overall, rows=(2, 2))),
+        "llip_loss_rows": (lambda: losses.llip_loss_rows(queries, keys, values, embeds, 4.0, -2.0, 0.5, 2),
+                           lambda: llip_loss(queries, keys, values, embeds, 4.0, -2.0, 0.5, rows=(2, 2))),
+        "sparc_loss_rows": (lambda: losses.sparc_loss_rows(embeds, embeds, tokens[2:], tokens[2:], mask, 5.0, 2, 2),
+                            lambda: sparc_loss(embeds, embeds, tokens[2:], tokens[2:], mask, 5.0, rows=(2, 2))),
+        "stair_contrastive_loss_rows": (
+            lambda: losses.stair_contrastive_loss_rows(np.abs(embeds), np.abs(embeds), 6.0, 2, 2),
+            lambda: stair_contrastive_loss(np.abs(embeds), np.abs(embeds), 6.0, rows=(2, 2))),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_former_calls()))
+def test_the_former_share_functions_warn_and_give_the_rows_share(name):
+    former, current = _former_calls()[name]
+    with pytest.warns(DeprecationWarning, match=f"`{name}"):
+        value = former()
+    assert float(to_numpy(value)) == float(to_numpy(current()))

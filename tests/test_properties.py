@@ -126,9 +126,7 @@ def _llip(c, q, k, v, t, chunk=None):
 
 
 def _siglip(c, img, txt, chunk=None):
-    if chunk is None:
-        return losses.siglip_loss(img, txt, c["scale"], c["bias"])
-    return losses.siglip_loss_chunked(img, txt, c["scale"], c["bias"], chunk_size=chunk)
+    return losses.siglip_loss(img, txt, c["scale"], c["bias"], num_chunks=chunk)
 
 
 def _sparo(c, img, txt, chunk=None):

@@ -63,7 +63,7 @@ Entries:
                first: CLIP (D=512), FILIP chunked by 8 captions (P=196, T=77,
                D=256) and Llip chunked by 8 captions (K=64 mixture tokens, M=8
                heads, D=512): the chunked paths grow linearly in B, not with B^2.
-  share_memory peak memory of one replica's share of each loss (`*_loss_rows`, what
+  share_memory peak memory of one replica's share of each loss (its `rows=` form, what
                a device computes in a step over W replicas, vlzoo.parallel) against
                the world size W (1, 2, 4, 8) and the local batch b (16, 64), the
                global batch W * b: forward + backward w.r.t. its inputs, which are

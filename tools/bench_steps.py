@@ -149,30 +149,30 @@ def _loss_memory_step(case):
 
 
 def _share_memory_step(case):
-    """One replica's share (`*_loss_rows`) of a loss of SHARE_LOSSES in a step over `replicas` replicas of
+    """One replica's share (`rows=`) of a loss of SHARE_LOSSES in a step over `replicas` replicas of
     the global batch `B`, forward + backward w.r.t. its inputs: those the share reads across replicas hold
     the global batch, the others (the family's `replica_local_outputs`) this replica's rows. `(step, args)`."""
     import keras
 
     from vlzoo.layers import TextConditionedPooling
-    from vlzoo.losses import clip_loss_rows, filip_loss_rows, flair_caption_indices, flair_loss_rows
-    from vlzoo.losses import flair_pair_logits, llip_loss_rows, siglip_loss_rows
+    from vlzoo.losses import clip_loss, filip_loss, flair_caption_indices, flair_loss, flair_pair_logits
+    from vlzoo.losses import llip_loss, siglip_loss
 
     b, replicas = case["B"], case["replicas"]
     local = b // replicas
     normal, text_mask = _random_inputs()
 
     if case["loss"] == "clip":
-        return _grad_fn(lambda i, t: clip_loss_rows(i, t, 100.0, 0, local), 2), (normal(b, case["D"]),
+        return _grad_fn(lambda i, t: clip_loss(i, t, 100.0, rows=(0, local)), 2), (normal(b, case["D"]),
                                                                                  normal(b, case["D"]))
     if case["loss"] == "siglip":  # the texts in `replicas` chunks: blocks of local x local logits
-        return (_grad_fn(lambda i, t: siglip_loss_rows(i, t, 10.0, -10.0, 0, num_chunks=replicas), 2),
+        return (_grad_fn(lambda i, t: siglip_loss(i, t, 10.0, -10.0, rows=(0, local), num_chunks=replicas), 2),
                 (normal(local, case["D"]), normal(b, case["D"])))
     if case["loss"] == "filip":
         mask = text_mask(b, case["T"])
 
         def loss(image_tokens, text_tokens):
-            return filip_loss_rows(image_tokens, text_tokens, mask, 100.0, 0, local, chunk_size=case["chunk_size"])
+            return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=case["chunk_size"], rows=(0, local))
 
         return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
     if case["loss"] == "flair":  # K = 1 caption per image: each image pooled on the B captions
@@ -182,14 +182,14 @@ def _share_memory_step(case):
         def flair(texts, image_tokens, image_embeds):
             sampled = keras.ops.take(texts, indices, axis=0)
             conditioned = flair_pair_logits(pooling(sampled, image_tokens), sampled, 10.0, -10.0)
-            return flair_loss_rows(conditioned, 1, 0, keras.ops.matmul(image_embeds, keras.ops.transpose(texts)))
+            return flair_loss(conditioned, 1, keras.ops.matmul(image_embeds, keras.ops.transpose(texts)), rows=(0, local))
 
         return _grad_fn(flair, 3), (normal(b, case["D"]), normal(local, case["P"], case["D"]),
                                     normal(local, case["D"]))
     k, m, d = case["K"], case["M"], case["D"]
 
     def llip(queries, keys, values, text):
-        return llip_loss_rows(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, 0, chunk_size=case["chunk_size"])
+        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, case["chunk_size"], rows=(0, local))
 
     return _grad_fn(llip, 4), (normal(b, m, d // m), normal(local, k, m, d // m), normal(local, k, m, d),
                                normal(b, d))

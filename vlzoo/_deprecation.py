@@ -1,7 +1,9 @@
-"""Names kept for a while with a `DeprecationWarning`: constants that became functions, modules that moved.
+"""Names kept for a while with a `DeprecationWarning`: constants that became functions
+(`deprecated_constants`), modules that moved (`moved_module`), functions folded into another one's
+argument (`warn_renamed`).
 
-Both are module `__getattr__` hooks (PEP 562): the warning names the replacement, and the old
-name keeps working.
+The first two are module `__getattr__` hooks (PEP 562): the warning names the replacement, and the
+old name keeps working.
 """
 
 import importlib
@@ -11,8 +13,9 @@ import warnings
 _MISSING = object()
 
 
-def _warn(name, replacement, verb):
-    warnings.warn(f"`{name}` is deprecated; {verb} `{replacement}`.", DeprecationWarning, stacklevel=3)
+def _warn(name, replacement, verb, stacklevel=3):
+    """The warning, attributed `stacklevel` frames up (3: the code that read a module's old name)."""
+    warnings.warn(f"`{name}` is deprecated; {verb} `{replacement}`.", DeprecationWarning, stacklevel=stacklevel)
 
 
 def deprecated_constants(module_name, constants):
@@ -72,3 +75,14 @@ def moved_module(module_name, targets, renamed=None):
                                    if not name.startswith("__"))})
 
     return __getattr__, __dir__
+
+
+def warn_renamed(old, new):
+    """Warns, at the caller of the deprecated function that calls this, that `old` is deprecated for `new`.
+
+    Example, in a deprecated function:
+    >>> def clip_loss_rows(i, t, s, start, count):  # doctest: +SKIP
+    ...     warn_renamed("clip_loss_rows(..., start, count)", "clip_loss(..., rows=(start, count))")
+    ...     return clip_loss(i, t, s, rows=(start, count))
+    """
+    _warn(old, new, "call", stacklevel=4)

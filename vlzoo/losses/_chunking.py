@@ -6,11 +6,10 @@ and a loop with a static trip count reduces one block of `size` rows at a
 time, each block wrapped in `keras.remat` so that the backward pass
 recomputes it instead of storing it.
 
-* `check_positive_int`, `check_chunks`, `check_row_range`: argument
-  validation.
+* `check_positive_int`, `check_chunks`, `check_rows`: argument validation.
 * `chunking`: how many blocks of how many rows (`Chunks`), or None.
 * `pad_rows`, `slice_chunk`: padding of the batch and the block `k`;
-  `take_rows`: one replica's rows (the `*_loss_rows` shares).
+  `take_rows`: one replica's rows (the losses' `rows=` shares).
 * `static_loop`: the loop itself (a real loop: XLA would fuse unrolled
   blocks back together).
 * `put`, `unstack_columns`: writing block `k` into a stack and reading
@@ -44,11 +43,19 @@ def check_positive_int(value, name, allow_none=True):
         )
 
 
-def check_row_range(count):
-    """Validates the row count of one replica's share: a python `count` must
-    be an int >= 1; a traced one is the batch size of a replica's outputs."""
+def check_rows(rows):
+    """Validates a loss's `rows` argument, `(start, count)`, and returns it: a python `count` must be an
+    int >= 1 (a traced one is the batch size of a replica's outputs).
+
+    Raises:
+        ValueError: if `rows` is not a pair, or a python `count` is not an int >= 1.
+    """
+    if not isinstance(rows, (tuple, list)) or len(rows) != 2:
+        raise ValueError(f"`rows` must be a pair `(start, count)` or None; received {rows!r}.")
+    start, count = rows
     if isinstance(count, (int, float, bool)):
         check_positive_int(count, "count", allow_none=False)
+    return start, count
 
 
 def check_chunks(chunk_size, num_chunks):

@@ -22,10 +22,11 @@ the positive pair):
 import keras
 from keras import ops
 
+from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_positive_int
-from vlzoo.losses._chunking import check_row_range
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import siglip_labels
@@ -130,12 +131,12 @@ def _batch_size(x):
     return ops.shape(x)[0]
 
 
-def clip_loss(image_embeds, text_embeds, logit_scale):
-    """Symmetric InfoNCE loss of CLIP.
+def clip_loss(image_embeds, text_embeds, logit_scale, rows=None):
+    """Symmetric InfoNCE loss of CLIP, of the whole batch or of one replica's rows.
 
-    `0.5 * (CE_i2t + CE_t2i)` where `CE_i2t` is the batch mean of the
-    cross-entropy of each image's row of logits with its own text (the
-    diagonal) as target, and `CE_t2i` the same over columns.
+    `0.5 * (CE_i2t + CE_t2i)` where `CE_i2t` is the mean cross-entropy of
+    each image's row of logits with its own text (the diagonal) as target,
+    and `CE_t2i` the same over columns.
 
     Args:
         image_embeds: `(B, D)` image embeddings (unnormalised).
@@ -143,123 +144,136 @@ def clip_loss(image_embeds, text_embeds, logit_scale):
             the caption of image `i`.
         logit_scale: scalar multiplier `s` (`exp` of the learned
             log-scale, e.g. 100.0 for a trained CLIP).
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of pairs `start .. start + count - 1` (one replica's in a
+            step over several): `CE_i2t` averaged over those `count` images
+            against every text, `CE_t2i` over those `count` texts against
+            every image, from `(count, B)` logits (open_clip's
+            `local_loss`). The shares of a partition of the batch into equal
+            row ranges average to the whole loss. `start` and `count` are
+            python ints or int scalar tensors.
 
     Returns:
         float32 scalar.
+
+    Raises:
+        ValueError: if the embeddings' shapes do not pair, `logit_scale` is
+            not a scalar, or `rows` is not a pair with a count >= 1.
 
     Example:
 
     >>> img = np.random.randn(8, 512); txt = np.random.randn(8, 512)
     >>> loss = clip_loss(img, txt, logit_scale=100.0)  # float32 scalar
+    >>> share = clip_loss(img, txt, 100.0, rows=(4, 4))  # pairs 4..7
     """
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    if rows is not None:
+        start, count = check_rows(rows)
+        logit_scale = check_scalar(logit_scale, "logit_scale")
+        return symmetric_rows_loss(lambda r, c: logit_scale * ops.matmul(r, ops.transpose(c)),
+                                   l2_normalize(image_embeds), l2_normalize(text_embeds), start, count)
     logits = clip_logits(image_embeds, text_embeds, logit_scale)
     i2t = ops.diagonal(ops.log_softmax(logits, axis=1))
     t2i = ops.diagonal(ops.log_softmax(logits, axis=0))
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
 
 
-def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias):
-    """Pairwise sigmoid loss of SigLIP.
+def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=None, num_chunks=None, remat=True):
+    """Pairwise sigmoid loss of SigLIP, of the whole batch or of one replica's images, optionally chunked.
 
-    `-(1/B) * sum_ij log_sigmoid(y_ij * (s * cos_ij + b))` with
-    `y_ij = +1` on the diagonal and `-1` elsewhere.
+    `-(1/R) * sum_{i, j} log_sigmoid(y_ij * (s * cos_ij + b))` over the `R`
+    images `i` (the batch's `B`, or a replica's) and every text `j` of the
+    batch, with `y_ij = +1` for an image's own text and `-1` elsewhere.
+
+    With `num_chunks=K`, the `(R, B)` logits are never formed: the texts
+    are taken `C = ceil(B / K)` at a time in a loop with a static trip
+    count (zero-padded to `K * C` rows, the padding masked out), each block
+    reduced to a scalar before the next (big_vision's chunked sigmoid
+    loss). With `remat=True` each block is recomputed in the backward pass
+    instead of stored, so memory grows with `R * C`, not `R * B`. Value and
+    gradient equal the unchunked loss's up to float rounding.
 
     Args:
-        image_embeds: `(B, D)` image embeddings (unnormalised).
-        text_embeds: `(B, D)` text embeddings (unnormalised); row `i` is
-            the caption of image `i`.
+        image_embeds: `(B, D)` image embeddings (unnormalised); with `rows`,
+            `(count, D)`: only the replica's images.
+        text_embeds: `(B, D)` text embeddings (unnormalised) of the whole
+            batch; row `i` is the caption of image `i`.
         logit_scale: scalar multiplier `s` (`exp` of the learned
             log-scale; SigLIP initialises it to 10).
         logit_bias: scalar bias `b` (SigLIP initialises it to -10).
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of images `start .. start + count - 1` against every
+            text. The shares of a partition of the batch into equal row
+            ranges average to the whole loss; a replica needs no other
+            replica's images. `start` and `count` are python ints or int
+            scalar tensors.
+        num_chunks: number of text blocks `K` (python int >= 1), or None
+            for one block. Works with a batch size unknown at trace time.
+        remat: rematerialise each block in the backward pass (with
+            `num_chunks`).
 
     Returns:
         float32 scalar.
+
+    Raises:
+        ValueError: if the embeddings' shapes do not pair, a scalar is not
+            one, `rows` is not a pair with a count >= 1 (and equal to the
+            images' rows when both are static), or `num_chunks` is not a
+            python int >= 1.
 
     Example:
 
     >>> img = np.random.randn(8, 512); txt = np.random.randn(8, 512)
     >>> loss = siglip_loss(img, txt, logit_scale=10.0, logit_bias=-10.0)
+    >>> same = siglip_loss(img, txt, 10.0, -10.0, num_chunks=4)
+    >>> share = siglip_loss(img[4:], txt, 10.0, -10.0, rows=(4, 4))
     """
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    logits = siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias)
-    n = _batch_size(logits)
-    idx = ops.arange(n)
-    labels = siglip_labels(idx, idx)
-    total = ops.sum(ops.log_sigmoid(labels * logits))
-    return -total / ops.cast(n, "float32")
-
-
-def siglip_loss_chunked(
-    image_embeds,
-    text_embeds,
-    logit_scale,
-    logit_bias,
-    num_chunks=None,
-    chunk_size=None,
-    remat=True,
-):
-    """SigLIP loss computed over a static number of text chunks.
-
-    Same value (and gradient) as `siglip_loss`, but the `(B, B)` logit
-    matrix is never materialised: the texts are split into `K` chunks of
-    `C` rows and a loop with a static trip count `K` (`ops.fori_loop`, a
-    scan on JAX; `ops.while_loop` with `maximum_iterations` on
-    TensorFlow, so XLA can differentiate it; a python loop on PyTorch)
-    reduces each `(B, C)` block to a scalar before forming the next.
-    When `C` does not divide `B`, the texts are zero-padded to `K * C`
-    rows and the padded columns are multiplied by a 0/1 mask (finite
-    values, zero gradient). With `remat=True` (default) each block is
-    wrapped in `keras.remat`, so the backward pass recomputes it instead
-    of storing it: memory grows with `B * C`, not `B^2`, in training too
-    (without remat, the loop stores every block for the backward pass).
-
-    Pass exactly one of `num_chunks` or `chunk_size`. With a batch size
-    that is unknown at trace time (`None`, e.g. TensorFlow with
-    `reduce_retracing`), only `num_chunks` can be used.
-
-    Args:
-        image_embeds: `(B, D)` image embeddings (unnormalised).
-        text_embeds: `(B, D)` text embeddings (unnormalised).
-        logit_scale: scalar multiplier `s`.
-        logit_bias: scalar bias `b`.
-        num_chunks: number of text chunks `K` (python int >= 1); then
-            `C = ceil(B / K)`.
-        chunk_size: rows per chunk `C` (python int >= 1); then
-            `K = ceil(B / C)`.
-        remat: rematerialise each chunk in the backward pass.
-
-    Returns:
-        float32 scalar, equal to `siglip_loss(...)` up to float rounding.
-
-    Example:
-
-    >>> img = np.random.randn(10, 64); txt = np.random.randn(10, 64)
-    >>> loss = siglip_loss_chunked(img, txt, 10.0, -10.0, chunk_size=4)
-    """
-    if (num_chunks is None) == (chunk_size is None):
+    check_positive_int(num_chunks, "num_chunks")
+    if rows is None and num_chunks is None:
+        image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+        logits = siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias)
+        n = _batch_size(logits)
+        idx = ops.arange(n)
+        labels = siglip_labels(idx, idx)
+        total = ops.sum(ops.log_sigmoid(labels * logits))
+        return -total / ops.cast(n, "float32")
+    if rows is None:
+        return _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, (None, num_chunks), remat)
+    start, count = check_rows(rows)
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds, paired=False)
+    if isinstance(count, int) and image_embeds.shape[0] is not None and image_embeds.shape[0] != count:
         raise ValueError(
-            "Pass exactly one of `num_chunks` or `chunk_size`; received "
-            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
+            f"With `rows=(start, count)`, `image_embeds` holds the replica's {count} images; received "
+            f"{image_embeds.shape[0]} rows."
         )
-    for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
-        if value is not None:
-            check_positive_int(value, name, allow_none=False)
+    logit_scale = check_scalar(logit_scale, "logit_scale")
+    logit_bias = check_scalar(logit_bias, "logit_bias")
+    plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
+    if plan is None:
+        n = text_embeds.shape[0] if text_embeds.shape[0] is not None else ops.shape(text_embeds)[0]
+        plan, pad = (1, n, n), 0
+    else:
+        pad = plan.pad
+    total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
+                                tuple(plan), pad, remat and num_chunks is not None, row_start=start)
+    return -total / ops.cast(ops.shape(image_embeds)[0], "float32")
+
+
+def _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, chunks, remat):
+    """The whole batch's SigLIP loss over text blocks planned by `chunks = (chunk_size, num_chunks)`."""
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-
     # The batch size of the pair: static when either side knows it.
     ref = image_embeds
     if image_embeds.shape[0] is None and text_embeds.shape[0] is not None:
         ref = text_embeds
-    plan = chunking(ref, (chunk_size, num_chunks), "image_embeds")
+    plan = chunking(ref, chunks, "image_embeds")
     if plan is None:  # a single block, still through the loop
         n = int(ref.shape[0])
         count, size, pad = 1, n, 0
     else:
         (count, size, n), pad = plan, plan.pad
-
     total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
                                 (count, size, n), pad, remat, row_start=0)
     return -total / ops.cast(n, "float32")
@@ -300,73 +314,35 @@ def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n, row_sta
     return ops.sum(ops.log_sigmoid(labels * logits) * mask)
 
 
-# ------------------------------------------------ one replica's rows
+# ------------------------------------------------ deprecated entry points
+
+
+def siglip_loss_chunked(image_embeds, text_embeds, logit_scale, logit_bias, num_chunks=None, chunk_size=None,
+                        remat=True):
+    """Deprecated: `siglip_loss(..., num_chunks=K)`. `chunk_size=C` (`K = ceil(B / C)` blocks) still works
+    here, with the warning. Exactly one of `num_chunks` and `chunk_size`."""
+    warn_renamed("siglip_loss_chunked", "siglip_loss(..., num_chunks=K)")
+    if (num_chunks is None) == (chunk_size is None):
+        raise ValueError(
+            "Pass exactly one of `num_chunks` or `chunk_size`; received "
+            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
+        )
+    for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
+        if value is not None:
+            check_positive_int(value, name, allow_none=False)
+    return _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, (chunk_size, num_chunks), remat)
 
 
 def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
-    """The part of `clip_loss` that rows `start .. start + count - 1` contribute: one replica's share.
-
-    `0.5 * (CE_i2t + CE_t2i)` with each cross-entropy averaged over those
-    `count` images (against every text) and those `count` texts (against
-    every image). Averaged over a partition of the batch into equal row
-    ranges, it is `clip_loss`; a replica that computes its own rows needs a
-    `(count, B)` logit matrix instead of `(B, B)` (open_clip's `local_loss`).
-
-    Args:
-        image_embeds: `(B, D)` image embeddings of the whole batch.
-        text_embeds: `(B, D)` text embeddings of the whole batch.
-        logit_scale: scalar multiplier `s`.
-        start: first row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
-
-    Returns:
-        float32 scalar.
-    """
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    logit_scale = check_scalar(logit_scale, "logit_scale")
-    check_row_range(count)
-    return symmetric_rows_loss(lambda rows, columns: logit_scale * ops.matmul(rows, ops.transpose(columns)),
-                               l2_normalize(image_embeds), l2_normalize(text_embeds), start, count)
+    """Deprecated: `clip_loss(image_embeds, text_embeds, logit_scale, rows=(start, count))`."""
+    warn_renamed("clip_loss_rows(..., start, count)", "clip_loss(..., rows=(start, count))")
+    return clip_loss(image_embeds, text_embeds, logit_scale, rows=(start, count))
 
 
 def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, num_chunks=None, remat=True):
-    """One replica's share of `siglip_loss`: its images, rows `start .. start + R - 1` of the batch, against
-    every text.
-
-    `-(1/R) * sum_{i in rows} sum_j log_sigmoid(y_ij * (s * cos_ij + b))`
-    over every text `j` of the batch. Averaged over a partition of the batch
-    into equal row ranges, it is `siglip_loss`; a replica needs no other
-    replica's images. With `num_chunks`, the texts are taken
-    `ceil(B / num_chunks)` at a time as in `siglip_loss_chunked`, so that no
-    `(R, B)` block is formed either (big_vision's chunked sigmoid loss).
-
-    Args:
-        image_embeds: `(R, D)` image embeddings of the replica's rows.
-        text_embeds: `(B, D)` text embeddings of the whole batch.
-        logit_scale: scalar multiplier `s`.
-        logit_bias: scalar bias `b`.
-        start: the batch row of the first image (python int or int scalar tensor).
-        num_chunks: number of text chunks, or None for one `(R, B)` block.
-        remat: rematerialise each chunk in the backward pass.
-
-    Returns:
-        float32 scalar.
-
-    Example:
-
-    >>> img = np.random.randn(8, 64); txt = np.random.randn(8, 64)
-    >>> share = siglip_loss_rows(img[4:], txt, 10.0, -10.0, start=4)
-    """
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds, paired=False)
-    logit_scale = check_scalar(logit_scale, "logit_scale")
-    logit_bias = check_scalar(logit_bias, "logit_bias")
-    check_positive_int(num_chunks, "num_chunks")
-    plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
-    if plan is None:
-        n = text_embeds.shape[0] if text_embeds.shape[0] is not None else ops.shape(text_embeds)[0]
-        plan, pad = (1, n, n), 0
-    else:
-        pad = plan.pad
-    total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
-                                tuple(plan), pad, remat and num_chunks is not None, row_start=start)
-    return -total / ops.cast(ops.shape(image_embeds)[0], "float32")
+    """Deprecated: `siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, R), ...)` with
+    `R` the rows of `image_embeds`."""
+    warn_renamed("siglip_loss_rows(..., start)", "siglip_loss(..., rows=(start, count))")
+    count = image_embeds.shape[0] if image_embeds.shape[0] is not None else ops.shape(image_embeds)[0]
+    return siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, count),
+                       num_chunks=num_chunks, remat=remat)

@@ -16,8 +16,9 @@ import math
 
 from keras import ops
 
+from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import check_positive_int
-from vlzoo.losses._chunking import check_row_range
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import own_log_likelihood
 from vlzoo.losses._chunking import pad_rows
@@ -51,8 +52,10 @@ def filip_loss(
     chunk_axis="text",
     similarity_dtype=None,
     remat=True,
+    rows=None,
 ):
-    """Contrastive loss of FILIP (eq. 1) over the late-interaction scores.
+    """Contrastive loss of FILIP (eq. 1) over the late-interaction scores, of the whole batch or of one
+    replica's rows.
 
     `0.5 * (CE(s * S_I, diag) + CE(s * S_T^T, diag))`, each cross-entropy
     a batch mean over rows: image `i` against all texts with `S_I[i, :]`,
@@ -101,9 +104,26 @@ def filip_loss(
             directions. None (default): one positive per row.
         num_chunks, chunk_axis, similarity_dtype, remat: see
             `filip_similarity`.
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of pairs `start .. start + count - 1` (one replica's; every
+            argument still the whole batch's): `CE_i2t` averaged over those
+            `count` images against every text, `CE_t2i` over those `count`
+            texts against every image. The late interaction is chunked over
+            the other side's batch (texts for `CE_i2t`, images for
+            `CE_t2i`, whatever `chunk_axis`): blocks of `count * C * P * T`,
+            never the `(B, B)` similarities. Token dropping scores the tokens
+            against the whole batch first, so the shares keep the tokens the
+            whole loss keeps, and the shares of a partition of the batch into
+            equal row ranges average to the whole loss. `image_ids` must be
+            None.
 
     Returns:
         float32 scalar.
+
+    Raises:
+        ValueError: on shapes that do not match (the message names the
+            argument), a bad chunking or token-dropping setting, `rows` not
+            a pair with a count >= 1, or `rows` with `image_ids`.
 
     Example:
 
@@ -111,8 +131,15 @@ def filip_loss(
     >>> mask = np.arange(77)[None] < np.random.randint(2, 78, (8, 1))
     >>> loss = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=4,
     ...                   keep_ratio=0.25)
+    >>> share = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=2, rows=(4, 4))
     """
     chunks = (chunk_size, num_chunks)
+    if rows is not None:
+        if image_ids is not None:
+            raise ValueError("`image_ids` (several captions per image) cannot be combined with `rows`.")
+        start, count = check_rows(rows)
+        return _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, chunks,
+                            keep_ratio, selection_group_size, keep_mode, similarity_dtype, remat)
     img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
         image_tokens, text_tokens, text_mask, image_mask, chunks, chunk_axis,
         keep_ratio, selection_group_size, keep_mode, similarity_dtype)
@@ -132,58 +159,9 @@ def filip_loss(
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
 
 
-def filip_loss_rows(
-    image_tokens,
-    text_tokens,
-    text_mask,
-    logit_scale,
-    start,
-    count,
-    image_mask=None,
-    chunk_size=None,
-    *,
-    num_chunks=None,
-    keep_ratio=1.0,
-    selection_group_size=None,
-    keep_mode="static",
-    similarity_dtype=None,
-    remat=True,
-):
-    """The part of `filip_loss` that pairs `start .. start + count - 1`
-    contribute: one replica's share in a step over several replicas.
-
-    `0.5 * (CE_i2t + CE_t2i)` with `CE_i2t` averaged over those `count`
-    images against every text (rows of `S_I`) and `CE_t2i` over those
-    `count` texts against every image (columns of `S_T`). Averaged over a
-    partition of the batch into equal row ranges it is `filip_loss`. The
-    late interaction of the replica's images with every text, and of every
-    image with its texts, is chunked over the other side's batch: blocks of
-    `count * C * P * T`, never the batch's `(B, B)` similarities. Token
-    dropping scores the tokens against the whole batch first, as
-    `filip_loss` does (forward only), so the shares keep the tokens the
-    whole loss keeps.
-
-    Args:
-        image_tokens, text_tokens, text_mask, logit_scale, image_mask: the
-            whole batch's, as for `filip_loss`.
-        start: first row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
-        chunk_size, num_chunks, keep_ratio, selection_group_size,
-        keep_mode, similarity_dtype, remat: see `filip_loss`; the chunks
-            run over the whole batch's texts for `CE_i2t` and over its
-            images for `CE_t2i`.
-
-    Returns:
-        float32 scalar.
-
-    Example:
-
-    >>> img = np.random.randn(8, 49, 64); txt = np.random.randn(8, 16, 64)
-    >>> share = filip_loss_rows(img, txt, np.ones((8, 16), bool), 1 / 0.07,
-    ...                         4, 4, chunk_size=2)
-    """
-    check_row_range(count)
-    chunks = (chunk_size, num_chunks)
+def _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, chunks, keep_ratio,
+                 selection_group_size, keep_mode, similarity_dtype, remat):
+    """`filip_loss(..., rows=(start, count))`."""
     img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
         image_tokens, text_tokens, text_mask, image_mask, chunks, "text",
         keep_ratio, selection_group_size, keep_mode, similarity_dtype)
@@ -196,6 +174,15 @@ def filip_loss_rows(
     i2t = own_log_likelihood(logit_scale * s_i, start)
     t2i = own_log_likelihood(logit_scale * ops.transpose(s_t), start)
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
+
+def filip_loss_rows(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask=None,
+                    chunk_size=None, *, num_chunks=None, keep_ratio=1.0, selection_group_size=None,
+                    keep_mode="static", similarity_dtype=None, remat=True):
+    """Deprecated: `filip_loss(..., rows=(start, count))`."""
+    warn_renamed("filip_loss_rows(..., start, count)", "filip_loss(..., rows=(start, count))")
+    return filip_loss(image_tokens, text_tokens, text_mask, logit_scale, image_mask, chunk_size,
+                      num_chunks=num_chunks, keep_ratio=keep_ratio, selection_group_size=selection_group_size,
+                      keep_mode=keep_mode, similarity_dtype=similarity_dtype, remat=remat, rows=(start, count))
 
 
 def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, chunks,

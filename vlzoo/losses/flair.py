@@ -22,6 +22,8 @@ number of pairs). `keras.ops` only; float32 whatever the input dtype.
 
 from keras import ops
 
+from vlzoo._deprecation import warn_renamed
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._utils import check_float_tensor, check_scalar, format_shape, static_shape, to_float32
 from vlzoo.losses.contrastive import l2_normalize
 
@@ -131,59 +133,57 @@ def _loss_of_rows(tcs, k, start, mps):
     return (loss + mps_loss) / 2
 
 
-def flair_loss(conditioned_logits, num_captions, global_logits=None):
-    """FLAIR's loss from its logits: TCS, or `(TCS + MPS) / 2` with `global_logits`.
+def flair_loss(conditioned_logits, num_captions, global_logits=None, *, rows=None):
+    """FLAIR's loss from its logits: TCS, or `(TCS + MPS) / 2` with `global_logits`; of the whole batch or
+    of one replica's rows.
 
     Args:
         conditioned_logits: `(B, B + K - 1)` logits of each image conditioned
             on the captions `flair_caption_indices` picks (its own at columns
-            `i .. i + K - 1`), from `flair_pair_logits`.
+            `i .. i + K - 1`), from `flair_pair_logits`. With `rows`,
+            `(count, B + K - 1)`: the replica's rows only.
         num_captions: K, captions per image.
         global_logits: optional `(B, B * K)` logits of the global image
             embeddings against every caption (`siglip_logits`); image `i`'s
-            captions are columns `i*K .. i*K + K - 1`. None: TCS alone.
+            captions are columns `i*K .. i*K + K - 1`. None: TCS alone. With
+            `rows`, the same rows as `conditioned_logits`.
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of images `start .. start + count - 1`. The authors' loss
+            is a sum over the batch's rows divided by S (and B * K), not a
+            mean over rows, so a share is its rows' part of that sum times
+            `B / count`: the shares of a partition of the batch into equal
+            row ranges average to the whole loss, and a replica pools only
+            its own images' conditioned embeddings.
 
     Returns:
         Scalar float32.
+
+    Raises:
+        ValueError: if `num_captions` is not an int >= 1, a logits shape is
+            not the one above, or `rows` is not a pair with a count >= 1.
 
     Example:
     >>> flair_loss(np.zeros((2, 3)), 2, np.zeros((2, 4)))  # (6 ln 2 / 3 + 8 ln 2 / 4) / 2
     1.3862944
-    """
-    _check_captions(num_captions)
-    k = num_captions
-    tcs = _check_logits(conditioned_logits, "conditioned_logits", lambda b: b + k - 1, f"(B, B + {k} - 1)")
-    mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(B, B * {k})")
-    return _loss_of_rows(tcs, k, 0, mps)
-
-
-def flair_loss_rows(conditioned_logits, num_captions, start, global_logits=None):
-    """One replica's share of `flair_loss`: its logits are rows `start .. start + R - 1` of the batch's.
-
-    The authors' loss is a sum over the batch's rows divided by S (and
-    B * K), not a mean over rows, so the share is the rows' part of that
-    sum times `B / R`: averaged over a partition of the batch into equal
-    row ranges it is `flair_loss`, and a replica pools only its own `R`
-    images' `(R, S, D)` conditioned embeddings.
-
-    Args:
-        conditioned_logits: `(R, B + K - 1)` the replica's rows of
-            `flair_loss`'s `conditioned_logits`.
-        num_captions: K, captions per image.
-        start: the first row (python int or int scalar tensor).
-        global_logits: optional `(R, B * K)`, the same rows of
-            `flair_loss`'s `global_logits`.
-
-    Returns:
-        Scalar float32.
-
-    Example:
-    >>> flair_loss_rows(np.zeros((1, 3)), 2, 1, np.zeros((1, 4)))  # one of B = 2 rows
+    >>> flair_loss(np.zeros((1, 3)), 2, np.zeros((1, 4)), rows=(1, 1))  # one of B = 2 rows
     1.3862944
     """
     _check_captions(num_captions)
     k = num_captions
+    if rows is None:
+        tcs = _check_logits(conditioned_logits, "conditioned_logits", lambda b: b + k - 1, f"(B, B + {k} - 1)")
+        mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(B, B * {k})")
+        return _loss_of_rows(tcs, k, 0, mps)
+    start, _ = check_rows(rows)
     tcs = _check_logits(conditioned_logits, "conditioned_logits", None, f"(R, B + {k} - 1)")
     mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(R, B * {k})")
     batch = ops.shape(tcs)[1] - k + 1
     return _loss_of_rows(tcs, k, start, mps) * (ops.cast(batch, "float32") / ops.cast(ops.shape(tcs)[0], "float32"))
+
+
+def flair_loss_rows(conditioned_logits, num_captions, start, global_logits=None):
+    """Deprecated: `flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, R))`, `R` the rows
+    of `conditioned_logits`."""
+    warn_renamed("flair_loss_rows(..., start)", "flair_loss(..., rows=(start, count))")
+    count = conditioned_logits.shape[0] if conditioned_logits.shape[0] is not None else ops.shape(conditioned_logits)[0]
+    return flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, count))

@@ -37,9 +37,11 @@ dtype, numpy or backend tensors accepted, `logit_scale` is the multiplier
 
 from keras import ops
 
+from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_chunks
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import put
@@ -291,18 +293,20 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
 
 def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
-              temperature, chunk_size=None, *, num_chunks=None, remat=True):
-    """Sigmoid loss of Llip over the contextualised pairs (eq. 3).
+              temperature, chunk_size=None, *, num_chunks=None, remat=True, rows=None):
+    """Sigmoid loss of Llip over the contextualised pairs (eq. 3), of the whole batch or of one replica's images.
 
-    `-(1/N) sum_ij log_sigmoid(y_ij * (a * S_ij + b))`, `y_ij = +1` iff
-    `i == j`, `S_ij = cos(z_ij, t_j)` with `z_ij` image `i` mixed by
-    caption `j`. All `N^2` pairs count; the sum is divided by `N`.
+    `-(1/R) sum_ij log_sigmoid(y_ij * (a * S_ij + b))` over the `R` images
+    `i` (the batch's `N`, or a replica's) and every caption `j`, `y_ij = +1`
+    iff `i == j`, `S_ij = cos(z_ij, t_j)` with `z_ij` image `i` mixed by
+    caption `j`.
 
     Args:
         queries: `(N, M, d_h)` queries of the captions.
         keys: `(N, K, M, d_h)` keys of the images; image `i` and caption
-            `i` form the positive pair.
-        values: `(N, K, M, D)` folded values.
+            `i` form the positive pair. With `rows`, `(count, K, M, d_h)`:
+            the replica's images only.
+        values: `(N, K, M, D)` folded values (with `rows`, the replica's).
         text_embeds: `(N, D)` caption embeddings (unnormalised).
         logit_scale: scalar multiplier `a` (`exp` of the learned
             log-scale; Llip starts at `1 / 0.07`).
@@ -310,63 +314,48 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
         temperature: `tau > 0` of the cross-attention.
         chunk_size, num_chunks, remat: see `llip_logits`; each block of
             texts is reduced to a scalar before the next one.
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of images `start .. start + count - 1`, each mixed by
+            every caption. The shares of a partition of the batch into
+            equal row ranges average to the whole loss; a replica needs no
+            other replica's keys and values and forms only its own
+            `(count, C)` blocks of pairs. `start` and `count` are python
+            ints or int scalar tensors.
 
     Returns:
         float32 scalar; chunked and unchunked values and gradients agree.
+
+    Raises:
+        ValueError: on inputs whose shapes do not match (the message names
+            the argument), a bad chunking, or `rows` not a pair with a count
+            >= 1.
 
     Example:
 
     >>> q = np.random.randn(4, 2, 4); k = np.random.randn(4, 5, 2, 4)
     >>> v = np.random.randn(4, 5, 2, 8); t = np.random.randn(4, 8)
     >>> loss = llip_loss(q, k, v, t, 1 / 0.07, -10.0, 5.0, chunk_size=3)
+    >>> share = llip_loss(q, k[2:], v[2:], t, 1 / 0.07, -10.0, 5.0, rows=(2, 2))
     """
     chunks = (chunk_size, num_chunks)
+    start = 0
+    if rows is not None:
+        start, _ = check_rows(rows)
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature, True, chunks)
-    n_images = ops.shape(k)[0]
-    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, 0)
-    return -total / ops.cast(n_images, "float32")
+        temperature, rows is None, chunks)
+    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
+    return -total / ops.cast(ops.shape(k)[0], "float32")
 
 
 def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
                    logit_bias, temperature, start, chunk_size=None, *,
                    num_chunks=None, remat=True):
-    """One replica's share of `llip_loss`: its images, rows
-    `start .. start + R - 1` of the batch, each mixed by every caption.
-
-    `-(1/R) sum_{i in rows} sum_j log_sigmoid(y_ij * (a * S_ij + b))` over
-    every caption `j` of the batch. Averaged over a partition of the batch
-    into equal row ranges it is `llip_loss`; a replica needs no other
-    replica's keys and values, and forms only its own `(R, C)` blocks of
-    contextualised pairs, never the `(N, N)` scores.
-
-    Args:
-        queries: `(N, M, d_h)` queries of the batch's captions.
-        keys: `(R, K, M, d_h)` keys of the replica's images.
-        values: `(R, K, M, D)` their folded values.
-        text_embeds: `(N, D)` the batch's caption embeddings.
-        logit_scale, logit_bias, temperature: as for `llip_loss`.
-        start: the batch row of the first image (python int or int scalar
-            tensor).
-        chunk_size, num_chunks, remat: see `llip_logits`; the captions are
-            chunked.
-
-    Returns:
-        float32 scalar.
-
-    Example:
-
-    >>> q = np.random.randn(4, 2, 4); k = np.random.randn(4, 5, 2, 4)
-    >>> v = np.random.randn(4, 5, 2, 8); t = np.random.randn(4, 8)
-    >>> share = llip_loss_rows(q, k[2:], v[2:], t, 1 / 0.07, -10.0, 5.0, 2)
-    """
-    chunks = (chunk_size, num_chunks)
-    q, k, v, t, scale, bias, tau = _prepare(
-        queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature, False, chunks)
-    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
-    return -total / ops.cast(ops.shape(k)[0], "float32")
+    """Deprecated: `llip_loss(..., rows=(start, R))`, `R` the images of `keys`."""
+    warn_renamed("llip_loss_rows(..., start)", "llip_loss(..., rows=(start, count))")
+    count = keys.shape[0] if keys.shape[0] is not None else ops.shape(keys)[0]
+    return llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias, temperature, chunk_size,
+                     num_chunks=num_chunks, remat=remat, rows=(start, count))
 
 
 def _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, row_start):

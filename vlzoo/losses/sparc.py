@@ -25,7 +25,8 @@ their content never changes the loss.
 
 from keras import ops
 
-from vlzoo.losses._chunking import check_row_range
+from vlzoo._deprecation import warn_renamed
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import format_shape
 from vlzoo.losses._utils import check_mask
@@ -34,7 +35,6 @@ from vlzoo.losses._utils import check_token_pair
 from vlzoo.losses._utils import static_shape
 from vlzoo.losses._utils import to_float32
 from vlzoo.losses.contrastive import clip_loss
-from vlzoo.losses.contrastive import clip_loss_rows
 from vlzoo.losses.contrastive import l2_normalize
 
 # Finite masking value for float32 logits (|logits| <= logit_scale).
@@ -271,8 +271,10 @@ def sparc_loss(
     fine_logit_scale=None,
     alignment="threshold",
     epsilon=1e-5,
+    rows=None,
 ):
-    """Total SPARC loss (eq. 7): `lambda_global * L_g + lambda_fine * L_f`.
+    """Total SPARC loss (eq. 7): `lambda_global * L_g + lambda_fine * L_f`, of the whole batch or of one
+    replica's rows.
 
     `L_g = clip_loss(image_global, text_global, logit_scale)` (eq. 1, with
     its own factor 1/2, so the default global term is
@@ -295,10 +297,37 @@ def sparc_loss(
         fine_logit_scale: None (default) shares `logit_scale`; a scalar
             gives the fine-grained term its own multiplier (an ablation).
         alignment, epsilon: see `sparc_alignment_weights`.
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of pairs `start .. start + count - 1` (one replica's):
+            `patch_embeds` and `token_embeds` then hold those `count` pairs
+            only, `image_global`, `text_global` and `token_mask` the whole
+            batch. The global term is `clip_loss`'s share; the fine-grained
+            term, within each pair, needs the replica's own tokens only. With
+            `reduction="tokens"` its sum over them is divided by the number
+            of real tokens of the whole batch and multiplied by `B / count`;
+            with "samples" it is their mean. The shares of a partition of the
+            batch into equal row ranges average to the whole loss.
 
     Returns:
         float32 scalar.
+
+    Raises:
+        ValueError: on shapes that do not match (the message names the
+            argument), an unknown `reduction` or `alignment`, or `rows` not a
+            pair with a count >= 1.
+
+    Example:
+
+    >>> g = np.random.randn(8, 64); v = np.random.randn(8, 49, 64)
+    >>> t = np.random.randn(8, 16, 64); mask = np.ones((8, 16), bool)
+    >>> loss = sparc_loss(g, g, v, t, mask, 1 / 0.07)
+    >>> share = sparc_loss(g, g, v[4:], t[4:], mask, 1 / 0.07, rows=(4, 4))
     """
+    if rows is not None:
+        start, count = check_rows(rows)
+        return _sparc_share(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale,
+                            start, count, lambda_global, lambda_fine, threshold, reduction, fine_logit_scale,
+                            alignment, epsilon)
     global_loss = clip_loss(image_global, text_global, logit_scale)
     _check_batch(image_global, patch_embeds, "patch_embeds")
     fine_loss = sparc_fine_grained_loss(
@@ -309,57 +338,10 @@ def sparc_loss(
             + check_scalar(lambda_fine, "lambda_fine") * fine_loss)
 
 
-def sparc_loss_rows(
-    image_global,
-    text_global,
-    patch_embeds,
-    token_embeds,
-    token_mask,
-    logit_scale,
-    start,
-    count,
-    lambda_global=0.5,
-    lambda_fine=1.0,
-    threshold=None,
-    reduction="tokens",
-    *,
-    fine_logit_scale=None,
-    alignment="threshold",
-    epsilon=1e-5,
-):
-    """The part of `sparc_loss` that pairs `start .. start + count - 1`
-    contribute: one replica's share in a step over several replicas.
-
-    The global term is `clip_loss_rows`'s share; the fine-grained term,
-    within each pair, needs the replica's own tokens only. With
-    `reduction="tokens"` its sum over them is divided by the number of real
-    tokens of the whole batch and multiplied by `B / count`; with
-    "samples" it is their mean. Averaged over a partition of the batch into
-    equal row ranges, the shares are `sparc_loss`.
-
-    Args:
-        image_global, text_global: `(B, D)` the whole batch's global
-            embeddings.
-        patch_embeds: `(count, P, D)` the replica's patch embeddings.
-        token_embeds: `(count, T, D)` the replica's token embeddings.
-        token_mask: `(B, T)` the whole batch's token mask.
-        logit_scale: as for `sparc_loss`.
-        start: first row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
-        lambda_global, lambda_fine, threshold, reduction, fine_logit_scale,
-        alignment, epsilon: see `sparc_loss`.
-
-    Returns:
-        float32 scalar.
-
-    Example:
-
-    >>> g = np.random.randn(8, 64); v = np.random.randn(8, 49, 64)
-    >>> t = np.random.randn(8, 16, 64); mask = np.ones((8, 16), bool)
-    >>> share = sparc_loss_rows(g, g, v[4:], t[4:], mask, 1 / 0.07, 4, 4)
-    """
-    check_row_range(count)
-    global_share = clip_loss_rows(image_global, text_global, logit_scale, start, count)
+def _sparc_share(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale, start, count,
+                 lambda_global, lambda_fine, threshold, reduction, fine_logit_scale, alignment, epsilon):
+    """`sparc_loss(..., rows=(start, count))`."""
+    global_share = clip_loss(image_global, text_global, logit_scale, rows=(start, count))
     mask = ops.convert_to_tensor(token_mask)
     _check_batch(image_global, mask, "token_mask")
     patch_embeds, token_embeds, rows_mask, fine_scale = _fine_grained_inputs(
@@ -375,3 +357,13 @@ def sparc_loss_rows(
         fine = ops.mean(ops.sum(ce, axis=1) / ops.maximum(tokens, 1.0))
     return (check_scalar(lambda_global, "lambda_global") * global_share
             + check_scalar(lambda_fine, "lambda_fine") * fine)
+
+
+def sparc_loss_rows(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale, start, count,
+                    lambda_global=0.5, lambda_fine=1.0, threshold=None, reduction="tokens", *, fine_logit_scale=None,
+                    alignment="threshold", epsilon=1e-5):
+    """Deprecated: `sparc_loss(..., rows=(start, count))`."""
+    warn_renamed("sparc_loss_rows(..., start, count)", "sparc_loss(..., rows=(start, count))")
+    return sparc_loss(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale, lambda_global,
+                      lambda_fine, threshold, reduction, fine_logit_scale=fine_logit_scale, alignment=alignment,
+                      epsilon=epsilon, rows=(start, count))

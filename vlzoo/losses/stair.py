@@ -34,7 +34,8 @@ backward pass), so memory grows with `B * S * V / num_chunks`.
 import keras
 from keras import ops
 
-from vlzoo.losses._chunking import check_row_range
+from vlzoo._deprecation import warn_renamed
+from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import symmetric_rows_loss
 from vlzoo.losses._utils import check_float_tensor
 from vlzoo.losses._utils import check_mask
@@ -264,14 +265,41 @@ def _blocked_dot(a, b):
     return ops.sum(ops.einsum("ikc,jkc->ijk", a, b), axis=-1)
 
 
-def stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon=COSINE_EPSILON):
-    """`L_con = 0.5 * (CE(logits, diag) + CE(logits^T, diag))` over `stair_logits`.
+def stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon=COSINE_EPSILON, *, rows=None):
+    """`L_con = 0.5 * (CE(logits, diag) + CE(logits^T, diag))` over `stair_logits`, of the whole batch or of
+    one replica's rows.
 
     The symmetric CLIP form (eq. 3 writes the image->text direction only;
-    the positive is in the softmax denominator). Arguments as `stair_loss`;
-    returns a float32 scalar.
+    the positive is in the softmax denominator).
+
+    Args:
+        image_embeds, text_embeds, logit_scale, epsilon: as for `stair_loss`
+            (the whole batch's, with `rows` too).
+        rows: None for the loss of the whole batch; `(start, count)` for the
+            share of pairs `start .. start + count - 1`: each cross-entropy
+            averaged over those `count` images (against every text) and
+            `count` texts (against every image), from `(count, B)` logits.
+            The shares of a partition of the batch into equal row ranges
+            average to the whole loss.
+
+    Returns:
+        float32 scalar.
+
+    Raises:
+        ValueError: if the embeddings' shapes do not pair, or `rows` is not a
+            pair with a count >= 1.
+
+    Example:
+
+    >>> img = np.abs(np.random.randn(8, 64)); txt = np.abs(np.random.randn(8, 64))
+    >>> loss = stair_contrastive_loss(img, txt, 1 / 0.07)
+    >>> share = stair_contrastive_loss(img, txt, 1 / 0.07, rows=(4, 4))
     """
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    if rows is not None:
+        start, count = check_rows(rows)
+        return symmetric_rows_loss(lambda r, c: stair_logits(r, c, logit_scale, epsilon),
+                                   image_embeds, text_embeds, start, count)
     logits = stair_logits(image_embeds, text_embeds, logit_scale, epsilon)
     i2t = ops.diagonal(ops.log_softmax(logits, axis=1))
     t2i = ops.diagonal(ops.log_softmax(logits, axis=0))
@@ -279,32 +307,9 @@ def stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon=COSIN
 
 
 def stair_contrastive_loss_rows(image_embeds, text_embeds, logit_scale, start, count, epsilon=COSINE_EPSILON):
-    """The part of `stair_contrastive_loss` that pairs `start .. start + count - 1` contribute: one
-    replica's share in a step over several replicas.
-
-    Each cross-entropy is averaged over those `count` images (against every
-    text) and `count` texts (against every image), from `(count, B)` logits;
-    averaged over a partition of the batch into equal row ranges it is
-    `stair_contrastive_loss`.
-
-    Args:
-        image_embeds, text_embeds, logit_scale, epsilon: the whole batch's,
-            as for `stair_contrastive_loss`.
-        start: first row (python int or int scalar tensor).
-        count: number of rows (python int, or int scalar tensor).
-
-    Returns:
-        float32 scalar.
-
-    Example:
-
-    >>> img = np.abs(np.random.randn(8, 64)); txt = np.abs(np.random.randn(8, 64))
-    >>> share = stair_contrastive_loss_rows(img, txt, 1 / 0.07, 4, 4)
-    """
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    check_row_range(count)
-    return symmetric_rows_loss(lambda rows, columns: stair_logits(rows, columns, logit_scale, epsilon),
-                               image_embeds, text_embeds, start, count)
+    """Deprecated: `stair_contrastive_loss(..., rows=(start, count))`."""
+    warn_renamed("stair_contrastive_loss_rows(..., start, count)", "stair_contrastive_loss(..., rows=(start, count))")
+    return stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon, rows=(start, count))
 
 
 def stair_loss(image_embeds, text_embeds, logit_scale, image_flops_weight=0.0, text_flops_weight=0.0,

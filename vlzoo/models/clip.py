@@ -5,7 +5,7 @@ import math
 import keras
 
 from vlzoo.families import Family, register_family
-from vlzoo.losses import clip_logits, clip_loss, clip_loss_rows
+from vlzoo.losses import clip_logits, clip_loss
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -53,7 +53,7 @@ class CLIP(ContrastiveModel):
         """Symmetric InfoNCE; with `rows`, those images and texts against every text and image (open_clip's
         `local_loss`)."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"])
-        return clip_loss(*args) if rows is None else clip_loss_rows(*args, *rows)
+        return clip_loss(*args, rows=rows)
 
 
 register_family(Family("clip", CLIP, score_loss="softmax"))

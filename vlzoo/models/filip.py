@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
-from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_loss_rows, filip_similarity, filip_token_alignment
+from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import TokenSimilarityMean
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -192,9 +192,7 @@ class FILIP(TokenContrastiveModel):
         and its captions against every image, each chunked over the global batch (tokens dropped as on the
         whole batch)."""
         args = (outputs["image_tokens"], outputs["text_tokens"], outputs["text_mask"], outputs["logit_scale"])
-        if rows is None:
-            return filip_loss(*args, **self._loss_options(training))
-        return filip_loss_rows(*args, *rows, **self._loss_options(training))
+        return filip_loss(*args, **self._loss_options(training), rows=rows)
 
     def _loss_options(self, training):
         return dict(keep_ratio=self.keep_ratio if training else 1.0, selection_group_size=self.selection_group_size,

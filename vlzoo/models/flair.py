@@ -9,7 +9,7 @@ from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTI
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
 from vlzoo.losses._chunking import take_rows
-from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_loss_rows, flair_pair_logits
+from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_pair_logits
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.token_level import token_projection
@@ -159,7 +159,7 @@ class FLAIR(ContrastiveModel):
             return flair_loss(*self._loss_logits(outputs))
         start, count = rows
         conditioned, captions, overall = self._loss_logits(outputs, lambda x: take_rows(x, start, count))
-        return flair_loss_rows(conditioned, captions, start, overall)
+        return flair_loss(conditioned, captions, overall, rows=rows)
 
     def _loss_logits(self, outputs, rows=lambda x: x):
         """`(conditioned, K, global)` for `flair_loss` (global None without `use_global_loss`): the logits

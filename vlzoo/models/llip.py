@@ -8,7 +8,7 @@ from keras import ops
 from vlzoo.families import CLIPTransfer, Family, TEXT_PROJECTION, register_family
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
-from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_loss_rows, llip_template_average
+from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import ClassTextsMethod
@@ -244,7 +244,7 @@ class Llip(ContrastiveModel):
         args = (outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
                 outputs["logit_scale"], outputs["logit_bias"], self.temperature)
         chunks = dict(chunk_size=self.chunk_size, num_chunks=self.num_chunks)
-        return llip_loss(*args, **chunks) if rows is None else llip_loss_rows(*args, rows[0], **chunks)
+        return llip_loss(*args, **chunks, rows=rows)
 
     def no_weight_decay_variables(self):
         """LayerNorm parameters, biases and the logit scale/bias: the variables of rank < 2."""

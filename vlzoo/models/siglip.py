@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.families import Family, register_family
-from vlzoo.losses import siglip_logits, siglip_loss, siglip_loss_chunked, siglip_loss_rows
+from vlzoo.losses import siglip_logits, siglip_loss
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -67,11 +67,7 @@ class SigLIP(ContrastiveModel):
         """The sigmoid loss over all pairs, in `loss_num_chunks` chunks of texts if set; with `rows`, this
         replica's images (the only ones `image_embeds` then holds) against every text."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
-        if rows is not None:
-            return siglip_loss_rows(*args, rows[0], num_chunks=self.loss_num_chunks)
-        if self.loss_num_chunks:
-            return siglip_loss_chunked(*args, num_chunks=self.loss_num_chunks)
-        return siglip_loss(*args)
+        return siglip_loss(*args, rows=rows, num_chunks=self.loss_num_chunks or None)
 
     def get_config(self):
         config = super().get_config()

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
-from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss, sparc_loss_rows
+from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
 from vlzoo.models.token_level import TokenContrastiveModel
 
 TEXT_POOLS = ("masked_mean", "mean")
@@ -141,9 +141,7 @@ class SPARC(TokenContrastiveModel):
     def contrastive_loss(self, outputs, rows=None, training=False):
         """The global InfoNCE plus the fine-grained loss; with `rows`, CLIP's share of this replica's rows and
         the fine-grained loss of its own pairs (whose tokens are the only ones the token entries then hold)."""
-        if rows is None:
-            return sparc_loss(*self._loss_inputs(outputs), **self._loss_options())
-        return sparc_loss_rows(*self._loss_inputs(outputs), *rows, **self._loss_options())
+        return sparc_loss(*self._loss_inputs(outputs), **self._loss_options(), rows=rows)
 
     @staticmethod
     def _loss_inputs(outputs):

@@ -8,7 +8,7 @@ from keras import ops
 
 from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
-from vlzoo.losses import clip_loss, clip_loss_rows, l2_normalize
+from vlzoo.losses import clip_loss, l2_normalize
 from vlzoo.losses._utils import check_embeds
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
@@ -275,7 +275,7 @@ class SPARO(ContrastiveModel):
         a no-op); with `rows`, those rows' share (open_clip's `local_loss`)."""
         args = (self.normalize_vectors(outputs["image_embeds"]), self.normalize_vectors(outputs["text_embeds"]),
                 outputs["logit_scale"])
-        return clip_loss(*args) if rows is None else clip_loss_rows(*args, *rows)
+        return clip_loss(*args, rows=rows)
 
     # ------------------------------------------------------ slot selection
 

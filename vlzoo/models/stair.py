@@ -9,7 +9,7 @@ from keras import ops
 from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
-from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss, stair_contrastive_loss_rows
+from vlzoo.losses.stair import flops_regularizer, flops_weight, stair_contrastive_loss
 from vlzoo.losses.stair import stair_logits
 from vlzoo.models import stair_stages
 from vlzoo.models.base import ContrastiveModel
@@ -441,16 +441,13 @@ class STAIR(ContrastiveModel):
         term, and the regularisers of the global batch (not a mean over rows: every replica adds them whole).
         Its `contrastive` metric records the replica's share: averaged over the replicas under
         tf.distribute, rank 0's own on PyTorch."""
-        if rows is None:
-            return self._loss(outputs, stair_contrastive_loss)
-        return self._loss(outputs, lambda image, text, scale, epsilon: stair_contrastive_loss_rows(
-            image, text, scale, *rows, epsilon))
+        return self._loss(outputs, rows)
 
-    def _loss(self, outputs, contrastive_loss):
-        """The stage's loss, its contrastive term from `contrastive_loss(image, text, scale, epsilon)`."""
+    def _loss(self, outputs, rows):
+        """The stage's loss, its contrastive term the share of `rows` (None: the whole batch's)."""
         image, text = self.loss_embeddings(outputs)
         weight_img, weight_txt = self.flops_weights()
-        contrastive = contrastive_loss(image, text, outputs["logit_scale"], self.cosine_epsilon)
+        contrastive = stair_contrastive_loss(image, text, outputs["logit_scale"], self.cosine_epsilon, rows=rows)
         flops_img = flops_regularizer(image)
         flops_txt = flops_regularizer(text if self.stage1_flops_on == "masked" else outputs["text_embeds"])
         loss = contrastive + weight_txt * flops_txt
