@@ -50,7 +50,7 @@ PRETRAINED_REQUIRED = ("handle", "format", "family", "architecture", "source", "
                        "description")
 _IN_CODE = {}
 
-# A constant until the table of checkpoint formats; deprecated 2026-11-28.
+# `FORMATS`, the formats' former constant: deprecated, read from `vlzoo.formats`.
 __getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.catalogue_formats()",
                                                           formats.catalogue_formats)})
 
