@@ -2,7 +2,7 @@
 
 open_clip and transformers import torchvision, whose CUDA-only PyPI wheel cannot load its compiled
 ops next to the CPU torch wheel; `vlzoo.convert.checkpoints` imports them past that (see
-/work/shared/ENV.md, "The torchvision trap").
+the shared ENV.md next to the checkout, "The torchvision trap").
 """
 
 from vlzoo.convert.checkpoints import import_open_clip, import_torchvision  # noqa: F401 (re-exported)

@@ -229,54 +229,39 @@ def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=None, n
     >>> share = siglip_loss(img[4:], txt, 10.0, -10.0, rows=(4, 4))
     """
     check_positive_int(num_chunks, "num_chunks")
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds, paired=rows is None)
     if rows is None and num_chunks is None:
-        image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
         logits = siglip_logits(image_embeds, text_embeds, logit_scale, logit_bias)
         n = _batch_size(logits)
         idx = ops.arange(n)
         labels = siglip_labels(idx, idx)
         total = ops.sum(ops.log_sigmoid(labels * logits))
         return -total / ops.cast(n, "float32")
-    if rows is None:
-        return _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, (None, num_chunks), remat)
-    start, count = check_rows(rows)
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds, paired=False)
-    if isinstance(count, int) and image_embeds.shape[0] is not None and image_embeds.shape[0] != count:
-        raise ValueError(
-            f"With `rows=(start, count)`, `image_embeds` holds the replica's {count} images; received "
-            f"{image_embeds.shape[0]} rows."
-        )
+    start = 0
+    if rows is not None:
+        start, count = check_rows(rows)
+        if isinstance(count, int) and image_embeds.shape[0] is not None and image_embeds.shape[0] != count:
+            raise ValueError(
+                f"With `rows=(start, count)`, `image_embeds` holds the replica's {count} images; received "
+                f"{image_embeds.shape[0]} rows."
+            )
+    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (None, num_chunks), remat, start)
+
+
+def _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, chunks, remat, row_start):
+    """The loss of the images (the batch's rows `row_start ..`) against every text, the texts taken in the blocks
+    `chunks = (chunk_size, num_chunks)` plans (one block when both are None; remat only for several)."""
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-    plan = chunking(text_embeds, (None, num_chunks), "text_embeds")
+    plan = chunking(text_embeds, chunks, "text_embeds")
     if plan is None:
         n = text_embeds.shape[0] if text_embeds.shape[0] is not None else ops.shape(text_embeds)[0]
         plan, pad = (1, n, n), 0
     else:
         pad = plan.pad
     total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
-                                tuple(plan), pad, remat and num_chunks is not None, row_start=start)
+                                tuple(plan), pad, remat and chunks != (None, None), row_start=row_start)
     return -total / ops.cast(ops.shape(image_embeds)[0], "float32")
-
-
-def _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, chunks, remat):
-    """The whole batch's SigLIP loss over text blocks planned by `chunks = (chunk_size, num_chunks)`."""
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    logit_scale = check_scalar(logit_scale, "logit_scale")
-    logit_bias = check_scalar(logit_bias, "logit_bias")
-    # The batch size of the pair: static when either side knows it.
-    ref = image_embeds
-    if image_embeds.shape[0] is None and text_embeds.shape[0] is not None:
-        ref = text_embeds
-    plan = chunking(ref, chunks, "image_embeds")
-    if plan is None:  # a single block, still through the loop
-        n = int(ref.shape[0])
-        count, size, pad = 1, n, 0
-    else:
-        (count, size, n), pad = plan, plan.pad
-    total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
-                                (count, size, n), pad, remat, row_start=0)
-    return -total / ops.cast(n, "float32")
 
 
 def _siglip_chunked_sum(img, txt, logit_scale, logit_bias, plan, pad, remat, row_start):
@@ -330,7 +315,8 @@ def siglip_loss_chunked(image_embeds, text_embeds, logit_scale, logit_bias, num_
     for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
         if value is not None:
             check_positive_int(value, name, allow_none=False)
-    return _siglip_chunked_loss(image_embeds, text_embeds, logit_scale, logit_bias, (chunk_size, num_chunks), remat)
+    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
+    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (chunk_size, num_chunks), remat, 0)
 
 
 def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
