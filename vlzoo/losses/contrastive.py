@@ -255,7 +255,7 @@ def _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, chun
     logit_bias = check_scalar(logit_bias, "logit_bias")
     plan = chunking(text_embeds, chunks, "text_embeds")
     if plan is None:
-        n = text_embeds.shape[0] if text_embeds.shape[0] is not None else ops.shape(text_embeds)[0]
+        n = ops.shape(text_embeds)[0]
         plan, pad = (1, n, n), 0
     else:
         pad = plan.pad
@@ -329,6 +329,6 @@ def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, 
     """Deprecated: `siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, R), ...)` with
     `R` the rows of `image_embeds`."""
     warn_renamed("siglip_loss_rows(..., start)", "siglip_loss(..., rows=(start, count))")
-    count = image_embeds.shape[0] if image_embeds.shape[0] is not None else ops.shape(image_embeds)[0]
+    count = ops.shape(image_embeds)[0]
     return siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, count),
                        num_chunks=num_chunks, remat=remat)

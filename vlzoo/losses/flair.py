@@ -185,5 +185,5 @@ def flair_loss_rows(conditioned_logits, num_captions, start, global_logits=None)
     """Deprecated: `flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, R))`, `R` the rows
     of `conditioned_logits`."""
     warn_renamed("flair_loss_rows(..., start)", "flair_loss(..., rows=(start, count))")
-    count = conditioned_logits.shape[0] if conditioned_logits.shape[0] is not None else ops.shape(conditioned_logits)[0]
+    count = ops.shape(conditioned_logits)[0]
     return flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, count))

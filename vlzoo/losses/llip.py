@@ -353,7 +353,7 @@ def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
                    num_chunks=None, remat=True):
     """Deprecated: `llip_loss(..., rows=(start, R))`, `R` the images of `keys`."""
     warn_renamed("llip_loss_rows(..., start)", "llip_loss(..., rows=(start, count))")
-    count = keys.shape[0] if keys.shape[0] is not None else ops.shape(keys)[0]
+    count = ops.shape(keys)[0]
     return llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias, temperature, chunk_size,
                      num_chunks=num_chunks, remat=remat, rows=(start, count))
 
