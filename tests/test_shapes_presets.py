@@ -27,6 +27,7 @@ from vlzoo.evaluation import recall_at_k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = list(SHAPES_PRESETS)
+BINDING_BLOCK = 60  # binding pairs scored per call: 300 in five blocks
 
 
 def _train_shapes():
@@ -57,6 +58,21 @@ def _embeddings(model, images, texts):
     return model.encode_image(model.preprocessor(images)), model.encode_text(model.tokenizer(list(texts)))
 
 
+def _pair_scores(model, pairs, block=BINDING_BLOCK):
+    """Each image's score with its true caption and with its swapped one, `(N,)` each: `block` images against
+    their `2 * block` captions per call (the diagonals of the `(N, N)` scores, without the rest), the last
+    block padded with the last pair so that every call has one shape."""
+    n, diagonal = len(pairs["images"]), np.arange(block)
+    right, wrong = [], []
+    for start in range(0, n, block):
+        rows = np.minimum(start + diagonal, n - 1)
+        image, true = _embeddings(model, pairs["images"][rows], [pairs["captions"][r] for r in rows])
+        swapped = model.encode_text(model.tokenizer([pairs["swapped_captions"][r] for r in rows]))
+        right.append(np.diag(to_numpy(model.score(image, true)))[: n - start])
+        wrong.append(np.diag(to_numpy(model.score(image, swapped)))[: n - start])
+    return np.concatenate(right), np.concatenate(wrong)
+
+
 def _held_out(model, retrieval_only=False):
     """`shapes_benchmark.evaluate`'s metrics (its data and seeds), computed here from the model's scores, and
     for each metric the share of its decisions that those scores take by less than `DECISION_MARGIN` of their
@@ -81,10 +97,7 @@ def _held_out(model, retrieval_only=False):
         return metrics, ties
     for offset, swap in enumerate(shapes.SWAPS, start=1):
         pairs = shapes.binding_pairs("test", 300, swap=swap, image_size=model.vision.image_size, seed=offset)
-        image, true = _embeddings(model, pairs["images"], pairs["captions"])
-        swapped = model.encode_text(model.tokenizer(pairs["swapped_captions"]))
-        right = np.diag(to_numpy(model.score(image, true)))
-        wrong = np.diag(to_numpy(model.score(image, swapped)))
+        right, wrong = _pair_scores(model, pairs)
         metrics[f"binding_{swap}"] = float(np.mean(right > wrong))  # a tie counts as a failure
         ties[f"binding_{swap}"] = share(lambda d: np.abs(right - wrong) < d, np.concatenate([right, wrong]))
     for values in (metrics, ties):
