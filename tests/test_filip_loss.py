@@ -6,6 +6,7 @@ cases are compared with the float64 loops of reference_token_losses.py.
 
 import math
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -69,8 +70,8 @@ def _sims(*args, **kwargs):
 # ------------------------------------------------------------ golden cases
 
 
-@pytest.mark.parametrize("kwargs", [{}, dict(chunk_size=1),
-                                    dict(chunk_size=1, chunk_axis="image")])
+@pytest.mark.parametrize("kwargs", [{}, dict(num_chunks=2),
+                                    dict(num_chunks=2, chunk_axis="image")])
 def test_hand_case_similarities(kwargs):
     """S_I = [[0.7, 0.5], [0.6, 0.0]] and S_T = [[0.8, 1.0], [0.6, 0.0]]."""
     s_i, s_t = _sims(*_hand_case(), **kwargs)
@@ -84,7 +85,7 @@ def test_hand_case_loss_and_known_wrong_variants():
     np.testing.assert_allclose(to_numpy(filip_loss(img, txt, mask, 1.0)),
                                0.886756844191823, rtol=1e-6)
     np.testing.assert_allclose(
-        to_numpy(filip_loss(img, txt, mask, 1 / 0.07, chunk_size=1)),
+        to_numpy(filip_loss(img, txt, mask, 1 / 0.07, num_chunks=2)),
         5.742255182927085, rtol=1e-6)
     ours = 0.886756844191823
     # The known-wrong values of docs/families/filip.md §Hand-checked cases, recomputed in numpy (scale 1).
@@ -222,12 +223,12 @@ def _loss_fn(mask, image_mask=None, **kwargs):
                                       **kwargs)
 
 
-@pytest.mark.parametrize("chunk_size", [None, 2])
-def test_padding_invariance_and_zero_gradient(chunk_size):
+@pytest.mark.parametrize("num_chunks", [None, 3])
+def test_padding_invariance_and_zero_gradient(num_chunks):
     img, txt, mask = _inputs(seed=7)
     im = _image_mask()
     scale = np.float32(10.0)
-    fn = _loss_fn(mask, im, chunk_size=chunk_size)
+    fn = _loss_fn(mask, im, num_chunks=num_chunks)
     v0, g0 = value_and_grad(fn, img, txt, scale)
     np.testing.assert_allclose(
         v0, tref.filip_loss(img, txt, mask, scale, image_mask=im), **TOL)
@@ -244,7 +245,7 @@ def test_padding_invariance_and_zero_gradient(chunk_size):
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    if chunk_size is None:
+    if num_chunks is None:
         # More padding (T -> T + 3): same value.
         txt3 = np.concatenate([txt, np.ones((B, 3, D), "float32")], axis=1)
         mask3 = np.concatenate([mask, np.zeros((B, 3), bool)], axis=1)
@@ -257,7 +258,7 @@ def test_batch_and_token_permutations():
     img, txt, mask = _inputs(seed=8)
     perm = np.random.default_rng(1).permutation(B)
     s_i, s_t = _sims(img, txt, mask)
-    p_i, p_t = _sims(img[perm], txt[perm], mask[perm], chunk_size=2)
+    p_i, p_t = _sims(img[perm], txt[perm], mask[perm], num_chunks=3)
     np.testing.assert_allclose(p_i, s_i[perm][:, perm], **TOL)
     np.testing.assert_allclose(p_t, s_t[perm][:, perm], **TOL)
     loss = to_numpy(filip_loss(img, txt, mask, 10.0))
@@ -286,11 +287,12 @@ def test_equal_similarities_give_log_batch():
 
 
 @pytest.mark.parametrize("chunks,axis,remat", [
-    (dict(chunk_size=2), "text", True),    # 2 + 2 + 1: last chunk padded
+    (dict(num_chunks=3), "text", True),    # 2 + 2 + 1: last chunk padded
     (dict(num_chunks=2), "text", False),   # 3 + 2
-    (dict(chunk_size=1), "text", True),
-    (dict(chunk_size=2), "image", True),
-    (dict(chunk_size=64), "text", True),   # larger than the batch: one block
+    (dict(num_chunks=5), "text", True),    # one text a block
+    (dict(num_chunks=3), "image", True),
+    (dict(num_chunks=64), "text", True),   # more blocks than rows: B blocks of one
+    (dict(num_chunks=1), "text", True),    # one block
 ])
 def test_chunked_matches_unchunked(chunks, axis, remat):
     img, txt, mask = _inputs(seed=9)
@@ -303,6 +305,45 @@ def test_chunked_matches_unchunked(chunks, axis, remat):
     np.testing.assert_allclose(v1, v0, rtol=1e-6, atol=1e-6)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_deprecated_chunk_size_warns_and_gives_the_num_chunks_values():
+    """`chunk_size=C`, the former setting (positional in `filip_similarity`, `filip_loss` and
+    `filip_ensemble_scores`), warns at the caller, naming `num_chunks`, and still plans blocks of `C`
+    rows: on 8 rows, `chunk_size=4` is `num_chunks=2`, the same values to the bit."""
+    img, txt, mask = _inputs(seed=20, lengths=[2, 6, 3, 1, 4, 5, 6, 2])
+
+    def arrays(out):  # a tensor, a tuple or a dict (by key) as numpy arrays
+        out = [out[key] for key in sorted(out)] if isinstance(out, dict) else out
+        return [to_numpy(x) for x in (out if isinstance(out, (tuple, list)) else [out])]
+
+    def same(deprecated, current):
+        with pytest.warns(DeprecationWarning, match=re.escape("use `num_chunks=ceil(B / C)`")) as record:
+            old = arrays(deprecated())
+        assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
+        for a, b in zip(old, arrays(current()), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    same(lambda: filip_similarity(img, txt, mask, None, 4), lambda: filip_similarity(img, txt, mask, num_chunks=2))
+    same(lambda: filip_similarity(img, txt, mask, chunk_size=4, chunk_axis="image"),
+         lambda: filip_similarity(img, txt, mask, num_chunks=2, chunk_axis="image"))
+    same(lambda: filip_loss(img, txt, mask, 10.0, None, 4), lambda: filip_loss(img, txt, mask, 10.0, num_chunks=2))
+    same(lambda: filip_loss(img, txt, mask, 10.0, chunk_size=4, keep_ratio=0.5, rows=(4, 4)),
+         lambda: filip_loss(img, txt, mask, 10.0, num_chunks=2, keep_ratio=0.5, rows=(4, 4)))
+    classes, class_mask = txt.reshape(4, 2, T, D), mask.reshape(4, 2, T)
+    same(lambda: filip_ensemble_scores(img, classes, class_mask, None, 4),
+         lambda: filip_ensemble_scores(img, classes, class_mask, num_chunks=2))
+    same(lambda: filip_select_tokens(img, txt, mask, 0.5, chunk_size=4),
+         lambda: filip_select_tokens(img, txt, mask, 0.5, num_chunks=2))
+    # `chunk_size=None`, its default, does not warn.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
+        filip_loss(img, txt, mask, 10.0, None, None)
+        filip_similarity(img, txt, mask, chunk_size=None, num_chunks=2)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`chunk_size` must be a python int"):
+        filip_loss(img, txt, mask, 1.0, chunk_size=0)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
+        filip_loss(img, txt, mask, 1.0, chunk_size=2, num_chunks=2)
 
 
 # ------------------------------------------------------------- degenerate
@@ -330,9 +371,9 @@ def test_degenerate_inputs_finite(case):
     scale = np.float32(100.0)
     # The padded-batch cases also run chunked (a padded chunk row is itself
     # an empty caption).
-    chunk = 2 if case.startswith("empty") else None
-    value, grads = value_and_grad(_loss_fn(mask, im, chunk_size=chunk), img,
-                                  txt, scale)
+    num_chunks = 3 if case.startswith("empty") else None
+    value, grads = value_and_grad(_loss_fn(mask, im, num_chunks=num_chunks),
+                                  img, txt, scale)
     assert np.isfinite(value)
     for g in grads:
         assert np.all(np.isfinite(g))
@@ -350,7 +391,7 @@ def test_low_precision_inputs_give_float32(dtype):
     img_r = to_numpy(keras.ops.cast(img_lp, "float32"))
     txt_r = to_numpy(keras.ops.cast(txt_lp, "float32"))
     scale = keras.ops.cast(np.float32(20.0), dtype)
-    out = filip_loss(img_lp, txt_lp, mask, scale, chunk_size=2)
+    out = filip_loss(img_lp, txt_lp, mask, scale, num_chunks=3)
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
     np.testing.assert_allclose(to_numpy(out),
                                tref.filip_loss(img_r, txt_r, mask, 20.0),
@@ -358,7 +399,7 @@ def test_low_precision_inputs_give_float32(dtype):
     for s in filip_similarity(img_lp, txt_lp, mask):
         assert keras.backend.standardize_dtype(s.dtype) == "float32"
     # FILIP's reduced-precision dot products: float32 outputs, close values.
-    s_lp = _sims(img, txt, mask, similarity_dtype=dtype, chunk_size=2)
+    s_lp = _sims(img, txt, mask, similarity_dtype=dtype, num_chunks=3)
     for a, b in zip(s_lp, tref.filip_similarity(img, txt, mask)):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, atol=1e-2)
@@ -385,10 +426,10 @@ def test_error_messages_name_the_argument():
         filip_similarity(img[0], txt, mask)
     with pytest.raises(ValueError, match="logit_scale"):
         filip_loss(img, txt, mask, np.ones((2,), "float32"))
-    with pytest.raises(ValueError, match="chunk_size"):
-        filip_loss(img, txt, mask, 1.0, chunk_size=0)
-    with pytest.raises(ValueError, match="at most one of `chunk_size`"):
-        filip_loss(img, txt, mask, 1.0, chunk_size=2, num_chunks=2)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        filip_loss(img, txt, mask, 1.0, num_chunks=0)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        filip_similarity(img, txt, mask, num_chunks=2.0)
     with pytest.raises(ValueError, match="chunk_axis"):
         filip_similarity(img, txt, mask, chunk_axis="rows")
     with pytest.raises(ValueError, match="keep_ratio"):
@@ -444,7 +485,7 @@ def test_keep_counts():
 def test_selection_matches_numpy_top_k(group):
     img, txt, mask = _inputs(seed=14)
     out = filip_select_tokens(img, txt, mask, 0.5, selection_group_size=group,
-                              chunk_size=2)
+                              num_chunks=3)
     e_img, e_txt = tref.filip_selection(img, txt, mask, 0.5, group)
     np.testing.assert_array_equal(to_numpy(out["image_indices"]), e_img)
     np.testing.assert_array_equal(to_numpy(out["text_indices"]), e_txt)
@@ -476,7 +517,7 @@ def test_token_dropping_loss_and_gradients():
         v0, tref.filip_loss_dropped(img, txt, mask, scale, 0.5, 2), **TOL)
     # Chunked selection and similarity: same value and gradients.
     v1, g1 = value_and_grad(
-        _loss_fn(mask, keep_ratio=0.5, selection_group_size=2, chunk_size=2),
+        _loss_fn(mask, keep_ratio=0.5, selection_group_size=2, num_chunks=3),
         img, txt, scale)
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
     for a, b in zip(g1, g0):
@@ -515,7 +556,7 @@ def test_traced_function():
     if BACKEND == "jax":
         import jax
 
-        out = jax.jit(lambda i, t: filip_loss(i, t, mask, s, chunk_size=2,
+        out = jax.jit(lambda i, t: filip_loss(i, t, mask, s, num_chunks=3,
                                               keep_ratio=0.5))(img, txt)
         np.testing.assert_allclose(
             to_numpy(out), tref.filip_loss_dropped(img, txt, mask, s, 0.5),
@@ -549,7 +590,7 @@ def test_traced_function():
             to_numpy(v2), tref.filip_loss_dropped(img, txt, mask, s, 0.5),
             **TOL)
         with pytest.raises(ValueError, match="num_chunks"):
-            grads(chunk_size=2)
+            grads(chunk_size=2)  # the deprecated setting needs a static batch size
     else:
         pytest.skip("torch runs eagerly; covered by the other tests")
 
@@ -560,7 +601,7 @@ def test_chunked_memory_grows_with_chunk_not_batch_squared():
     (B, B, P, T) interaction; the chunked one with remat about B*C*P*T."""
     import jax
 
-    bsz, p, t, chunk = 64, 16, 16, 8
+    bsz, p, t, num_chunks = 64, 16, 16, 8  # blocks of 8 texts
     rng = np.random.default_rng(18)
     img = rng.normal(size=(bsz, p, 8)).astype("float32")
     txt = rng.normal(size=(bsz, t, 8)).astype("float32")
@@ -576,6 +617,6 @@ def test_chunked_memory_grows_with_chunk_not_batch_squared():
         return analysis.temp_size_in_bytes / 2**20
 
     full = temp_mib()
-    chunked = temp_mib(chunk_size=chunk)
+    chunked = temp_mib(num_chunks=num_chunks)
     assert full >= bsz * bsz * p * t * 4 / 2**20  # the 4-D tensor: 4 MiB
     assert chunked < full / 3, (chunked, full)

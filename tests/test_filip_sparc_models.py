@@ -173,7 +173,7 @@ def test_save_load_round_trip_and_config(family, tmp_path):
     assert tuple(tokens["token_ids"].shape) == (1, 16)
 
     cls = {"filip": FILIP, "sparc": SPARC}[family]
-    overrides = (dict(chunk_size=3, keep_ratio=0.25, interaction_include_cls=True, selection_group_size=2)
+    overrides = (dict(num_chunks=3, keep_ratio=0.25, interaction_include_cls=True, selection_group_size=2)
                  if family == "filip" else
                  dict(lambda_global=0.25, lambda_fine=5.0, threshold=0.1, reduction="samples",
                       global_vision_head=False, text_pool="mean"))
@@ -186,7 +186,7 @@ def test_save_load_round_trip_and_config(family, tmp_path):
 
 def test_filip_options_change_the_computation():
     batch = tiny_batch(**BATCH)
-    model = _model("filip", chunk_size=3)
+    model = _model("filip", num_chunks=3)  # blocks of 2 of the 4 texts
     reference_model = _model("filip")
     reference_model.set_weights(model.get_weights())
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch)),
@@ -203,6 +203,27 @@ def test_filip_options_change_the_computation():
     assert tuple(image["tokens"].shape) == (4, 16, 16)
     np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
     np.testing.assert_allclose(to_numpy(image["embeds"]), img_global, atol=2e-5)
+
+
+def test_filip_deprecated_chunk_size_warns_round_trips_and_gives_the_num_chunks_values():
+    """FILIP's former `chunk_size` warns, stays in the config (a saved model round-trips) and plans blocks of
+    that many texts: 4 of a batch of 8 is `num_chunks=2`, the same scores and loss to the bit."""
+    batch = tiny_batch(**{**BATCH, "batch_size": 8})
+    with pytest.warns(DeprecationWarning, match="num_chunks"):
+        deprecated = _model("filip", chunk_size=4)
+    current = _model("filip", num_chunks=2)
+    current.set_weights(deprecated.get_weights())
+    config = deprecated.get_config()
+    assert (config["chunk_size"], config["num_chunks"]) == (4, None) and "chunk_size" not in current.get_config()
+    with pytest.warns(DeprecationWarning, match="num_chunks"):
+        assert FILIP.from_config(config).get_config() == config
+    with pytest.warns(DeprecationWarning, match="num_chunks"):  # the model passes it on to the functions
+        scores = deprecated.similarity(batch["images"], batch)
+        loss = deprecated.compute_loss(y_pred=deprecated(batch))
+    np.testing.assert_array_equal(to_numpy(scores), to_numpy(current.similarity(batch["images"], batch)))
+    np.testing.assert_array_equal(to_numpy(loss), to_numpy(current.compute_loss(y_pred=current(batch))))
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
+        _model("filip", chunk_size=4, num_chunks=2)
 
 
 # Published geometry: FILIP counts of the paper (CLS and LNs kept).

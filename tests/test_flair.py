@@ -10,7 +10,9 @@ numpy reference written in this file.
 import itertools
 import json
 import pathlib
+import warnings
 
+import keras
 import numpy as np
 import pytest
 from backend_utils import run_once
@@ -111,12 +113,55 @@ def test_embeddings_and_scores_match_the_authors(fixture, converted):
     bias = float(outputs["logit_bias"])
     np.testing.assert_allclose(to_numpy(converted.score(image, text, mode="global")) - bias,
                                outputs["global_logits"], atol=ATOL, rtol=0)
-    converted.chunk_size = 4  # blocks of 4 and 2 texts
+    converted.num_chunks = 4  # blocks of 2 of the 6 texts
     try:
         np.testing.assert_allclose(to_numpy(converted.score(image, text)), outputs["conditioned_logits"], atol=ATOL,
                                    rtol=0)
     finally:
-        converted.chunk_size = None
+        converted.num_chunks = None
+
+
+def _copy(model, **config):
+    """A FLAIR of `model`'s config with `config`'s entries, `model`'s weights."""
+    copy = vlzoo.FLAIR.from_config({**model.get_config(), **config})
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def test_deprecated_chunk_size_warns_round_trips_and_scores_as_num_chunks(fixture, converted):
+    """The former `chunk_size` warns, naming `num_chunks`, stays in the config (a saved model round-trips) and
+    scores blocks of that many texts: 4 and 2 (padded) of the 6 captions give the authors' scores; 4 of 8 texts
+    are `num_chunks=2`'s blocks, the same scores to the bit."""
+    _, _, inputs, outputs = fixture
+    images, texts = vlzoo_inputs(inputs)
+    with pytest.warns(DeprecationWarning, match="num_chunks"):
+        deprecated = _copy(converted, chunk_size=4)
+    config = deprecated.get_config()
+    assert (config["chunk_size"], config["num_chunks"]) == (4, None) and "chunk_size" not in converted.get_config()
+    with pytest.warns(DeprecationWarning, match="num_chunks"):
+        assert vlzoo.FLAIR.from_config(config).get_config() == config
+    image = converted.encode_image(images)
+    np.testing.assert_allclose(to_numpy(deprecated.score(image, converted.encode_text(texts))),
+                               outputs["conditioned_logits"], atol=ATOL, rtol=0)
+    eight = {"embeds": np.random.default_rng(0).normal(size=(8, converted.embed_dim)).astype("float32")}
+    np.testing.assert_array_equal(to_numpy(deprecated.score(image, eight)),
+                                  to_numpy(_copy(converted, num_chunks=2).score(image, eight)))
+    with warnings.catch_warnings():  # a config written before `num_chunks` replaced it: `"chunk_size": null`
+        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
+        vlzoo.FLAIR.from_config({**converted.get_config(), "chunk_size": None})
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a number of texts unknown while tracing")
+def test_num_chunks_scores_a_number_of_texts_unknown_while_tracing(fixture, converted):
+    import tensorflow as tf
+
+    _, _, inputs, outputs = fixture
+    images, texts = vlzoo_inputs(inputs)
+    image, text = converted.encode_image(images), converted.encode_text(texts)
+    chunked = _copy(converted, num_chunks=4)  # 4 blocks of ceil(N / 4) texts, N a tensor
+    score = tf.function(lambda embeds: chunked.score(image, {"embeds": embeds}),
+                        input_signature=[tf.TensorSpec((None, converted.embed_dim), tf.float32)])
+    np.testing.assert_allclose(to_numpy(score(text["embeds"])), outputs["conditioned_logits"], atol=ATOL, rtol=0)
 
 
 def _layer_norm(x, layer):

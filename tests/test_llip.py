@@ -7,7 +7,9 @@ into the values), no head biases, no `1/sqrt(d_h)`, float64 throughout.
 """
 
 import math
+import re
 import resource
+import warnings
 
 import keras
 import numpy as np
@@ -206,8 +208,8 @@ def test_loss_hand_checked_values_and_stability():
     assert abs(big - np_loss(np_logits(z, t, 1e4, 0.0))) < 1e-3 * abs(big)
 
 
-@pytest.mark.parametrize("chunks", [dict(chunk_size=2), dict(chunk_size=3), dict(chunk_size=4),
-                                    dict(num_chunks=2), dict(chunk_size=2, remat=False)])
+@pytest.mark.parametrize("chunks", [dict(num_chunks=3), dict(num_chunks=2), dict(num_chunks=5), dict(num_chunks=8),
+                                    dict(num_chunks=3, remat=False)])  # of 5 texts: 2+2+1, 3+2, 1 each
 def test_chunked_equals_unchunked_value_and_gradient(chunks):
     queries, keys, values, t = random_pairs(n=5)
     scalars = (np.float32(4.0), np.float32(-2.0))
@@ -258,8 +260,8 @@ def test_bad_inputs_raise_clear_errors():
         llip_attention_weights(queries[0], keys, 5.0)
     with pytest.raises(ValueError, match="`temperature` must be > 0"):
         llip_loss(queries, keys, values, t, 10.0, -10.0, 0.0)
-    with pytest.raises(ValueError, match="chunk_size"):
-        llip_loss(queries, keys, values, t, 10.0, -10.0, 5.0, chunk_size=0)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        llip_loss(queries, keys, values, t, 10.0, -10.0, 5.0, num_chunks=0)
     layer = random_head()
     with pytest.raises(ValueError, match="mixture_tokens"):
         layer(np.ones((2, 4, 12), "float32"), np.ones((3, 10), "float32"))  # K = 4, not 3
@@ -308,7 +310,7 @@ def test_model_matches_numpy_towers_and_head():
     np.testing.assert_allclose(to_numpy(model.similarity(batch["images"], batch, temperature=1.0)),
                                np_logits(z1, t, a, b), atol=1e-4)
     # Chunked scores and loss, through the model's own options.
-    chunked = tiny_llip(use_qkv_norm=True, chunk_size=3)
+    chunked = tiny_llip(use_qkv_norm=True, num_chunks=3)
     chunked.set_weights(model.get_weights())
     np.testing.assert_allclose(to_numpy(chunked.similarity(batch["images"], batch)), logits, atol=1e-4)
     assert abs(float(to_numpy(chunked.compute_loss(y_pred=chunked(batch)))) - loss) < 1e-4
@@ -495,6 +497,45 @@ def test_serialization_round_trips(tmp_path):
     rebuilt.load_weights(str(tmp_path / "llip.weights.h5"))
     np.testing.assert_array_equal(to_numpy(rebuilt.similarity(batch["images"], batch)),
                                   to_numpy(model.similarity(batch["images"], batch)))
+
+
+def test_deprecated_chunk_size_warns_round_trips_and_gives_the_num_chunks_values():
+    """`chunk_size=C`, the former setting of `llip_logits`, `llip_loss` (positional there too) and the model,
+    warns at the caller, naming `num_chunks`, and still plans blocks of `C` texts: on 8 texts, `chunk_size=4`
+    is `num_chunks=2`, the same values to the bit. The model keeps it in its config and round-trips."""
+    queries, keys, values, t = random_pairs(n=8)
+    args = (queries, keys, values, t, 4.0, -2.0, 0.7)
+    for function in (llip_logits, llip_loss):
+        with pytest.warns(DeprecationWarning, match=re.escape("use `num_chunks=ceil(B / C)`")) as record:
+            old = function(*args, 4)
+        assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
+        np.testing.assert_array_equal(to_numpy(old), to_numpy(function(*args, num_chunks=2)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
+        llip_loss(*args, None, num_chunks=2)  # `chunk_size=None`, its default, does not warn
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`chunk_size` must be a python int"):
+        llip_loss(*args, chunk_size=0)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
+        llip_logits(*args, chunk_size=2, num_chunks=2)
+
+    batch = tiny_batch(batch_size=8)
+    with pytest.warns(DeprecationWarning, match="num_chunks") as record:
+        deprecated = tiny_llip(chunk_size=4)
+    assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
+    current = tiny_llip(num_chunks=2)
+    current.set_weights(deprecated.get_weights())
+    config = deprecated.get_config()
+    assert (config["chunk_size"], config["num_chunks"]) == (4, None) and "chunk_size" not in current.get_config()
+    with pytest.warns(DeprecationWarning, match="num_chunks"):
+        assert Llip.from_config(config).get_config() == config
+    with pytest.warns(DeprecationWarning, match="num_chunks"):  # the model passes it on to the functions
+        scores = deprecated.similarity(batch["images"], batch)
+        loss = deprecated.compute_loss(y_pred=deprecated(batch))
+    np.testing.assert_array_equal(to_numpy(scores), to_numpy(current.similarity(batch["images"], batch)))
+    np.testing.assert_array_equal(to_numpy(loss), to_numpy(current.compute_loss(y_pred=current(batch))))
+    with warnings.catch_warnings():  # a config written before `num_chunks` replaced it: `"chunk_size": null`
+        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
+        Llip.from_config({**current.get_config(), "chunk_size": None})
 
 
 # ------------------------------------------------------------------ presets

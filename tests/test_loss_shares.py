@@ -35,9 +35,9 @@ def _cases():
     text_mask, token_mask = _mask(rng, BATCH, 6), _mask(rng, BATCH, 6)
     cases = {
         "llip": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8), normal(BATCH, 8)),
-                 lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5, chunk_size=3),
+                 lambda q, k, v, t: llip_loss(q, k, v, t, 4.0, -2.0, 0.5, num_chunks=3),
                  lambda q, k, v, t, start, count: llip_loss(
-                     q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, chunk_size=3,
+                     q, k[start:start + count], v[start:start + count], t, 4.0, -2.0, 0.5, num_chunks=3,
                      rows=(start, count))),
         "llip_unchunked": ((normal(BATCH, 2, 4), normal(BATCH, 3, 2, 4), normal(BATCH, 3, 2, 8),
                             normal(BATCH, 8)),
@@ -53,10 +53,10 @@ def _cases():
                   lambda c, g, start, count: flair_loss(c[start:start + count], 2, g[start:start + count],
                                                         rows=(start, count))),
     }
-    for keep_ratio, chunk_size in ((1.0, None), (0.5, 3)):
+    for keep_ratio, num_chunks in ((1.0, None), (0.5, 3)):
         tokens = (normal(BATCH, 5, 16), normal(BATCH, 6, 16))
-        options = dict(keep_ratio=keep_ratio, chunk_size=chunk_size)
-        cases[f"filip_keep{keep_ratio}_chunk{chunk_size}"] = (
+        options = dict(keep_ratio=keep_ratio, num_chunks=num_chunks)
+        cases[f"filip_keep{keep_ratio}_chunks{num_chunks}"] = (
             tokens,
             lambda i, t, options=options: filip_loss(i, t, text_mask, 5.0, **options),
             lambda i, t, start, count, options=options: filip_loss(i, t, text_mask, 5.0, **options,

@@ -1,6 +1,7 @@
 """CLIP and SigLIP models: forward against numpy, training, optimizer wiring, input errors."""
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -126,12 +127,33 @@ def test_mixed_precision_keeps_loss_in_float32():
 
 def test_siglip_chunked_loss_equals_unchunked():
     plain = tiny_model("siglip")
-    chunked = tiny_model("siglip", loss_num_chunks=3)
+    chunked = tiny_model("siglip", num_chunks=3)
     chunked.set_weights(plain.get_weights())
     batch = tiny_batch(batch_size=5)
     a = float(to_numpy(plain.compute_loss(y_pred=plain(batch))))
     b = float(to_numpy(chunked.compute_loss(y_pred=chunked(batch))))
     assert abs(a - b) < 1e-5
+
+
+def test_siglip_deprecated_loss_num_chunks_warns_and_saves_num_chunks():
+    """`loss_num_chunks`, the model's former name of `num_chunks`, warns naming it and means the same:
+    the same loss to the bit, and the config (a saved preset) holds `num_chunks` only."""
+    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated; use `num_chunks`"):
+        deprecated = tiny_model("siglip", loss_num_chunks=3)
+    current = tiny_model("siglip", num_chunks=3)
+    current.set_weights(deprecated.get_weights())
+    batch = tiny_batch(batch_size=5)
+    np.testing.assert_array_equal(to_numpy(deprecated.compute_loss(y_pred=deprecated(batch))),
+                                  to_numpy(current.compute_loss(y_pred=current(batch))))
+    assert deprecated.get_config() == {**current.get_config(), "name": deprecated.name}
+    assert deprecated.get_config()["num_chunks"] == 3 and "loss_num_chunks" not in deprecated.get_config()
+    with warnings.catch_warnings():  # a config written before the rename: `"loss_num_chunks": null`
+        warnings.filterwarnings("error", "`loss_num_chunks", DeprecationWarning)
+        assert type(current).from_config({**current.get_config(), "loss_num_chunks": None}).num_chunks == 3
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
+        tiny_model("siglip", num_chunks=2, loss_num_chunks=2)
+    with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
+        tiny_model("siglip", num_chunks=0)
 
 
 def test_compile_rejects_a_loss_argument():
@@ -140,7 +162,7 @@ def test_compile_rejects_a_loss_argument():
 
 
 def test_get_config_round_trip_gives_same_outputs():
-    model = tiny_model("siglip", loss_num_chunks=2)
+    model = tiny_model("siglip", num_chunks=2)
     clone = type(model).from_config(model.get_config())
     clone.set_weights(model.get_weights())
     batch = tiny_batch()

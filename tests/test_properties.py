@@ -97,7 +97,7 @@ class Loss:
     `arrays(c, normal)` gives the float inputs (the first `batched` have the batch on axis 0),
     `masks(c, rng)` the bool masks (batch on axis 0; None = not given), and
     `fn(c, *arrays, *masks, chunk=None)` the float32 scalar. `padded` lists
-    `(array index, token axis, mask index)` of the masked token axes; `chunk` is the chunk size
+    `(array index, token axis, mask index)` of the masked token axes; `chunk` is the `num_chunks`
     that `fn` takes (None: no chunked form). `float32_inside=False` marks a computation whose
     matrix product belongs to a tower and runs in the input dtype (the compute dtype under mixed
     precision), only the reductions after it in float32.
@@ -114,7 +114,7 @@ class Loss:
 
 
 def _filip(c, img, txt, text_mask, image_mask, chunk=None):
-    return losses.filip_loss(img, txt, text_mask, c["scale"], image_mask=image_mask, chunk_size=chunk)
+    return losses.filip_loss(img, txt, text_mask, c["scale"], image_mask=image_mask, num_chunks=chunk)
 
 
 def _sparc(c, img, txt, patches, tokens, token_mask, chunk=None):
@@ -122,7 +122,7 @@ def _sparc(c, img, txt, patches, tokens, token_mask, chunk=None):
 
 
 def _llip(c, q, k, v, t, chunk=None):
-    return losses.llip_loss(q, k, v, t, c["scale"], c["bias"], c["temperature"], chunk_size=chunk)
+    return losses.llip_loss(q, k, v, t, c["scale"], c["bias"], c["temperature"], num_chunks=chunk)
 
 
 def _siglip(c, img, txt, chunk=None):

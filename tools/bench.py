@@ -156,10 +156,11 @@ STEP_FAMILIES = ("clip", "sparc", "sparo", "llip")  # each timed against the fir
 # Every family with registered presets, CLIP and Llip (the --quick pair) first.
 EXCHANGE_FAMILIES = ("clip", "llip") + tuple(family for family in catalogue.families()
                                               if family not in ("clip", "llip"))
-# The shapes of the loss_memory and share_memory losses (--quick: smaller token counts).
-LOSS_SHAPES = {"clip": dict(D=512, chunk_size=None), "siglip": dict(D=512, chunk_size=None),
-               "filip": dict(P=196, T=77, D=256, chunk_size=8), "llip": dict(K=64, M=8, D=512, chunk_size=8),
-               "flair": dict(P=196, M=8, D=512, chunk_size=None)}
+# The shapes of the loss_memory and share_memory losses (--quick: smaller token counts), and the rows per block of
+# the chunked ones: `num_chunks = B / rows` of a batch of B, so that their memory grows linearly with B.
+LOSS_SHAPES = {"clip": dict(D=512), "siglip": dict(D=512), "filip": dict(P=196, T=77, D=256),
+               "llip": dict(K=64, M=8, D=512), "flair": dict(P=196, M=8, D=512)}
+LOSS_BLOCK_ROWS = {"filip": 8, "llip": 8}
 BACKENDS = ("jax", "tensorflow", "torch")
 # host_overhead's CLIP: ViT-B/16's depth (12 + 12 blocks) at widths and sizes where the arithmetic is negligible, so
 # that a step's time is the framework's host work (what a GPU waits for).
@@ -343,9 +344,13 @@ def open_clip_flops(config, task, batch_size):
     return batch_size * per_item
 
 
-def _loss_shape(loss, quick):
+def _loss_case(loss, batch_size, quick):
+    """A loss case's shape and `num_chunks` (blocks of `LOSS_BLOCK_ROWS[loss]` rows of the batch, or None)."""
     shape = LOSS_SHAPES[loss]
-    return {**shape, **{k: v for k, v in dict(P=16, T=12, K=4).items() if k in shape}} if quick else shape
+    if quick:
+        shape = {**shape, **{k: v for k, v in dict(P=16, T=12, K=4).items() if k in shape}}
+    rows = LOSS_BLOCK_ROWS.get(loss)
+    return dict(shape, num_chunks=None if rows is None else -(-batch_size // rows))
 
 
 def cases(entries, quick, on_accelerator=False):
@@ -395,8 +400,8 @@ def cases(entries, quick, on_accelerator=False):
                            repeats=repeats + 2, **(dict(backends=EXPORTERS, once=True) if exported else {}))
         elif entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
-            for chunk in (None, 4) if quick else (None, 16, 8):
-                yield dict(entry=entry, chunk_size=chunk, repeats=repeats, **size)
+            for num_chunks in (None, 2) if quick else (None, 16, 32):  # blocks of 4; of 16 and 8 captions
+                yield dict(entry=entry, num_chunks=num_chunks, repeats=repeats, **size)
         elif entry == "train_step":
             towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
             for family in STEP_FAMILIES[1:]:
@@ -404,13 +409,13 @@ def cases(entries, quick, on_accelerator=False):
         elif entry == "loss_memory":
             for loss in MEMORY_LOSSES:
                 for b in (8, 16) if quick else (32, 64, 128, 256):
-                    yield dict(entry=entry, loss=loss, B=b, repeats=1, **_loss_shape(loss, quick))  # one timed call
+                    yield dict(entry=entry, loss=loss, B=b, repeats=1, **_loss_case(loss, b, quick))  # one timed call
         elif entry == "share_memory":
             for loss in SHARE_LOSSES:
                 for local in (4,) if quick else (16, 64):
                     for replicas in WORLD_SIZES[:2] if quick else WORLD_SIZES:
                         yield dict(entry=entry, loss=loss, B=replicas * local, replicas=replicas, repeats=1,
-                                   backends=("torch",), **_loss_shape(loss, quick))
+                                   backends=("torch",), **_loss_case(loss, replicas * local, quick))
         elif entry == "exchange":
             towers, local = ("clip_tiny", 4) if quick else ("clip_vit_b16", 32)
             for family in EXCHANGE_FAMILIES[:2] if quick else EXCHANGE_FAMILIES:

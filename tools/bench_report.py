@@ -54,6 +54,11 @@ def _dims(row):
     return ", ".join(f"{k}={row[k]}" for k in ("P", "T", "K", "M", "D") if k in row)
 
 
+def _chunk(row):
+    """Rows per block of a loss case chunked in `num_chunks` blocks of its batch `B`; `-` for one block."""
+    return "-" if row["num_chunks"] is None else -(-row["B"] // row["num_chunks"])
+
+
 def describe(row):
     """Short human label of a case."""
     if row["entry"] == "open_clip":
@@ -61,10 +66,10 @@ def describe(row):
         return (f"{row['task']}, {peer}, batch {row['batch_size']}" + (f", {row['only']} alone" if "only" in row else "")
                 + (", host memory retained" if row.get("retain_host_memory") else ""))
     if row["entry"] == "filip_loss":
-        return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {row['chunk_size'] or '-'}"
+        return f"B={row['B']} P={row['P']} T={row['T']} D={row['D']}, chunk {_chunk(row)}"
     if row["entry"] in ("loss_memory", "share_memory"):
         share = f"one of {row['replicas']} replicas' share, " if row["entry"] == "share_memory" else ""
-        return f"{row['loss']} loss, {share}B={row['B']} ({_dims(row)}), chunk {row['chunk_size'] or '-'}"
+        return f"{row['loss']} loss, {share}B={row['B']} ({_dims(row)}), chunk {_chunk(row)}"
     if row["entry"] == "host_overhead":
         return f"{row['task']}, 12 + 12 blocks of width 32, batch {row['batch_size']}"
     if row["entry"] == "exchange":
@@ -265,7 +270,7 @@ def share_table(rows):
     for key in dict.fromkeys((row["loss"], row["backend"], row["B"] // row["replicas"]) for row in shares):
         group = [row for row in shares if (row["loss"], row["backend"], row["B"] // row["replicas"]) == key]
         peaks = {row["replicas"]: peak_mb(row["result"]) for row in group}
-        label = f"{key[0]} loss ({_dims(group[0])}), chunk {group[0]['chunk_size'] or '-'}"
+        label = f"{key[0]} loss ({_dims(group[0])}), chunk {_chunk(group[0])}"
         out.append(f"| {label} | {key[1]} | {key[2]} | " + " | ".join(f"{peaks.get(w, '')} MB" for w in sizes) + " |")
     return out + [""]
 

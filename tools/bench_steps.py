@@ -71,10 +71,8 @@ def _filip_loss_step(case):
     text = keras.ops.convert_to_tensor(rng.normal(size=(b, t, d)).astype("float32"))
     lengths = rng.integers(5, t + 1, size=b)
     mask = keras.ops.convert_to_tensor(np.arange(t)[None] < lengths[:, None])
-    chunk = case["chunk_size"]
-
     def loss(image_tokens, text_tokens):
-        return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=chunk)
+        return filip_loss(image_tokens, text_tokens, mask, 100.0, num_chunks=case["num_chunks"])
 
     return _grad_fn(loss, 2), (image, text)
 
@@ -137,13 +135,13 @@ def _loss_memory_step(case):
         mask = text_mask(b, case["T"])
 
         def loss(image_tokens, text_tokens):
-            return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=case["chunk_size"])
+            return filip_loss(image_tokens, text_tokens, mask, 100.0, num_chunks=case["num_chunks"])
 
         return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
     k, m, d = case["K"], case["M"], case["D"]
 
     def loss(queries, keys, values, text):
-        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, chunk_size=case["chunk_size"])
+        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, num_chunks=case["num_chunks"])
 
     return _grad_fn(loss, 4), (normal(b, m, d // m), normal(b, k, m, d // m), normal(b, k, m, d), normal(b, d))
 
@@ -172,7 +170,7 @@ def _share_memory_step(case):
         mask = text_mask(b, case["T"])
 
         def loss(image_tokens, text_tokens):
-            return filip_loss(image_tokens, text_tokens, mask, 100.0, chunk_size=case["chunk_size"], rows=(0, local))
+            return filip_loss(image_tokens, text_tokens, mask, 100.0, num_chunks=case["num_chunks"], rows=(0, local))
 
         return _grad_fn(loss, 2), (normal(b, case["P"], case["D"]), normal(b, case["T"], case["D"]))
     if case["loss"] == "flair":  # K = 1 caption per image: each image pooled on the B captions
@@ -189,7 +187,8 @@ def _share_memory_step(case):
     k, m, d = case["K"], case["M"], case["D"]
 
     def llip(queries, keys, values, text):
-        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, case["chunk_size"], rows=(0, local))
+        return llip_loss(queries, keys, values, text, 1 / 0.07, -10.0, 5.0, num_chunks=case["num_chunks"],
+                         rows=(0, local))
 
     return _grad_fn(llip, 4), (normal(b, m, d // m), normal(local, k, m, d // m), normal(local, k, m, d),
                                normal(b, d))

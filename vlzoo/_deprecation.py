@@ -1,6 +1,6 @@
 """Names kept for a while with a `DeprecationWarning`: constants that became functions
 (`deprecated_constants`), modules that moved (`moved_module`), functions folded into another one's
-argument (`warn_renamed`).
+argument (`warn_renamed`), arguments replaced by another (`warn_argument`).
 
 The first two are module `__getattr__` hooks (PEP 562): the warning names the replacement, and the
 old name keeps working.
@@ -86,3 +86,15 @@ def warn_renamed(old, new):
     ...     return clip_loss(i, t, s, rows=(start, count))
     """
     _warn(old, new, "call", stacklevel=4)
+
+
+def warn_argument(old, new, depth=0):
+    """Warns, at the caller of the function that calls this, that its argument `old` is deprecated for `new`.
+
+    `depth` counts the helpers between that function and this call (1 for a helper it calls, which calls this).
+
+    Example, in a function whose `chunk_size` became `num_chunks`:
+    >>> if chunk_size is not None:  # doctest: +SKIP
+    ...     warn_argument("chunk_size", "num_chunks")
+    """
+    _warn(old, new, "use", stacklevel=4 + depth)

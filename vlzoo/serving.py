@@ -37,6 +37,7 @@ import warnings
 import keras
 import numpy as np
 
+from vlzoo.layers import SparseVocabHead
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.training._models import blank_copy
 
@@ -176,7 +177,7 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
     refusal = unsupported(format, keras.backend.backend(), batch_size)
     if refusal:
         raise ValueError(refusal)
-    if format == "litert" and model.get_config().get("num_chunks"):
+    if format == "litert" and any(isinstance(layer, SparseVocabHead) and layer.num_chunks for layer in model.layers):
         model = _unchunked(model)
     os.makedirs(path, exist_ok=True)
     artefacts, manifest = {}, {"family": type(model).__name__, "format": format, "backend": keras.backend.backend(),

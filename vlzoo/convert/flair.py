@@ -30,7 +30,7 @@ def from_flair_checkpoint(path_or_state_dict, preset="flair_vit_b16", *, dtype=N
         dtype: dtype policy of the model (default: the preset's, float32).
         progress: optional `progress(done, total)` callback while assigning.
         **config_overrides: constructor arguments replacing the preset's, as
-            in `vlzoo.from_preset` (e.g. `chunk_size=256`).
+            in `vlzoo.from_preset` (e.g. `num_chunks=8`).
 
     Returns:
         A `vlzoo.FLAIR` whose `similarity(images, texts)` gives the authors'

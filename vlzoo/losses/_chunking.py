@@ -1,4 +1,4 @@
-"""Shared machinery of the chunked pairwise losses (SigLIP, FILIP, Llip).
+"""Shared machinery of the chunked pairwise losses (SigLIP, FILIP, Llip) and of FLAIR's chunked scores.
 
 A chunked loss never materialises its `(B, B, ...)` pairwise tensor: the
 partner batch (usually the texts) is zero-padded to `count * size` rows
@@ -6,8 +6,11 @@ and a loop with a static trip count reduces one block of `size` rows at a
 time, each block wrapped in `keras.remat` so that the backward pass
 recomputes it instead of storing it.
 
-* `check_positive_int`, `check_chunks`, `check_rows`: argument validation.
-* `chunking`: how many blocks of how many rows (`Chunks`), or None.
+* `check_positive_int`, `check_chunks`, `check_rows`: argument validation;
+  `chunk_arguments`: a model's chunking as config entries and call keywords.
+* `chunking`: how many blocks of how many rows (`Chunks`), or None: at most
+  `num_chunks` blocks, the one chunking setting of every chunked loss and
+  model (static, so it holds when the batch size is unknown at trace time).
 * `pad_rows`, `slice_chunk`: padding of the batch and the block `k`;
   `take_rows`: one replica's rows (the losses' `rows=` shares).
 * `static_loop`: the loop itself (a real loop: XLA would fuse unrolled
@@ -27,6 +30,8 @@ import collections
 
 import keras
 from keras import ops
+
+from vlzoo._deprecation import warn_argument
 
 # ------------------------------------------------------------ validation
 
@@ -58,16 +63,36 @@ def check_rows(rows):
     return start, count
 
 
-def check_chunks(chunk_size, num_chunks):
-    """Validates the optional pair `chunk_size` / `num_chunks`: each None
-    or a python int >= 1, at most one of them given."""
-    check_positive_int(chunk_size, "chunk_size")
+def check_chunks(num_chunks, chunk_size):
+    """The chunking of a function's or a model's arguments, checked: the planner's pair
+    `(num_chunks, chunk_size)` (see `chunking`).
+
+    `num_chunks` is the setting. `chunk_size`, the former one (blocks of that many rows, a static batch
+    size only), still plans its blocks when set, with a `DeprecationWarning` at the caller of the
+    function or constructor that calls this.
+
+    Raises:
+        ValueError: either is not None or a python int >= 1, or both are set.
+    """
+    if chunk_size is not None:
+        warn_argument("chunk_size=C", "num_chunks=ceil(B / C)", depth=1)
     check_positive_int(num_chunks, "num_chunks")
+    check_positive_int(chunk_size, "chunk_size")
     if chunk_size is not None and num_chunks is not None:
         raise ValueError(
-            "Pass at most one of `chunk_size` or `num_chunks`; received "
-            f"chunk_size={chunk_size}, num_chunks={num_chunks}."
+            "Pass at most one of `num_chunks` or `chunk_size` (deprecated); received "
+            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
         )
+    return num_chunks, chunk_size
+
+
+def chunk_arguments(num_chunks, chunk_size):
+    """`{"num_chunks": num_chunks}`, with the deprecated `chunk_size` only when it is set: a model's config
+    entries of its chunking (a model built with `chunk_size` round-trips; one without writes no such entry)
+    and the keyword arguments of its calls of the chunked functions."""
+    if chunk_size is None:
+        return {"num_chunks": num_chunks}
+    return {"num_chunks": num_chunks, "chunk_size": chunk_size}
 
 
 # -------------------------------------------------------------- chunking
@@ -94,19 +119,21 @@ def chunking(x, chunks, name):
 
     Args:
         x: tensor whose first axis is chunked.
-        chunks: `(chunk_size, num_chunks)`, already validated (at most one
-            not None).
+        chunks: `(num_chunks, chunk_size)` from `check_chunks`.
         name: argument name of `x`, for the error message.
 
     Returns:
         None when there is nothing to chunk (both None, or a single block);
-        otherwise `Chunks(count, size, n)`: with `chunk_size`,
-        `size = min(chunk_size, n)`; with `num_chunks`, blocks of
-        `ceil(n / min(num_chunks, n))` rows. With a batch size unknown at
-        trace time only `num_chunks` works: then `count = num_chunks` and
-        `size`, `n` are tensors.
+        otherwise `Chunks(count, size, n)`: with `num_chunks = K`, blocks of
+        `ceil(n / min(K, n))` rows (so at most `K` blocks); with the
+        deprecated `chunk_size`, `size = min(chunk_size, n)`. With a batch
+        size unknown at trace time (only `num_chunks` works then),
+        `count = K` and `size`, `n` are tensors.
+
+    Raises:
+        ValueError: `chunk_size` with a batch size unknown at trace time.
     """
-    chunk_size, num_chunks = chunks
+    num_chunks, chunk_size = chunks
     if chunk_size is None and num_chunks is None:
         return None
     n = x.shape[0]

@@ -245,12 +245,12 @@ def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=None, n
                 f"With `rows=(start, count)`, `image_embeds` holds the replica's {count} images; received "
                 f"{image_embeds.shape[0]} rows."
             )
-    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (None, num_chunks), remat, start)
+    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (num_chunks, None), remat, start)
 
 
 def _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, chunks, remat, row_start):
     """The loss of the images (the batch's rows `row_start ..`) against every text, the texts taken in the blocks
-    `chunks = (chunk_size, num_chunks)` plans (one block when both are None; remat only for several)."""
+    `chunks = (num_chunks, chunk_size)` plans (one block when both are None; remat only for several)."""
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
     plan = chunking(text_embeds, chunks, "text_embeds")
@@ -316,7 +316,7 @@ def siglip_loss_chunked(image_embeds, text_embeds, logit_scale, logit_bias, num_
         if value is not None:
             check_positive_int(value, name, allow_none=False)
     image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (chunk_size, num_chunks), remat, 0)
+    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (num_chunks, chunk_size), remat, 0)
 
 
 def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):

@@ -17,6 +17,7 @@ import math
 from keras import ops
 
 from vlzoo._deprecation import warn_renamed
+from vlzoo.losses._chunking import check_chunks
 from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
@@ -88,8 +89,7 @@ def filip_loss(
         logit_scale: scalar multiplier `s` (`exp` of the learned log-scale,
             `1 / 0.07` at FILIP's initialisation); shared by both directions.
         image_mask: optional `(B, P)` bool, True = real patch.
-        chunk_size: see `filip_similarity` (chunked and unchunked values
-            and gradients agree).
+        chunk_size: deprecated, use `num_chunks` (see `filip_similarity`).
         keep_ratio: fraction of tokens kept per sample, in `(0, 1]`;
             1.0 (default) keeps everything and skips the selection.
         selection_group_size: None scores tokens against the whole batch;
@@ -102,8 +102,11 @@ def filip_loss(
             image (retrieval fine-tuning): samples with the same id are
             all positives, with soft targets `1 / #positives` in both
             directions. None (default): one positive per row.
-        num_chunks, chunk_axis, similarity_dtype, remat: see
-            `filip_similarity`.
+        num_chunks: None (one block) or a python int `K`: the late
+            interaction in at most `K` blocks of the `chunk_axis` batch
+            (see `filip_similarity`; with `rows`, of the other side's batch,
+            below); chunked and unchunked values and gradients agree.
+        chunk_axis, similarity_dtype, remat: see `filip_similarity`.
         rows: None for the loss of the whole batch; `(start, count)` for the
             share of pairs `start .. start + count - 1` (one replica's; every
             argument still the whole batch's): `CE_i2t` averaged over those
@@ -111,29 +114,30 @@ def filip_loss(
             texts against every image. The late interaction is chunked over
             the other side's batch (texts for `CE_i2t`, images for
             `CE_t2i`, whatever `chunk_axis`): blocks of `count * C * P * T`,
-            never the `(B, B)` similarities. Token dropping scores the tokens
-            against the whole batch first, so the shares keep the tokens the
-            whole loss keeps, and the shares of a partition of the batch into
-            equal row ranges average to the whole loss. `image_ids` must be
-            None.
+            `C = ceil(B / num_chunks)`, never the `(B, B)` similarities.
+            Token dropping scores the tokens against the whole batch first,
+            so the shares keep the tokens the whole loss keeps, and the
+            shares of a partition of the batch into equal row ranges average
+            to the whole loss. `image_ids` must be None.
 
     Returns:
         float32 scalar.
 
     Raises:
         ValueError: on shapes that do not match (the message names the
-            argument), a bad chunking or token-dropping setting, `rows` not
-            a pair with a count >= 1, or `rows` with `image_ids`.
+            argument), a bad chunking (see `filip_similarity`) or
+            token-dropping setting, `rows` not a pair with a count >= 1, or
+            `rows` with `image_ids`.
 
     Example:
 
     >>> img = np.random.randn(8, 49, 256); txt = np.random.randn(8, 77, 256)
     >>> mask = np.arange(77)[None] < np.random.randint(2, 78, (8, 1))
-    >>> loss = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=4,
+    >>> loss = filip_loss(img, txt, mask, 1 / 0.07, num_chunks=2,
     ...                   keep_ratio=0.25)
-    >>> share = filip_loss(img, txt, mask, 1 / 0.07, chunk_size=2, rows=(4, 4))
+    >>> share = filip_loss(img, txt, mask, 1 / 0.07, num_chunks=4, rows=(4, 4))
     """
-    chunks = (chunk_size, num_chunks)
+    chunks = check_chunks(num_chunks, chunk_size)
     if rows is not None:
         if image_ids is not None:
             raise ValueError("`image_ids` (several captions per image) cannot be combined with `rows`.")
@@ -192,8 +196,8 @@ def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, chunks,
     token dropping when `keep_ratio < 1`."""
     _check_keep(keep_ratio, selection_group_size, keep_mode)
     img, img_valid, txt, txt_valid, mask_img = _prepare(
-        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
-        chunk_axis, similarity_dtype)
+        image_tokens, text_tokens, text_mask, image_mask, True, chunk_axis,
+        similarity_dtype)
     if keep_ratio == 1.0:
         return img, img_valid, txt, txt_valid, mask_img
     kept = _select(img, img_valid, txt, txt_valid, keep_ratio,
@@ -322,8 +326,8 @@ def filip_select_tokens(
     *,
     selection_group_size=None,
     keep_mode="static",
-    chunk_size=None,
     num_chunks=None,
+    chunk_size=None,
 ):
     """FILIP's token dropping on its own (what `filip_loss` does with
     `keep_ratio < 1`; training only).
@@ -337,8 +341,9 @@ def filip_select_tokens(
         text_mask: `(B, T)` bool, True = real token.
         keep_ratio: fraction kept, in `(0, 1]`.
         image_mask: optional `(B, P)` bool.
-        selection_group_size, keep_mode, chunk_size, num_chunks: see
-            `filip_loss` (the scores are computed in chunks of texts).
+        selection_group_size, keep_mode, num_chunks: see `filip_loss` (the
+            scores are computed in at most `num_chunks` blocks of texts).
+        chunk_size: deprecated, use `num_chunks`.
 
     Returns:
         dict with `image_tokens` `(B, k_P, D)` and `text_tokens`
@@ -347,13 +352,12 @@ def filip_select_tokens(
         `text_mask` `(B, k_T)` (bool, False for kept padding) and
         `image_indices` / `text_indices` (int32 positions in the input).
     """
+    chunks = check_chunks(num_chunks, chunk_size)
     _check_keep(keep_ratio, selection_group_size, keep_mode)
-    chunks = (chunk_size, num_chunks)
     image_tokens, text_tokens = check_token_pair(
         image_tokens, text_tokens, "image_tokens", "text_tokens")
     img, img_valid, txt, txt_valid, _ = _prepare(
-        image_tokens, text_tokens, text_mask, image_mask, True, chunks,
-        "text", None)
+        image_tokens, text_tokens, text_mask, image_mask, True, "text", None)
     (_, iv, ii), (_, tv, ti) = _select(
         img, img_valid, txt, txt_valid, keep_ratio, selection_group_size,
         keep_mode, chunks, "float32")

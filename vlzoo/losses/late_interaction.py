@@ -18,14 +18,15 @@ float32 whatever the input dtype, and masks are bool with True = real token
 (integer 0/1 masks are accepted).
 
 At scale the `(B, B, P, T)` interaction is never materialised: with
-`chunk_size`, a loop with a static trip count (`ops.fori_loop`, a scan on
-JAX; `ops.while_loop` with `maximum_iterations` on TensorFlow; a python
-loop on PyTorch) reduces one `(B_img, C, P, T)` block at a time to
-`(B_img, C)` similarities, each block wrapped in `keras.remat`, so memory
-grows with the chunk `C`, not with `B^2`, in training too. The loop, the
-padding of the chunked batch and the remat cache are shared with the other
-chunked losses (`_chunking.py`). FILIP's loss and token selection are in
-`filip.py`.
+`num_chunks=K`, a loop with the static trip count `K` (`ops.fori_loop`, a
+scan on JAX; `ops.while_loop` with `maximum_iterations` on TensorFlow; a
+python loop on PyTorch) reduces one `(B_img, C, P, T)` block of
+`C = ceil(B_txt / K)` texts at a time to `(B_img, C)` similarities, each
+block wrapped in `keras.remat`, so memory grows with `C`, not with `B^2`,
+in training too; `K` is a count, so it works when the batch size is unknown
+at trace time. The loop, the padding of the chunked batch and the remat
+cache are shared with the other chunked losses (`_chunking.py`). FILIP's
+loss and token selection are in `filip.py`.
 """
 
 from keras import ops
@@ -148,7 +149,7 @@ def _similarity(img, img_valid, txt, txt_valid, chunks=(None, None),
                 chunk_axis="text", sim_dtype="float32", mask_img=True,
                 remat=True):
     """`(S_I, S_T)`, each `(B_img, B_txt)`, from normalised tokens and
-    float 0/1 masks; `chunks` is `(chunk_size, num_chunks)`."""
+    float 0/1 masks; `chunks` is `check_chunks`' `(num_chunks, chunk_size)`."""
     if chunk_axis == "text":
         return _similarity_chunked(img, img_valid, txt, txt_valid, chunks,
                                    sim_dtype, mask_img, remat, "text_tokens")
@@ -160,10 +161,9 @@ def _similarity(img, img_valid, txt, txt_valid, chunks=(None, None),
 
 
 def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
-             chunks, chunk_axis, similarity_dtype):
-    """Validates the inputs; returns normalised tokens, float masks and
-    whether an image mask is in use."""
-    check_chunks(*chunks)
+             chunk_axis, similarity_dtype):
+    """Validates the inputs (the chunking aside: `check_chunks`); returns
+    normalised tokens, float masks and whether an image mask is in use."""
     _check_choice(chunk_axis, "chunk_axis", ("text", "image"))
     _check_choice(similarity_dtype, "similarity_dtype", _SIMILARITY_DTYPES)
     image_tokens, text_tokens = check_token_pair(
@@ -178,6 +178,16 @@ def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
     return (l2_normalize(image_tokens), image_valid,
             l2_normalize(text_tokens), ops.cast(text_mask, "float32"),
             image_mask is not None)
+
+
+def _filip_similarity(image_tokens, text_tokens, text_mask, image_mask,
+                      chunks, chunk_axis, similarity_dtype, remat):
+    """`filip_similarity` with its chunking already checked."""
+    img, img_valid, txt, txt_valid, mask_img = _prepare(
+        image_tokens, text_tokens, text_mask, image_mask, False, chunk_axis,
+        similarity_dtype)
+    return _similarity(img, img_valid, txt, txt_valid, chunks, chunk_axis,
+                       similarity_dtype or "float32", mask_img, remat)
 
 
 # ------------------------------------------------------------ public API
@@ -207,15 +217,16 @@ def filip_similarity(
         text_tokens: `(B_txt, T, D)` projected token embeddings.
         text_mask: `(B_txt, T)` bool, True = real token (BOS/EOS included).
         image_mask: optional `(B_img, P)` bool, True = real patch; None: all.
-        chunk_size: None computes the `(B_img, B_txt, P, T)` interaction at
-            once; an int `C` loops over blocks of `C` texts (of `C` images
-            with `chunk_axis="image"`), each rematerialised in the backward
-            pass, so peak memory is `B_img * C * P * T`. `C` need not divide
-            the batch (the last block is zero-padded and masked). Needs a
-            static batch size.
-        num_chunks: alternative to `chunk_size`: a static number of chunks
-            `K`, blocks of `ceil(B / K)`; also works when the batch size is
-            unknown at trace time (e.g. TensorFlow graphs of `fit`).
+        chunk_size: deprecated, use `num_chunks`: blocks of `chunk_size`
+            texts (a static batch size only), with a `DeprecationWarning`.
+        num_chunks: None computes the `(B_img, B_txt, P, T)` interaction at
+            once; a python int `K` loops over at most `K` blocks of
+            `C = ceil(B_txt / K)` texts (of `ceil(B_img / K)` images with
+            `chunk_axis="image"`), each rematerialised in the backward pass,
+            so peak memory is `B_img * C * P * T`. `K` need not divide the
+            batch (the last block is zero-padded and masked); it works when
+            the batch size is unknown at trace time (e.g. TensorFlow graphs
+            of `fit`).
         chunk_axis: "text" (default) or "image", the batch that is chunked.
         similarity_dtype: None / "float32", or "float16" / "bfloat16" to
             compute the dot products and maxima in that dtype (FILIP's
@@ -224,22 +235,25 @@ def filip_similarity(
 
     Returns:
         `(sim_i2t, sim_t2i)`: `S_I` and `S_T`, each `(B_img, B_txt)`
-        float32, indexed `[image, text]`.
+        float32, indexed `[image, text]`; the same values chunked or not.
+
+    Raises:
+        ValueError: shapes that do not match (the message names the
+            argument), `num_chunks` or `chunk_size` not None or a python
+            int >= 1, both set, or `chunk_size` with a batch size unknown
+            at trace time.
 
     Example:
 
     >>> img = np.random.randn(4, 49, 256); txt = np.random.randn(6, 77, 256)
     >>> mask = np.arange(77)[None] < np.array([[5], [9], [3], [77], [2], [8]])
-    >>> s_i, s_t = filip_similarity(img, txt, mask, chunk_size=4)
+    >>> s_i, s_t = filip_similarity(img, txt, mask, num_chunks=2)
     >>> s_i.shape, s_t.shape
     ((4, 6), (4, 6))
     """
-    chunks = (chunk_size, num_chunks)
-    img, img_valid, txt, txt_valid, mask_img = _prepare(
-        image_tokens, text_tokens, text_mask, image_mask, False, chunks,
-        chunk_axis, similarity_dtype)
-    return _similarity(img, img_valid, txt, txt_valid, chunks, chunk_axis,
-                       similarity_dtype or "float32", mask_img, remat)
+    chunks = check_chunks(num_chunks, chunk_size)
+    return _filip_similarity(image_tokens, text_tokens, text_mask, image_mask,
+                             chunks, chunk_axis, similarity_dtype, remat)
 
 
 # ------------------------------------------------------------- inference
@@ -252,6 +266,7 @@ def filip_ensemble_scores(
     image_mask=None,
     chunk_size=None,
     *,
+    num_chunks=None,
     similarity_dtype=None,
 ):
     """Prompt-ensembled zero-shot scores of FILIP.
@@ -269,8 +284,9 @@ def filip_ensemble_scores(
             each of `N` classes.
         text_mask: `(N, K, T)` bool, True = real token.
         image_mask: optional `(B, P)` bool.
-        chunk_size: chunk over the `N * K` prompts (see
-            `filip_similarity`).
+        chunk_size: deprecated, use `num_chunks` (see `filip_similarity`).
+        num_chunks: at most this many blocks of the `N * K` prompts (see
+            `filip_similarity`); None: all at once.
         similarity_dtype: see `filip_similarity`.
 
     Returns:
@@ -281,9 +297,10 @@ def filip_ensemble_scores(
     >>> img = np.random.randn(2, 49, 256)
     >>> txt = np.random.randn(10, 30, 16, 256)  # 30 templates per class
     >>> mask = np.ones((10, 30, 16), bool)
-    >>> filip_ensemble_scores(img, txt, mask, chunk_size=64).shape
+    >>> filip_ensemble_scores(img, txt, mask, num_chunks=5).shape
     (2, 10)
     """
+    chunks = check_chunks(num_chunks, chunk_size)
     text_tokens = to_float32(text_tokens)
     shape = static_shape(text_tokens)
     if len(shape) != 4:
@@ -304,8 +321,8 @@ def filip_ensemble_scores(
         )
     flat = ops.reshape(text_tokens, (-1, t, d))
     flat_mask = ops.reshape(mask, (-1, t))
-    s_i, _ = filip_similarity(image_tokens, flat, flat_mask, image_mask,
-                              chunk_size, similarity_dtype=similarity_dtype)
+    s_i, _ = _filip_similarity(image_tokens, flat, flat_mask, image_mask,
+                               chunks, "text", similarity_dtype, True)
     return ops.mean(ops.reshape(s_i, (-1, n, k)), axis=2)
 
 
@@ -326,8 +343,7 @@ def filip_token_alignment(image_tokens, text_tokens, text_mask,
         real patch for each token (meaningless at padded positions).
     """
     img, img_valid, txt, txt_valid, _ = _prepare(
-        image_tokens, text_tokens, text_mask, image_mask, False, (None, None),
-        "text", None)
+        image_tokens, text_tokens, text_mask, image_mask, False, "text", None)
     sim = ops.einsum("ipd,jtd->ijpt", img, txt)
     valid = ops.logical_and(ops.greater(img_valid, 0.5)[:, None, :, None],
                             ops.greater(txt_valid, 0.5)[None, :, None, :])

@@ -96,10 +96,9 @@ def _check_values(values, keys):
 
 
 def _prepare(queries, keys, values, text_embeds, logit_scale, logit_bias,
-             temperature, paired, chunks):
-    """Validates every input; returns float32 tensors, the text embeddings
-    L2-normalised."""
-    check_chunks(*chunks)
+             temperature, paired):
+    """Validates every input (the chunking aside: `check_chunks`); returns
+    float32 tensors, the text embeddings L2-normalised."""
     queries, keys = _check_heads(queries, keys)
     values = _check_values(values, keys)
     text_embeds = check_float_tensor(text_embeds, "text_embeds", "(N_T, D)")
@@ -256,27 +255,34 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
         logit_scale: scalar multiplier `a`.
         logit_bias: scalar bias `b`.
         temperature: `tau > 0`.
-        chunk_size: None scores all texts at once; an int `C` loops over
-            blocks of `C` texts (memory `N_I * C * (M * K + D)`). `C` need
-            not divide `N_T`. Needs a static number of texts.
-        num_chunks: alternative to `chunk_size`, a static number of blocks
-            (works when `N_T` is unknown while tracing).
+        chunk_size: deprecated, use `num_chunks`: blocks of `chunk_size`
+            texts (a static `N_T` only), with a `DeprecationWarning`.
+        num_chunks: None scores all texts at once; a python int loops over
+            at most `num_chunks` blocks of `C = ceil(N_T / num_chunks)`
+            texts (memory `N_I * C * (M * K + D)` per block). It need not
+            divide `N_T`, which may be unknown while tracing.
         remat: rematerialise each block in the backward pass.
 
     Returns:
         `(N_I, N_T)` float32; same value chunked or not.
 
+    Raises:
+        ValueError: shapes that do not match (the message names the
+            argument), a temperature not > 0, `num_chunks` or `chunk_size`
+            not None or a python int >= 1, both set, or `chunk_size` with
+            `N_T` unknown while tracing.
+
     Example:
 
     >>> q = np.random.randn(6, 2, 4); k = np.random.randn(3, 5, 2, 4)
     >>> v = np.random.randn(3, 5, 2, 8); t = np.random.randn(6, 8)
-    >>> llip_logits(q, k, v, t, 10.0, -10.0, 5.0, chunk_size=4).shape
+    >>> llip_logits(q, k, v, t, 10.0, -10.0, 5.0, num_chunks=2).shape
     (3, 6)
     """
-    chunks = (chunk_size, num_chunks)
+    chunks = check_chunks(num_chunks, chunk_size)
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature, False, chunks)
+        temperature, False)
     chunking = _text_chunks(q, t, chunks)
     if chunking is None:
         return _block_logits(q, k, v, t, tau, scale, bias)
@@ -312,8 +318,9 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
             log-scale; Llip starts at `1 / 0.07`).
         logit_bias: scalar bias `b` (Llip starts at -10).
         temperature: `tau > 0` of the cross-attention.
-        chunk_size, num_chunks, remat: see `llip_logits`; each block of
-            texts is reduced to a scalar before the next one.
+        chunk_size: deprecated, use `num_chunks`.
+        num_chunks, remat: see `llip_logits`; each block of texts is
+            reduced to a scalar before the next one.
         rows: None for the loss of the whole batch; `(start, count)` for the
             share of images `start .. start + count - 1`, each mixed by
             every caption. The shares of a partition of the batch into
@@ -327,23 +334,23 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
     Raises:
         ValueError: on inputs whose shapes do not match (the message names
-            the argument), a bad chunking, or `rows` not a pair with a count
-            >= 1.
+            the argument), a bad chunking (see `llip_logits`), or `rows` not
+            a pair with a count >= 1.
 
     Example:
 
     >>> q = np.random.randn(4, 2, 4); k = np.random.randn(4, 5, 2, 4)
     >>> v = np.random.randn(4, 5, 2, 8); t = np.random.randn(4, 8)
-    >>> loss = llip_loss(q, k, v, t, 1 / 0.07, -10.0, 5.0, chunk_size=3)
+    >>> loss = llip_loss(q, k, v, t, 1 / 0.07, -10.0, 5.0, num_chunks=2)
     >>> share = llip_loss(q, k[2:], v[2:], t, 1 / 0.07, -10.0, 5.0, rows=(2, 2))
     """
-    chunks = (chunk_size, num_chunks)
+    chunks = check_chunks(num_chunks, chunk_size)
     start = 0
     if rows is not None:
         start, _ = check_rows(rows)
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
-        temperature, rows is None, chunks)
+        temperature, rows is None)
     total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
     return -total / ops.cast(ops.shape(k)[0], "float32")
 

@@ -80,7 +80,7 @@ class TokenSimilarityMean(Ensembling):
     `score[b, c] = exp(logit_scale) * mean_k S_I(image_b, prompt_{c,k})`,
     i.e. `exp(logit_scale) * model.ensemble_scores(images, class_texts)`,
     with the prompt tokens `(C, K, T, D)` encoded once. Takes no score
-    arguments (the model's `chunk_size` and `similarity_dtype` apply).
+    arguments (the model's `num_chunks` and `similarity_dtype` apply).
     """
 
     def encode_classes(self, model, class_texts):
@@ -89,10 +89,8 @@ class TokenSimilarityMean(Ensembling):
         return {"tokens": ops.reshape(text["tokens"], (c, k, t, -1)), "mask": ops.reshape(text["mask"], (c, k, t))}
 
     def score(self, model, images, classes):
-        scores = filip_ensemble_scores(
-            model.encode_image(images)["tokens"], classes["tokens"], classes["mask"],
-            chunk_size=model.chunk_size, similarity_dtype=model.similarity_dtype,
-        )
+        scores = filip_ensemble_scores(model.encode_image(images)["tokens"], classes["tokens"], classes["mask"],
+                                       **model._chunks())
         return model.logit_scale_value() * scores
 
 

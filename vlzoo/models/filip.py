@@ -7,6 +7,7 @@ from keras import ops
 
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
+from vlzoo.losses._chunking import check_chunks, chunk_arguments
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import TokenSimilarityMean
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -51,11 +52,13 @@ class FILIP(TokenContrastiveModel):
         embed_dim: width of the token embeddings, 256 in the paper.
         init_logit_scale: initial log-scale, `ln(1 / 0.07)`.
         interaction_include_cls: use the CLS output as one more image token.
-        chunk_size: texts per block of the late interaction (memory
-            `B * chunk_size * P * T`; needs a static batch size). None: all
-            at once.
-        num_chunks: alternative to `chunk_size`, a static number of blocks
-            (works when the batch size is unknown while tracing).
+        chunk_size: deprecated, use `num_chunks`: texts per block of the
+            late interaction (a static batch size only), with a
+            `DeprecationWarning`; kept in the config when set.
+        num_chunks: None computes the late interaction of scores and loss
+            at once; a python int computes it in at most `num_chunks` blocks
+            of texts (memory `B_img * ceil(B_txt / num_chunks) * P * T` per
+            block), the batch size possibly unknown while tracing.
         keep_ratio: fraction of tokens each image and text keeps in training
             (FILIP's 25% token dropping: 0.25); 1.0 keeps all. Never applied
             outside training.
@@ -64,6 +67,11 @@ class FILIP(TokenContrastiveModel):
         similarity_dtype: None, "float16" or "bfloat16" for the token dot
             products (FILIP's fp16 trick); results stay float32.
         projection_bias: bias in the token projections (CLIP: none).
+
+    Raises:
+        ValueError: `keep_ratio` outside `(0, 1]`; `num_chunks` or the
+            deprecated `chunk_size` not None or a python int >= 1, or both
+            set.
 
     `encode_image` returns `{"embeds", "tokens"}` and `encode_text`
     `{"embeds", "tokens", "mask"}`: `tokens` are the projected interaction
@@ -92,11 +100,8 @@ class FILIP(TokenContrastiveModel):
         )
         if not 0.0 < float(keep_ratio) <= 1.0:
             raise ValueError(f"`keep_ratio` must lie in (0, 1]; received {keep_ratio!r}.")
-        if chunk_size is not None and num_chunks is not None:
-            raise ValueError("Pass at most one of `chunk_size` and `num_chunks`.")
+        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
         self.interaction_include_cls = interaction_include_cls
-        self.chunk_size = chunk_size
-        self.num_chunks = num_chunks
         self.keep_ratio = keep_ratio
         self.selection_group_size = selection_group_size
         self.keep_mode = keep_mode
@@ -124,8 +129,8 @@ class FILIP(TokenContrastiveModel):
     # --------------------------------------------------------------- scores
 
     def _chunks(self):
-        return dict(chunk_size=self.chunk_size, num_chunks=self.num_chunks,
-                    similarity_dtype=self.similarity_dtype)
+        """The keyword arguments of the similarity functions: the chunking and `similarity_dtype`."""
+        return dict(chunk_arguments(self.num_chunks, self.chunk_size), similarity_dtype=self.similarity_dtype)
 
     def score(self, image_embeds, text_embeds, direction="i2t"):
         """`exp(logit_scale) * S_I` (`direction="i2t"`, default) or `* S_T`
@@ -157,8 +162,7 @@ class FILIP(TokenContrastiveModel):
         text = self.encode_text(flat)
         tokens = ops.reshape(text["tokens"], (n, k, t, self.embed_dim))
         return filip_ensemble_scores(self.encode_image(images)["tokens"], tokens,
-                                     ops.reshape(text["mask"], (n, k, t)),
-                                     chunk_size=self.chunk_size, similarity_dtype=self.similarity_dtype)
+                                     ops.reshape(text["mask"], (n, k, t)), **self._chunks())
 
     has_token_alignment = True
     symmetric_score = False
@@ -201,10 +205,9 @@ class FILIP(TokenContrastiveModel):
     def get_config(self):
         config = super().get_config()
         config.update(
-            interaction_include_cls=self.interaction_include_cls, chunk_size=self.chunk_size,
-            num_chunks=self.num_chunks, keep_ratio=self.keep_ratio,
+            interaction_include_cls=self.interaction_include_cls, keep_ratio=self.keep_ratio,
             selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
-            similarity_dtype=self.similarity_dtype,
+            similarity_dtype=self.similarity_dtype, **chunk_arguments(self.num_chunks, self.chunk_size),
         )
         return config
 

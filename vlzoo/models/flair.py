@@ -8,7 +8,8 @@ from keras import ops
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
-from vlzoo.losses._chunking import take_rows
+from vlzoo.losses._chunking import check_chunks, chunk_arguments, chunking, pad_rows, put, slice_chunk, static_loop
+from vlzoo.losses._chunking import take_rows, unstack_columns
 from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_pair_logits
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
@@ -54,9 +55,19 @@ class FLAIR(ContrastiveModel):
         init_logit_bias: initial bias, -10.
         use_global_loss: average the loss with the global multi-positive
             sigmoid loss (True, as every released model).
-        chunk_size: texts per block of `score` (memory
-            `N_images * chunk_size * M * P`); None: all texts at once.
+        chunk_size: deprecated, use `num_chunks`: texts per block of
+            `score` (a static number of texts only), with a
+            `DeprecationWarning`; kept in the config when set.
         seed: seed of the captions the loss draws from the other images.
+        num_chunks: None scores all texts at once; a python int scores them
+            in at most `num_chunks` blocks (memory
+            `N_images * ceil(N_texts / num_chunks) * M * P` per block), the
+            number of texts possibly unknown while tracing.
+
+    Raises:
+        ValueError: a tower with an `output_dim`, a vision tower without
+            one CLS token; `num_chunks` or the deprecated `chunk_size` not
+            None or a python int >= 1, or both set.
 
     `encode_image` returns `{"embeds": (B, D), "tokens": (B, P, D)}` (the
     global embedding and the projected patch tokens); `encode_text`
@@ -82,7 +93,7 @@ class FLAIR(ContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=512, num_heads=8, init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0,
-        use_global_loss=True, chunk_size=None, seed=None, **kwargs,
+        use_global_loss=True, chunk_size=None, seed=None, num_chunks=None, **kwargs,
     ):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
         for name, tower in (("vision", self.vision), ("text", self.text)):
@@ -93,12 +104,9 @@ class FLAIR(ContrastiveModel):
             if name == "vision" and tower.num_prefix_tokens != 1:
                 raise ValueError("FLAIR's vision tower has one CLS token (the global embedding); received "
                                  f"`num_prefix_tokens={tower.num_prefix_tokens}`.")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                       or chunk_size < 1):
-            raise ValueError(f"`chunk_size` must be None or a python int >= 1; received {chunk_size!r}.")
+        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
         self.init_logit_bias = init_logit_bias
         self.use_global_loss = bool(use_global_loss)
-        self.chunk_size = chunk_size
         self.seed = seed
         self.image_projection = token_projection(
             embed_dim, self.vision.hidden_dim, False, self.dtype_policy, "image_projection")
@@ -191,8 +199,13 @@ class FLAIR(ContrastiveModel):
             text_embeds: `encode_text`'s dict, unnormalised, or a class
                 representation `{"embeds": (C, D)}`.
             mode: `"conditioned"`: `a * cos(z_ij, t_j) + b`, each image
-                pooled by each text (the authors' retrieval scoring);
-                `"global"`: `a * cos(v_i, t_j) + b` of the global embeddings.
+                pooled by each text (the authors' retrieval scoring), in the
+                model's `num_chunks` blocks of texts; `"global"`:
+                `a * cos(v_i, t_j) + b` of the global embeddings.
+
+        Raises:
+            ValueError: an unknown `mode`, or the deprecated `chunk_size`
+                with a number of texts unknown while tracing.
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"`mode` must be one of {SCORE_MODES}; received {mode!r}.")
@@ -201,17 +214,27 @@ class FLAIR(ContrastiveModel):
         scale = self.logit_scale_value()
         if mode == "global":
             return siglip_logits(image["embeds"], texts, scale, self.logit_bias)
-        tokens = ops.convert_to_tensor(image["tokens"])
-        keys, values = self.text_pooling.image_keys_values(tokens)
-        count = texts.shape[0]
-        size = count if self.chunk_size is None or count is None else self.chunk_size
-        blocks = []
-        for start in range(0, count or 1, size or 1):
-            chunk = texts if count is None else texts[start:start + size]
-            pairs = ops.broadcast_to(chunk[None], (ops.shape(tokens)[0],) + tuple(ops.shape(chunk)))
-            conditioned = self.text_pooling.attend(self.text_pooling.text_queries(pairs), keys, values)
-            blocks.append(flair_pair_logits(conditioned, pairs, scale, self.logit_bias))
-        return blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=1)
+        keys, values = self.text_pooling.image_keys_values(ops.convert_to_tensor(image["tokens"]))
+        texts = ops.convert_to_tensor(texts)
+        plan = chunking(texts, (self.num_chunks, self.chunk_size), "text_embeds")
+        if plan is None:
+            return self._conditioned_logits(keys, values, texts, scale)
+        count, size, n = plan
+        texts = pad_rows(texts, plan.pad)  # zero texts: finite scores, dropped
+
+        def body(k, carry):
+            _, block = slice_chunk(k, size, texts)
+            return (put(carry[0], k, self._conditioned_logits(keys, values, block, scale)),)
+
+        (stack,) = static_loop(count, body, (ops.zeros((count, ops.shape(keys)[0], size), "float32"),))
+        return unstack_columns(stack, count, size, n)
+
+    def _conditioned_logits(self, keys, values, texts, scale):
+        """`a * cos(z_ij, t_j) + b` `(N_images, N_texts)` of the images whose pooling keys and values are `keys`,
+        `values` against the caption embeddings `texts` `(N_texts, D)`."""
+        pairs = ops.broadcast_to(texts[None], (ops.shape(keys)[0],) + tuple(ops.shape(texts)))
+        conditioned = self.text_pooling.attend(self.text_pooling.text_queries(pairs), keys, values)
+        return flair_pair_logits(conditioned, pairs, scale, self.logit_bias)
 
     def _image_text_pairs(self, images, texts):
         """`(patch tokens (N_images, P, D), every text's embedding for every image (N_images, N_texts, D))`."""
@@ -253,7 +276,7 @@ class FLAIR(ContrastiveModel):
         config = super().get_config()
         config.update(
             num_heads=self.text_pooling.num_heads, init_logit_bias=self.init_logit_bias,
-            use_global_loss=self.use_global_loss, chunk_size=self.chunk_size, seed=self.seed,
+            use_global_loss=self.use_global_loss, seed=self.seed, **chunk_arguments(self.num_chunks, self.chunk_size),
         )
         return config
 

@@ -8,6 +8,7 @@ from keras import ops
 from vlzoo.families import CLIPTransfer, Family, TEXT_PROJECTION, register_family
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
+from vlzoo.losses._chunking import check_chunks, chunk_arguments
 from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
@@ -30,8 +31,8 @@ class Llip(ContrastiveModel):
 
     Score: `exp(logit_scale) * cos(z_ij, t_j) + logit_bias` for every pair
     (`similarity`); loss: the sigmoid loss over those pairs
-    (`vlzoo.losses.llip_loss`), chunked over the texts when `chunk_size`
-    or `num_chunks` is set. Towers as the authors' open_clip fork:
+    (`vlzoo.losses.llip_loss`), chunked over the texts when `num_chunks`
+    is set. Towers as the authors' open_clip fork:
     QuickGELU, LayerNorm epsilon 1e-5, patch convolution without bias.
 
     Args:
@@ -46,11 +47,18 @@ class Llip(ContrastiveModel):
         init_logit_scale: initial log-scale, `ln(1 / 0.07)`; clamped to
             `[0, ln 100]` after every training step.
         init_logit_bias: initial bias, -10.
-        chunk_size: texts per block of the scores and the loss (memory
-            `N_I * chunk_size * (M * K + D)`; needs a static batch size).
-            None: all texts at once.
-        num_chunks: alternative to `chunk_size`, a static number of blocks
-            (works when the batch size is unknown while tracing).
+        chunk_size: deprecated, use `num_chunks`: texts per block (a
+            static batch size only), with a `DeprecationWarning`; kept in
+            the config when set.
+        num_chunks: None scores all texts at once; a python int scores and
+            computes the loss in at most `num_chunks` blocks of texts
+            (memory `N_I * ceil(N_T / num_chunks) * (M * K + D)` per block),
+            the batch size possibly unknown while tracing.
+
+    Raises:
+        ValueError: a tower with an `output_dim`; `num_chunks` or the
+            deprecated `chunk_size` not None or a python int >= 1, or both
+            set.
 
     `encode_image` returns `{"embeds": (B, D), "keys": (B, K, M, d_h),
     "values": (B, K, M, D), "mixture_tokens": (B, K, W_v)}` (values folded
@@ -97,13 +105,8 @@ class Llip(ContrastiveModel):
                     f"`text_projection` read the tower features); received `{name}` with "
                     f"`output_dim={tower.output_dim}`. Remove it."
                 )
-        if chunk_size is not None and num_chunks is not None:
-            raise ValueError(
-                f"Pass at most one of `chunk_size` and `num_chunks`; received {chunk_size} and {num_chunks}."
-            )
+        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
         self.init_logit_bias = init_logit_bias
-        self.chunk_size = chunk_size
-        self.num_chunks = num_chunks
         self.cross_attention = LlipCrossAttention(
             self.vision.num_prefix_tokens, self.vision.hidden_dim, self.text.hidden_dim, embed_dim,
             num_heads=num_heads, temperature=temperature, use_qkv_norm=use_qkv_norm,
@@ -163,7 +166,7 @@ class Llip(ContrastiveModel):
         return llip_logits(
             text["queries"], image["keys"], image["values"], text["embeds"],
             self.logit_scale_value(), self.logit_bias, self._tau(temperature),
-            chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+            **chunk_arguments(self.num_chunks, self.chunk_size),
         )
 
     replica_local_outputs = ("image_keys", "image_values", "image_mixture_tokens", "image_embeds")
@@ -243,8 +246,7 @@ class Llip(ContrastiveModel):
         the captions."""
         args = (outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
                 outputs["logit_scale"], outputs["logit_bias"], self.temperature)
-        chunks = dict(chunk_size=self.chunk_size, num_chunks=self.num_chunks)
-        return llip_loss(*args, **chunks, rows=rows)
+        return llip_loss(*args, **chunk_arguments(self.num_chunks, self.chunk_size), rows=rows)
 
     def no_weight_decay_variables(self):
         """LayerNorm parameters, biases and the logit scale/bias: the variables of rank < 2."""
@@ -255,7 +257,7 @@ class Llip(ContrastiveModel):
         head = self.cross_attention
         config.update(
             num_heads=head.num_heads, temperature=head.temperature, use_qkv_norm=head.use_qkv_norm,
-            init_logit_bias=self.init_logit_bias, chunk_size=self.chunk_size, num_chunks=self.num_chunks,
+            init_logit_bias=self.init_logit_bias, **chunk_arguments(self.num_chunks, self.chunk_size),
         )
         return config
 

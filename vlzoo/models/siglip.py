@@ -5,8 +5,10 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._deprecation import warn_argument
 from vlzoo.families import Family, register_family
 from vlzoo.losses import siglip_logits, siglip_loss
+from vlzoo.losses._chunking import check_positive_int
 from vlzoo.models.base import ContrastiveModel
 
 
@@ -25,8 +27,16 @@ class SigLIP(ContrastiveModel):
         embed_dim: shared embedding width.
         init_logit_scale: initial log-scale, `ln(10)`.
         init_logit_bias: initial bias, -10.
-        loss_num_chunks: when set, the loss is computed over this many text
-            chunks (same value, memory linear in the batch).
+        num_chunks: None computes the loss's `(B, B)` logits at once; a
+            python int computes the loss in at most `num_chunks` blocks of
+            texts (the same value; `B * ceil(B / num_chunks)` logits per
+            block), the batch size possibly unknown while tracing.
+        loss_num_chunks: deprecated name of `num_chunks`, with a
+            `DeprecationWarning`.
+
+    Raises:
+        ValueError: `num_chunks` not None or a python int >= 1, or both it
+            and `loss_num_chunks` set.
     """
 
     family = "siglip"
@@ -41,11 +51,18 @@ class SigLIP(ContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=768, init_logit_scale=math.log(10.0), init_logit_bias=-10.0,
-        loss_num_chunks=None, **kwargs,
+        num_chunks=None, loss_num_chunks=None, **kwargs,
     ):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+        if loss_num_chunks is not None:
+            warn_argument("loss_num_chunks", "num_chunks")
+            if num_chunks is not None:
+                raise ValueError("Pass at most one of `num_chunks` or `loss_num_chunks` (deprecated); received "
+                                 f"num_chunks={num_chunks}, loss_num_chunks={loss_num_chunks}.")
+            num_chunks = loss_num_chunks
+        check_positive_int(num_chunks, "num_chunks")
         self.init_logit_bias = init_logit_bias
-        self.loss_num_chunks = loss_num_chunks
+        self.num_chunks = num_chunks
         self.logit_bias = self.add_weight(
             name="logit_bias", shape=(), dtype="float32", autocast=False,
             initializer=keras.initializers.Constant(init_logit_bias),
@@ -64,14 +81,14 @@ class SigLIP(ContrastiveModel):
     replica_local_outputs = ("image_embeds",)
 
     def contrastive_loss(self, outputs, rows=None, training=False):
-        """The sigmoid loss over all pairs, in `loss_num_chunks` chunks of texts if set; with `rows`, this
-        replica's images (the only ones `image_embeds` then holds) against every text."""
+        """The sigmoid loss over all pairs, in `num_chunks` blocks of texts if set; with `rows`, this replica's
+        images (the only ones `image_embeds` then holds) against every text."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
-        return siglip_loss(*args, rows=rows, num_chunks=self.loss_num_chunks or None)
+        return siglip_loss(*args, rows=rows, num_chunks=self.num_chunks)
 
     def get_config(self):
         config = super().get_config()
-        config.update(init_logit_bias=self.init_logit_bias, loss_num_chunks=self.loss_num_chunks)
+        config.update(init_logit_bias=self.init_logit_bias, num_chunks=self.num_chunks)
         return config
 
 
