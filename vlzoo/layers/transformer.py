@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from vlzoo import kernels
-from vlzoo._keras import call_sublayer
+from vlzoo._backends.keras_internals import call_sublayer
 
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
