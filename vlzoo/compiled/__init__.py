@@ -25,6 +25,7 @@ Example:
 
 import keras
 
+from vlzoo._backends import switches
 from vlzoo._backends.running import compiled as _impl
 
 
@@ -59,7 +60,7 @@ def forward_function(fn, variables):
     >>> forward = forward_function(lambda x: model.vision(x)["pooled"],
     ...                            lambda: model.vision.variables)  # doctest: +SKIP
     """
-    if keras.backend.backend() != "torch":
+    if not switches.steps_run_eagerly():
         return fn
     return inference_function(fn, variables)
 
