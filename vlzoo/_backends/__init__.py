@@ -15,7 +15,7 @@ why, and when it can be deleted.
 - `switches`: the small per-backend decisions of the layers, losses, models, data pipelines and
   command line, one named function each.
 - `workarounds`: the model class's workarounds of Keras' and the backends' gaps.
-- `keras_internals`: the only imports of Keras internals (`keras.src`), each behind one helper.
+- `keras_internals`: the only imports of Keras internals, each behind one helper.
 
 This package imports nothing of vlzoo but itself and the leaf helpers (`vlzoo._arrays`): the layers
 above it import it, never the reverse. Importing this package itself imports no backend module;
