@@ -17,7 +17,7 @@ import pytest
 from backend_utils import run_once
 
 import vlzoo
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.llip import _check_geometry, _rules, from_llip_checkpoint
 

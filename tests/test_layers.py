@@ -10,7 +10,7 @@ from backend_utils import value_and_grad
 from conftest import to_numpy
 
 from vlzoo import layers
-from vlzoo._keras import calls_directly
+from vlzoo._backends.keras_internals import calls_directly
 from vlzoo.layers import embedding, heads, llip, sparo, sparse_vocab, text, transformer, vision
 from vlzoo.layers.transformer import _flash_attention, _scannable, apply_blocks, scan_by_default, transformer_stack
 
@@ -309,7 +309,7 @@ def test_padded_attention_is_the_unpadded_attention(causal):
     # are dropped. Against numpy's softmax attention, in float64.
     import jax
 
-    from vlzoo.kernels import _jax
+    from vlzoo._backends.jax import kernels as _jax
 
     length = 77 if causal else 197
     rng = np.random.default_rng(0)
@@ -352,7 +352,7 @@ def test_bfloat16_products_accumulated_in_float32_on_jax():
     import jax
     import jax.numpy as jnp
 
-    from vlzoo.kernels import _jax
+    from vlzoo._backends.jax import kernels as _jax
 
     rng = np.random.default_rng(0)
     ulp = 2.0**-7  # bfloat16's spacing at [1, 2)

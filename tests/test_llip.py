@@ -25,7 +25,7 @@ from vlzoo.losses.llip import (
 )
 from vlzoo.models.llip import Llip
 from vlzoo.presets import catalogue
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.presets.local import count_parameters_abstractly
 
 PRESETS = {name: entry for name, entry in catalogue.definitions().items() if entry["family"] == "llip"}

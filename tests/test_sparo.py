@@ -15,7 +15,7 @@ from margins import DECISION_MARGIN, ranking_gap
 
 import vlzoo
 from vlzoo.presets import catalogue
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.evaluation.slots import per_slot_zero_shot_accuracy, rank_slots, select_slots, slot_zero_shot_accuracy
 from vlzoo.layers.sparo import SPAROReadout, end_token_index
 from vlzoo.models.base import LOGIT_SCALE_MAX

@@ -11,7 +11,7 @@ from backend_utils import run_once, value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
 
 from vlzoo.presets import catalogue
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.losses.stair import (
     flops_regularizer,
     flops_weight,

@@ -12,7 +12,7 @@ open_clip's, results waited for on the device):
   open_clip with autocast at batch 16 and 128; eager `encode_image`, `encode_text` and
   `predict_*` in float32 at batch 16; `encode_image` in bfloat16; the float32 step at batch 16.
 - JAX: attention forward and backward in bfloat16 through cuDNN on padded inputs
-  (`vlzoo.kernels._jax.padded_attention`) against XLA's (256 x 197 tokens x 12 heads; 256 x 77
+  (`vlzoo._backends.jax.kernels.padded_attention`) against XLA's (256 x 197 tokens x 12 heads; 256 x 77
   causal tokens x 8 heads); the `mixed_bfloat16` step at batch 256 with that attention (its model
   FLOP/s over the H100 SXM's dense bfloat16 peak, 989 TFLOP/s: MFU) and with XLA's; the step at
   batch 16; eager `encode_image` in float32 and bfloat16.
@@ -76,7 +76,7 @@ def attention_times(quick):
     import jax
     import jax.numpy as jnp
 
-    from vlzoo.kernels import _jax
+    from vlzoo._backends.jax import kernels as _jax
 
     on_gpu = jax.devices()[0].platform == "gpu"
     results = {}
@@ -142,7 +142,7 @@ def run_backend(backend, out, quick):
                 results[name] = busy_share(case) if results["device"] else {"skipped": "no GPU"}
             else:
                 if name.endswith("xla_attention"):  # the route vlzoo took before: Keras' attention, XLA's kernels
-                    from vlzoo.kernels import _jax
+                    from vlzoo._backends.jax import kernels as _jax
 
                     _jax.padding_helps = lambda *args: False
                 results[name] = bench.run_case(case)

@@ -41,8 +41,8 @@ says so (`check_backend`).
 import keras
 
 from vlzoo.presets import catalogue
-from vlzoo._keras import without_weights
-from vlzoo._workarounds import check_distribution_backend as check_backend
+from vlzoo._backends.keras_internals import without_weights
+from vlzoo._backends.workarounds import check_distribution_backend as check_backend
 from vlzoo.models.layout import MODEL_AXIS
 
 __all__ = ["MODEL_AXIS", "check_backend", "layout_map", "sharded_dimensions"]

@@ -1,6 +1,5 @@
 """`vlzoo demo`: the whole workflow on a bundled shapes model (the `make demo` job)."""
 
-import contextlib
 import math
 import os
 import subprocess
@@ -65,23 +64,6 @@ def validate(parser, args):
     if min(args.steps, args.epochs, args.batch_size, args.eval_per_label, args.eval_pairs, args.grounding_scenes) < 1:
         parser.error("--steps, --epochs, --batch-size, --eval-per-label, --eval-pairs and --grounding-scenes must "
                      "be at least 1")
-
-
-@contextlib.contextmanager
-def _single_threaded_torch(backend):
-    """Torch's intra-op threads set to 1 (restored after): the small model's ops are far too small to
-    gain from them, and on a busy machine torch's thread pool makes each op 10-100x slower."""
-    if backend != "torch":
-        yield
-        return
-    import torch  # already imported by Keras's torch backend
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _second_backend(choice, backend):
@@ -157,12 +139,13 @@ def run(args, out):
     import keras
 
     import vlzoo
+    from vlzoo._backends import switches
     from vlzoo.data import shapes
     from vlzoo.evaluation import shapes_benchmark
     from vlzoo.training import training_optimizer
 
     backend = keras.backend.backend()
-    with _single_threaded_torch(backend):
+    with switches.one_intra_op_thread():  # the small model's operations gain nothing from PyTorch's threads
         start = time.perf_counter()
         print(f"vlzoo {vlzoo.__version__} demo | Keras {keras.__version__} | backend: {backend}", file=out)
         keras.utils.set_random_seed(args.seed)

@@ -4,11 +4,13 @@
 variables that `variables()` returns) run as a compiled program, with `fn`'s results up to the
 compiler's rounding and its gradients; a later `assign` or `fit` is seen:
 
-- JAX (`_jax`): `jax.jit` of `fn` with the variables' values passed in; once per input shape and
-  dtype; traced into the caller's program inside a JAX transform.
-- TensorFlow (`_tensorflow`): a `tf.function` of `fn` when executing eagerly; `fn` inside a graph.
-- PyTorch (`_torch`): a `torch.jit.trace` per input signature, the variables' values as inputs;
-  outputs and gradients bit for bit the eager call's wherever the kernels are deterministic.
+- JAX (`vlzoo._backends.jax.compiled`): `jax.jit` of `fn` with the variables' values passed in;
+  once per input shape and dtype; traced into the caller's program inside a JAX transform.
+- TensorFlow (`vlzoo._backends.tensorflow.compiled`): a `tf.function` of `fn` when executing
+  eagerly; `fn` inside a graph.
+- PyTorch (`vlzoo._backends.torch.compiled`): a `torch.jit.trace` per input signature, the
+  variables' values as inputs; outputs and gradients bit for bit the eager call's wherever the
+  kernels are deterministic.
 
 `forward_function(fn, variables)` is the same for the forward pass of Keras' training and
 evaluation steps: the traced program on PyTorch (whose steps run eagerly), `fn` on JAX and
@@ -23,12 +25,8 @@ Example:
 
 import keras
 
-if keras.backend.backend() == "jax":
-    from vlzoo.compiled import _jax as _impl
-elif keras.backend.backend() == "tensorflow":
-    from vlzoo.compiled import _tensorflow as _impl
-else:
-    from vlzoo.compiled import _torch as _impl
+from vlzoo._backends import switches
+from vlzoo._backends.running import compiled as _impl
 
 
 def inference_function(fn, variables):
@@ -62,7 +60,7 @@ def forward_function(fn, variables):
     >>> forward = forward_function(lambda x: model.vision(x)["pooled"],
     ...                            lambda: model.vision.variables)  # doctest: +SKIP
     """
-    if keras.backend.backend() != "torch":
+    if not switches.steps_run_eagerly():
         return fn
     return inference_function(fn, variables)
 

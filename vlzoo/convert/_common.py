@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from vlzoo._arrays import to_numpy
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo import families
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.preprocessing import CLIP_MEAN, CLIP_STD, SIGLIP_MEAN, SIGLIP_STD, ImagePreprocessor

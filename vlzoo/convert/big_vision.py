@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
 from vlzoo.presets.local import load_local_preset

@@ -8,7 +8,7 @@ activation are not in the checkpoint; the preset supplies them. The key layout:
 docs/converting.md, *The authors' checkpoint layouts*.
 """
 
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import register_converter
 from vlzoo.convert.open_clip import text_tower_rules, vit_tower_rules

@@ -47,6 +47,7 @@ import threading
 import numpy as np
 
 from vlzoo import parallel
+from vlzoo._backends import switches
 from vlzoo.data import records as R
 from vlzoo.data import transforms
 
@@ -59,12 +60,12 @@ def _tensorflow():
     """`import tensorflow`, hiding GPUs from it unless Keras runs on TensorFlow.
 
     On JAX or PyTorch, tf.data only needs the CPU; a TensorFlow that sees the GPU
-    would reserve its memory. (No effect once TensorFlow's runtime has started.)
+    would reserve its memory (`vlzoo._backends.switches.hides_gpus_from_tf_data`). (No
+    effect once TensorFlow's runtime has started.)
     """
-    import keras
     import tensorflow as tf
 
-    if keras.backend.backend() != "tensorflow":
+    if switches.hides_gpus_from_tf_data():
         try:
             tf.config.set_visible_devices([], "GPU")
         except RuntimeError:  # the runtime is already initialised

@@ -2,7 +2,7 @@
 
 The layers stay in `keras.ops`; `dense` and `attention` return the same result by a faster route
 where this backend, device and dtype have one, and None where Keras' own op is the one to run. Only
-JAX has such routes (`_jax`):
+JAX has such routes (`vlzoo._backends.jax.kernels`):
 
 - on the CPU in bfloat16: products accumulated and returned in float32, then rounded once to
   bfloat16 as Keras' are;
@@ -16,20 +16,14 @@ Example:
 >>> out = keras.ops.dot_product_attention(q, k, v, scale=0.125) if out is None else out  # doctest: +SKIP
 """
 
-import keras
-
-from vlzoo._keras import calls_directly
-
-if keras.backend.backend() == "jax":
-    from vlzoo.kernels import _jax as _impl
-else:
-    _impl = None
+from vlzoo._backends.keras_internals import calls_directly
+from vlzoo._backends.running import kernels as _impl
 
 
 def dense(layer, x):
     """`layer(x)` for a `keras.layers.Dense` inside a parent layer's call, by this backend's faster kernel,
     or None where Keras' call is the one to run (another backend, device or dtype; LoRA; quantized; a call
-    that `Layer.__call__` would change: `vlzoo._keras.calls_directly`).
+    that `Layer.__call__` would change: `vlzoo._backends.keras_internals.calls_directly`).
 
     Args:
         layer: a built `keras.layers.Dense`.

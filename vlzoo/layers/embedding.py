@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.layers.contraction import float32_einsum
 
 
@@ -232,7 +233,8 @@ class TokenEmbedding(keras.layers.Embedding):
     gradient is one dense gradient with a repeated token's rows summed: the gradient JAX and
     PyTorch compute, so Keras' Adam and AdamW take the same step on every backend. Elsewhere it is
     `keras.layers.Embedding`. Why (Keras' optimizers square TensorFlow's per-occurrence
-    `IndexedSlices` rows before summing them): docs/workarounds.md.
+    `IndexedSlices` rows before summing them): `vlzoo._backends.switches.needs_dense_lookup_gradient`,
+    docs/workarounds.md.
 
     Input: int token ids `(B, T)`; output `(B, T, output_dim)`.
 
@@ -243,7 +245,7 @@ class TokenEmbedding(keras.layers.Embedding):
     """
 
     def call(self, inputs, training=None):
-        if not training or keras.backend.backend() != "tensorflow" or self.quantization_mode is not None:
+        if not training or not switches.needs_dense_lookup_gradient() or self.quantization_mode is not None:
             return super().call(inputs)
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")

@@ -7,7 +7,8 @@ import keras
 from keras import ops
 
 from vlzoo import kernels
-from vlzoo._keras import call_sublayer
+from vlzoo._backends import switches
+from vlzoo._backends.keras_internals import call_sublayer
 
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
@@ -48,25 +49,23 @@ def _normal(std):
 def _float32_logits_operands(q, k):
     """`q` and `k` cast to float32, so that the attention logits `q k^T` are formed in float32.
 
-    For Keras' TensorFlow attention, which forms the logits in the inputs' dtype: products of
-    bfloat16 numbers are exact in float32, so these operands give the float32 logits JAX and
-    PyTorch form from the same bfloat16 inputs. The attention then runs in float32 and the output
-    projection casts back. Why: docs/precision.md.
+    For Keras' TensorFlow attention, which forms the logits in the inputs' dtype
+    (`vlzoo._backends.switches.needs_float32_logits`): products of bfloat16 numbers are exact in
+    float32, so these operands give the float32 logits JAX and PyTorch form from the same bfloat16
+    inputs. The attention then runs in float32 and the output projection casts back. Why:
+    docs/precision.md.
     """
     return ops.cast(q, "float32"), ops.cast(k, "float32")
 
 
 def _flash_attention(q, k):
     """`flash_attention` for `ops.dot_product_attention`: None (Keras decides) unless JAX would pick
-    cuDNN's flash attention for lengths its backward pass refuses.
-
-    Keras checks cuDNN's flash attention for inference only; in training cuDNN also needs both
-    sequence lengths to be multiples of 64, and a ViT-B/16's 197 tokens in bfloat16 on a GPU fail
-    with "Unsupported sequence length Q 197, KV 197". Off the GPU Keras never picks it. (Unmasked
-    half-precision attention on a GPU does not come here: `vlzoo.kernels` pads it for cuDNN.)
+    cuDNN's flash attention for lengths its backward pass refuses
+    (`vlzoo._backends.switches.refuses_flash_attention`), then False. (Unmasked half-precision
+    attention on a GPU does not come here: `vlzoo.kernels` pads it for cuDNN.)
     """
     lengths = (q.shape[1], k.shape[1])
-    if keras.backend.backend() == "jax" and any(n is None or n % 64 for n in lengths):
+    if switches.refuses_flash_attention(lengths):
         return False
     return None
 
@@ -143,7 +142,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self._split_heads(_dense(self.value, context))
         if attention_mask is not None and len(attention_mask.shape) == 3:
             attention_mask = ops.expand_dims(attention_mask, 1)
-        if keras.backend.backend() == "tensorflow" and q.dtype != "float32":
+        if switches.needs_float32_logits(q.dtype):
             q, k = _float32_logits_operands(q, k)
         scale = 1.0 / math.sqrt(self.head_dim)
         out = kernels.attention(q, k, v, scale, mask=attention_mask, is_causal=is_causal)
@@ -346,7 +345,8 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
 
 
 def scan_by_default(training):
-    """Whether `apply_blocks(scan=None)` scans: in training on JAX when it computes on the CPU.
+    """Whether `apply_blocks(scan=None)` scans: in training on JAX when it computes on the CPU
+    (`vlzoo._backends.switches.scans_blocks_by_default`).
 
     Args:
         training: whether the call trains.
@@ -354,9 +354,7 @@ def scan_by_default(training):
     Returns:
         bool. (Scanning is the faster on the CPU and the slower on a GPU: docs/benchmarks.md.)
     """
-    if not training or keras.backend.backend() != "jax":
-        return False
-    return keras.distribution.list_devices()[0].startswith("cpu")
+    return switches.scans_blocks_by_default(training)
 
 
 def _scannable(blocks):

@@ -31,6 +31,7 @@ import collections
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo._deprecation import warn_argument
 
 # ------------------------------------------------------------ validation
@@ -200,16 +201,7 @@ def static_loop(count, body, init):
         The final carry, a tuple.
     """
     init = tuple(init)
-    if keras.backend.backend() == "tensorflow":
-        out = ops.while_loop(
-            lambda k, *carry: k < count,
-            lambda k, *carry: (k + 1,) + tuple(body(k, carry)),
-            (ops.convert_to_tensor(0, "int32"),) + init,
-            maximum_iterations=count,
-        )
-        return tuple(out[1:])
-    return tuple(ops.fori_loop(0, count, lambda k, c: tuple(body(k, c)),
-                               init))
+    return switches.loop(count, body, init)
 
 
 def put(stack, k, value):

@@ -9,7 +9,8 @@ import keras
 from keras import ops
 
 import vlzoo
-from vlzoo import _workarounds, compiled, parallel
+from vlzoo import compiled, parallel
+from vlzoo._backends import workarounds
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -86,7 +87,7 @@ class ContrastiveModel(Trainer):
         logit_scale_max=LOGIT_SCALE_MAX, dtype=None, **kwargs,
     ):
         if keras.distribution.distribution() is not None:
-            _workarounds.check_distribution_backend(f"Building {type(self).__name__} under a keras.distribution")
+            workarounds.check_distribution_backend(f"Building {type(self).__name__} under a keras.distribution")
         super().__init__(dtype=dtype, **kwargs)
         self.embed_dim = embed_dim
         self.init_logit_scale = init_logit_scale
@@ -605,8 +606,8 @@ class ContrastiveModel(Trainer):
         """
         if self.weight_quantization is not None:
             raise ValueError(f"This model is already quantized ({self.weight_quantization!r}).")
-        _workarounds.warn_if_int8_is_slow(mode)
-        with _workarounds.frozen_gc():
+        workarounds.warn_if_int8_is_slow(mode)
+        with workarounds.frozen_gc():
             super().quantize(mode, **kwargs)
         self.weight_quantization = mode
 

@@ -11,7 +11,7 @@ import re
 
 import keras
 
-from vlzoo import _workarounds
+from vlzoo._backends import workarounds
 
 MODEL_AXIS = "model"
 _M = MODEL_AXIS  # the placeholder in the rules, replaced by the mesh's model axis
@@ -61,7 +61,7 @@ def layout_map(weights, rules, mesh, model_axis=MODEL_AXIS):
         TypeError: if `mesh` is not a `keras.distribution.DeviceMesh`.
         ValueError: if `mesh` has no axis `model_axis`.
     """
-    _workarounds.check_distribution_backend("A keras.distribution.LayoutMap")
+    workarounds.check_distribution_backend("A keras.distribution.LayoutMap")
     if not isinstance(mesh, keras.distribution.DeviceMesh):
         raise TypeError(f"`mesh` must be a keras.distribution.DeviceMesh; received {type(mesh).__name__}.")
     if model_axis not in mesh.axis_names:

@@ -31,6 +31,8 @@ the model's config.
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
+
 __all__ = ["micro_batched"]
 
 
@@ -77,8 +79,8 @@ def micro_batched(compute, inputs, micro_batch_size):
         return keras.remat(step)(*(chunk[k] for k in floating))
 
     steps = batch // micro_batch_size
-    if keras.backend.backend() == "jax":
-        # One `scan` over the micro-batches: the towers are traced and compiled once, whatever N / m (a
+    if switches.scans_micro_batches():
+        # One `scan` over the micro-batches (JAX): the towers are traced and compiled once, whatever N / m (a
         # Python loop would put N / m copies of each tower into the compiled step). TensorFlow's
         # `ops.scan` needs outputs shaped like its carry and PyTorch runs eagerly: they loop below.
         stacked = [ops.reshape(value, (steps, micro_batch_size, *value.shape[1:])) for value in values]

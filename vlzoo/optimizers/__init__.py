@@ -17,10 +17,11 @@ Example:
 
 import keras
 
-if keras.backend.backend() == "torch":
-    from vlzoo.optimizers._torch import UpdateCount, fused_update
-else:
-    UpdateCount = fused_update = None
+from vlzoo._backends.running import optimizers as _fused
+
+# PyTorch's fused update (`vlzoo._backends.torch.optimizers`); None on the backends without one.
+UpdateCount = None if _fused is None else _fused.UpdateCount
+fused_update = None if _fused is None else _fused.fused_update
 
 
 @keras.saving.register_keras_serializable(package="vlzoo")

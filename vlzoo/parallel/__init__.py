@@ -3,8 +3,9 @@
 The contrastive losses compare every image with every caption of the batch, so
 a step that spans several devices must see the *global* batch: each device
 encodes its own pairs, then the outputs of every device are gathered (with
-their gradients) before the family's loss. This package holds what differs per
-backend.
+their gradients) before the family's loss. This package is the same on every
+backend; what differs is the running backend's `parallel` module
+(`vlzoo._backends.{jax,tensorflow,torch}.parallel`), whose functions it exports.
 
 What `ContrastiveModel`'s step calls (its training side, `Trainer`, is `vlzoo.parallel.trainer`):
 
@@ -56,14 +57,7 @@ device holding the whole batch; see docs/distributed.md.
 import os
 import tempfile
 
-import keras
-
-if keras.backend.backend() == "torch":
-    from vlzoo.parallel import _torch as _impl
-elif keras.backend.backend() == "tensorflow":
-    from vlzoo.parallel import _tensorflow as _impl
-else:
-    from vlzoo.parallel import _jax as _impl
+from vlzoo._backends.running import parallel as _impl
 
 check_launch = _impl.check_launch
 data_processes = _impl.data_processes

@@ -7,7 +7,7 @@ What it adds to `keras.Model`:
 - `fit` / `evaluate`: the inputs' pair counts and the launch checked before Keras' loop.
 - `train_step` / `test_step`: Keras' steps through `vlzoo.parallel` (DistributedDataParallel under
   `torch.distributed`, the logs a `tf.distribute` strategy reduces), gradients released after each
-  update on PyTorch (`vlzoo._workarounds`).
+  update on PyTorch (`vlzoo._backends.workarounds`).
 
 The subclass provides `call` and `compute_loss`.
 
@@ -19,7 +19,8 @@ Example:
 
 import keras
 
-from vlzoo import _workarounds, optimizers, parallel
+from vlzoo import optimizers, parallel
+from vlzoo._backends import workarounds
 
 # Variable names that never receive weight decay besides rank < 2 tensors
 # (biases, norms, logit scale and bias): embedding tables and learned tokens.
@@ -52,7 +53,7 @@ def check_paired_arrays(x, method):
         )
 
 
-class Trainer(_workarounds.OneReplicaSymbolicBuild):
+class Trainer(workarounds.OneReplicaSymbolicBuild):
     """A `keras.Model` trained with its own loss, on one device or over several (`vlzoo.parallel`)."""
 
     def compile(self, optimizer="adamw", **kwargs):
@@ -76,7 +77,7 @@ class Trainer(_workarounds.OneReplicaSymbolicBuild):
             )
         kwargs.pop("loss", None)
         if keras.distribution.distribution() is not None:
-            _workarounds.check_distribution_backend(f"Training {type(self).__name__} under a keras.distribution")
+            workarounds.check_distribution_backend(f"Training {type(self).__name__} under a keras.distribution")
         if isinstance(optimizer, str) and optimizer.lower() == "adamw":
             optimizer = optimizers.AdamW()
         optimizer = keras.optimizers.get(optimizer)
@@ -94,7 +95,7 @@ class Trainer(_workarounds.OneReplicaSymbolicBuild):
     def fit(self, x=None, y=None, *args, **kwargs):
         check_paired_arrays(x, "fit")
         parallel.check_launch()
-        _workarounds.build_optimizer_before_tracing(self)
+        workarounds.build_optimizer_before_tracing(self)
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
@@ -104,9 +105,9 @@ class Trainer(_workarounds.OneReplicaSymbolicBuild):
 
     def train_step(self, *args, **kwargs):
         """Keras' train step (on PyTorch under `torch.distributed`, through DistributedDataParallel:
-        `vlzoo.parallel`); the gradients are then released (`vlzoo._workarounds.release_gradients`)."""
+        `vlzoo.parallel`); the gradients are then released (`vlzoo._backends.workarounds.release_gradients`)."""
         logs = parallel.train_step(self, super().train_step, *args, **kwargs)
-        _workarounds.release_gradients(self)
+        workarounds.release_gradients(self)
         return logs
 
     def test_step(self, *args, **kwargs):

@@ -30,8 +30,8 @@ import keras
 import numpy as np
 
 from vlzoo import families
-from vlzoo._keras import initialized_for_loading
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import initialized_for_loading
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.presets import catalogue
 from vlzoo.presets.files import CONFIG_FILE
 from vlzoo.presets.files import METADATA_FILE

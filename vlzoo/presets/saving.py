@@ -15,8 +15,8 @@ import pathlib
 
 import keras
 
-from vlzoo._keras import save_weights_only
-from vlzoo._keras import without_weights
+from vlzoo._backends.keras_internals import save_weights_only
+from vlzoo._backends.keras_internals import without_weights
 from vlzoo.preprocessing import ImagePreprocessor
 from vlzoo.presets.files import TOKENIZER_ASSETS
 from vlzoo.presets.files import WEIGHTS_FILE

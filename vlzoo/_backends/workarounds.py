@@ -34,8 +34,8 @@ import warnings
 
 import keras
 
-from vlzoo import parallel
 from vlzoo._arrays import on_the_cpu
+from vlzoo._backends.running import parallel
 
 SLOW_INT8_BACKENDS = ("torch", "tensorflow")
 

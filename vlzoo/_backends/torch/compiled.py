@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import torch
 
-from vlzoo._keras import in_stateless_scope
+from vlzoo._backends.keras_internals import in_stateless_scope
 
 
 def _signature(args, leaves):
