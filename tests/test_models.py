@@ -154,6 +154,10 @@ def test_siglip_deprecated_loss_num_chunks_warns_and_saves_num_chunks():
         tiny_model("siglip", num_chunks=2, loss_num_chunks=2)
     with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
         tiny_model("siglip", num_chunks=0)
+    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated"):  # its former 0: one block
+        assert tiny_model("siglip", loss_num_chunks=0).num_chunks is None
+    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated; use `num_chunks`"):
+        assert current.loss_num_chunks == 3  # the attribute, read
 
 
 def test_compile_rejects_a_loss_argument():

@@ -59,7 +59,7 @@ class SigLIP(ContrastiveModel):
             if num_chunks is not None:
                 raise ValueError("Pass at most one of `num_chunks` or `loss_num_chunks` (deprecated); received "
                                  f"num_chunks={num_chunks}, loss_num_chunks={loss_num_chunks}.")
-            num_chunks = loss_num_chunks
+            num_chunks = loss_num_chunks or None  # the former 0 meant one block, as None does
         check_positive_int(num_chunks, "num_chunks")
         self.init_logit_bias = init_logit_bias
         self.num_chunks = num_chunks
@@ -85,6 +85,12 @@ class SigLIP(ContrastiveModel):
         images (the only ones `image_embeds` then holds) against every text."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
         return siglip_loss(*args, rows=rows, num_chunks=self.num_chunks)
+
+    @property
+    def loss_num_chunks(self):
+        """Deprecated name of `num_chunks`."""
+        warn_argument("loss_num_chunks", "num_chunks")
+        return self.num_chunks
 
     def get_config(self):
         config = super().get_config()
