@@ -78,11 +78,11 @@ CASES = _cases()
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_replica_shares_average_to_the_whole_loss_in_value_and_gradient(name):
     inputs, whole, share = CASES[name]
-    expected_value, expected_grads = value_and_grad(whole, *inputs)
+    expected_value, expected_grads = value_and_grad(whole, *inputs, jit=True)
     for replicas in (2, 4):
         count = BATCH // replicas
         value, grads = value_and_grad(
-            lambda *x: sum(share(*x, r * count, count) for r in range(replicas)) / replicas, *inputs)
+            lambda *x: sum(share(*x, r * count, count) for r in range(replicas)) / replicas, *inputs, jit=True)
         np.testing.assert_allclose(value, expected_value, rtol=2e-6)
         for grad, expected in zip(grads, expected_grads):
             np.testing.assert_allclose(grad, expected, atol=2e-6 * np.abs(expected).max())
