@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import reference_towers as ref
-from backend_utils import value_and_grad
+from backend_utils import check_deprecated_chunk_size, value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
 
 from vlzoo.layers.llip import LlipCrossAttention
@@ -522,17 +522,9 @@ def test_deprecated_chunk_size_warns_round_trips_and_gives_the_num_chunks_values
     with pytest.warns(DeprecationWarning, match="num_chunks") as record:
         deprecated = tiny_llip(chunk_size=4)
     assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
+    assert deprecated.get_config()["chunk_size"] == 4
     current = tiny_llip(num_chunks=2)
-    current.set_weights(deprecated.get_weights())
-    config = deprecated.get_config()
-    assert (config["chunk_size"], config["num_chunks"]) == (4, None) and "chunk_size" not in current.get_config()
-    with pytest.warns(DeprecationWarning, match="num_chunks"):
-        assert Llip.from_config(config).get_config() == config
-    with pytest.warns(DeprecationWarning, match="num_chunks"):  # the model passes it on to the functions
-        scores = deprecated.similarity(batch["images"], batch)
-        loss = deprecated.compute_loss(y_pred=deprecated(batch))
-    np.testing.assert_array_equal(to_numpy(scores), to_numpy(current.similarity(batch["images"], batch)))
-    np.testing.assert_array_equal(to_numpy(loss), to_numpy(current.compute_loss(y_pred=current(batch))))
+    check_deprecated_chunk_size(deprecated, current, batch)
     with warnings.catch_warnings():  # a config written before `num_chunks` replaced it: `"chunk_size": null`
         warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
         Llip.from_config({**current.get_config(), "chunk_size": None})
