@@ -41,7 +41,9 @@ threads_ENV := OMP_NUM_THREADS=4 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS
 isa_ENV := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 XLA_FLAGS=--xla_cpu_max_isa=AVX2
 # TensorFlow reads the CPU's own flags and sends bfloat16 convolutions to oneDNN, which has no kernel for them
 # once capped to AVX2 (an AVX2 CPU gets TensorFlow's Eigen kernels instead): its bfloat16 tests sit that pass out.
-isa_tensorflow_ARGS := -k "not bfloat16"
+# On a CPU with AVX512-FP16 (Intel Xeon) float16 goes the same way and the process dies (segmentation fault in
+# test_filip_loss's float16 case, the code before the family registry included): those sit it out too.
+isa_tensorflow_ARGS := -k "not bfloat16 and not float16"
 
 .PHONY: venv demo test $(addprefix test-,$(BACKENDS)) test-numerics bench presets clean
 
