@@ -2,7 +2,8 @@
 
 Inputs may be Python strings, numpy arrays or any backend tensor; outputs are numpy arrays, so
 one tokenization feeds a model on any backend. They run eagerly in Python (not as `tf.data`
-graph ops). `keras_hub` (which imports TensorFlow) is imported on a tokenizer's first call.
+graph ops). The CLIP tokenizer is plain Python; the WordPiece and SentencePiece ones import
+`keras_hub` (which imports TensorFlow) on their first call.
 
 - `CLIPTokenizer` (`clip_bpe.py`): OpenAI CLIP byte-pair encoding (49,408 tokens), id for id
   open_clip's `SimpleTokenizer` (with `ftfy` installed).

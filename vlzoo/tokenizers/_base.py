@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 
-import keras
 import numpy as np
 
 from vlzoo._arrays import to_numpy
@@ -53,35 +52,23 @@ def _canonicalize_texts(texts):
     return out, True
 
 
-@functools.lru_cache(maxsize=32)
-def _packer(sequence_length, start_value, end_value, pad_value):
-    from keras_hub.layers import StartEndPacker
-
-    return StartEndPacker(
-        sequence_length=sequence_length,
-        start_value=start_value,
-        end_value=end_value,
-        pad_value=pad_value,
-        return_padding_mask=True,
-    )
-
-
 def _pack(sequences, sequence_length, start_value, end_value, pad_value):
-    """Add start/end, truncate (end kept), pad, via keras_hub's StartEndPacker.
+    """Adds the start and end ids (where not None), truncates the ids between them so that the whole
+    fits `sequence_length` (the end id kept last), and pads after the end with `pad_value` (None: 0),
+    as keras_hub's `StartEndPacker` does.
 
-    Returns int32 ids (B, T) and a bool mask (B, T) (True = start, token or end).
+    Returns int32 ids `(B, T)` and a bool mask `(B, T)` (True = start, token or end).
     """
-    batch = len(sequences)
-    if batch == 0:
-        return (
-            np.zeros((0, sequence_length), np.int32),
-            np.zeros((0, sequence_length), bool),
-        )
-    packer = _packer(sequence_length, start_value, end_value, pad_value)
-    ids, mask = packer([list(map(int, s)) for s in sequences])
-    ids = np.asarray(keras.ops.convert_to_numpy(ids)).astype(np.int32)
-    mask = np.asarray(keras.ops.convert_to_numpy(mask)).astype(bool)
-    return ids.reshape(batch, sequence_length), mask.reshape(batch, sequence_length)
+    start = [] if start_value is None else [int(start_value)]
+    end = [] if end_value is None else [int(end_value)]
+    room = sequence_length - len(start) - len(end)
+    ids = np.full((len(sequences), sequence_length), 0 if pad_value is None else int(pad_value), np.int32)
+    mask = np.zeros((len(sequences), sequence_length), bool)
+    for row, sequence in enumerate(sequences):
+        packed = start + [int(i) for i in sequence][:room] + end
+        ids[row, : len(packed)] = packed
+        mask[row, : len(packed)] = True
+    return ids, mask
 
 
 def _check_sequence_length(sequence_length):
@@ -120,7 +107,7 @@ def parse_once(parse, text):
 
 class _PackingTokenizer:
     """What vlzoo's tokenizers share: the call contract, encoding through a lazily
-    built keras_hub tokenizer, detokenization, the config and the asset files.
+    built encoder, detokenization, the config and the asset files.
 
     A subclass sets `_CONFIG_KEYS` (the `get_config()` keys, in order: constructor
     arguments kept as attributes of the same name) and `_ASSET_FILES` (those of the
@@ -129,8 +116,8 @@ class _PackingTokenizer:
     - `_check_ready()`, raising until the assets are loaded;
     - `_set_assets(*paths)`, loading the asset files, given in `_ASSET_FILES` order;
     - `_asset_contents()`, those files' contents (str or bytes), in the same order;
-    - `_build_backend()`, the keras_hub tokenizer (a subclass resets
-      `_keras_hub_tokenizer` to `None` when its assets change);
+    - `_build_backend()`, the encoder: a keras_hub tokenizer, or the subclass's own (a subclass
+      resets `_encoder` to `None` when its assets change);
     - `_clean(text)`, applied before the keras_hub tokenizer, or an own
       `_encode_batch(texts)` (ids without start/end tokens, one list per text);
     - `_decode(ids)`, the text of a row of ids without start/end tokens;
@@ -142,7 +129,7 @@ class _PackingTokenizer:
 
     def __init__(self, sequence_length):
         self.sequence_length = _check_sequence_length(sequence_length)
-        self._keras_hub_tokenizer = None
+        self._encoder = None
 
     @classmethod
     def from_config(cls, config):
@@ -177,11 +164,11 @@ class _PackingTokenizer:
         return cls(**kwargs).load_assets(directory)
 
     def _backend(self):
-        """The keras_hub tokenizer, built by `_build_backend()` on first use."""
-        if self._keras_hub_tokenizer is None:
+        """The encoder, built by `_build_backend()` on first use."""
+        if self._encoder is None:
             self._check_ready()
-            self._keras_hub_tokenizer = self._build_backend()
-        return self._keras_hub_tokenizer
+            self._encoder = self._build_backend()
+        return self._encoder
 
     def encode(self, text):
         """Ids of one string, without start/end tokens (list of int)."""

@@ -13,7 +13,6 @@ import warnings
 import keras
 import numpy as np
 
-from vlzoo._arrays import to_numpy
 from vlzoo.tokenizers._base import _read_asset_file
 from vlzoo.tokenizers._base import parse_once
 from vlzoo.tokenizers._base import _VocabularyTokenizer
@@ -91,6 +90,66 @@ def _byte_decoder():
     return {v: k for k, v in bytes_to_unicode().items()}
 
 
+@functools.lru_cache(maxsize=None)
+def _byte_encoder():
+    """`bytes_to_unicode()`, built once."""
+    return bytes_to_unicode()
+
+
+class _BytePairEncoder:
+    """CLIP's byte-pair encoding of one pre-token (a piece of open_clip's split pattern) into ids.
+
+    The piece's UTF-8 bytes become printable symbols (`bytes_to_unicode`), the last one marked with
+    `</w>`; while some adjacent pair of symbols is a merge rule, every occurrence of the pair with the
+    lowest rank is merged, left to right; the symbols are then looked up in the vocabulary (a symbol
+    outside it, possible only with a vocabulary that lacks byte symbols, gives `unknown_id`).
+
+    Args:
+        vocabulary: dict `{token: id}`.
+        merges: list of `"a b"` rules, highest priority first.
+        unknown_id: the id of a symbol outside `vocabulary`.
+
+    Call: `encoder(piece)` with `piece` a non-empty str; returns a list of int ids.
+
+    Raises:
+        ValueError: a merge rule whose two tokens are not both in `vocabulary`.
+    """
+
+    def __init__(self, vocabulary, merges, unknown_id):
+        ranks = {}
+        for rank, merge in enumerate(merges):
+            first, second = merge.split(" ")
+            if first not in vocabulary or second not in vocabulary:
+                raise ValueError(
+                    f"Merge rule {merge!r} contains token {first!r} or {second!r} that is not in the vocabulary."
+                )
+            ranks.setdefault((first, second), rank)
+        self._ranks = ranks
+        self._vocabulary = vocabulary
+        self._unknown_id = unknown_id
+
+    def __call__(self, piece):
+        encoder = _byte_encoder()
+        symbols = [encoder[byte] for byte in piece.encode("utf-8")]
+        symbols[-1] += "</w>"
+        ranks = self._ranks
+        while len(symbols) > 1:
+            pairs = {(a, b) for a, b in zip(symbols, symbols[1:]) if (a, b) in ranks}
+            if not pairs:
+                break
+            first, second = min(pairs, key=ranks.__getitem__)
+            merged, i = [], 0
+            while i < len(symbols):
+                if i + 1 < len(symbols) and symbols[i] == first and symbols[i + 1] == second:
+                    merged.append(first + second)
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            symbols = merged
+        return [self._vocabulary.get(symbol, self._unknown_id) for symbol in symbols]
+
+
 def _load_vocabulary(vocabulary):
     if isinstance(vocabulary, (str, os.PathLike)):
         text = _read_asset_file(
@@ -151,9 +210,9 @@ class CLIPTokenizer(_VocabularyTokenizer):
 
     Gives exactly the ids of open_clip's `SimpleTokenizer()(texts, context_length)`:
     the text is cleaned as open_clip does (`ftfy.fix_text`, HTML-unescape, whitespace
-    collapse, lowercase), split with open_clip's regex, byte-pair encoded by
-    `keras_hub.models.CLIPTokenizer`, then wrapped in `<|startoftext|>` /
-    `<|endoftext|>` by `keras_hub.layers.StartEndPacker`. Over-long texts are
+    collapse, lowercase), split with open_clip's regex, each piece byte-pair encoded (in Python: no
+    TensorFlow is imported), then wrapped in `<|startoftext|>` /
+    `<|endoftext|>`. Over-long texts are
     truncated to `sequence_length` with the end token kept last; shorter ones are
     padded with `pad_value`. As in open_clip, the literal strings `<start_of_text>` and
     `<end_of_text>` inside a text become the start and end ids. `detokenize` gives
@@ -235,7 +294,7 @@ class CLIPTokenizer(_VocabularyTokenizer):
         self._vocabulary = self._token_to_id = vocabulary
         self._id_to_token = {v: k for k, v in vocabulary.items()}
         self._merges = merges
-        self._keras_hub_tokenizer = None
+        self._encoder = None
         self._cache = {}
 
     _set_assets = set_vocabulary_and_merges
@@ -246,32 +305,22 @@ class CLIPTokenizer(_VocabularyTokenizer):
 
     # -- tokenization ------------------------------------------------------------------
     def _build_backend(self):
-        from keras_hub.models import CLIPTokenizer as _KHCLIPTokenizer
-
-        return _KHCLIPTokenizer(vocabulary=self._vocabulary, merges=self._merges)
+        return _BytePairEncoder(self._vocabulary, self._merges, self.end_token_id)
 
     def _encode_batch(self, texts):
         self._check_ready()
         pattern = _clip_split_pattern()
         start, end = self.start_token_id, self.end_token_id
-        # Split every text into open_clip's pre-tokens; encode the unseen ones in a
-        # single keras_hub call (each pre-token is one BPE word).
+        # Split every text into open_clip's pre-tokens and byte-pair encode each one not met
+        # before (each pre-token is one BPE word).
         split = [pattern.findall(clip_clean_text(t)) for t in texts]
-        unseen = sorted(
-            {
-                p
-                for pieces in split
-                for p in pieces
-                if p not in self._cache
-                and p not in ("<start_of_text>", "<end_of_text>")
-            }
-        )
-        if unseen:
-            encoded = self._backend().tokenize(unseen)
-            for piece, ids in zip(unseen, encoded):
-                self._cache[piece] = [int(i) for i in to_numpy(ids).reshape(-1)]
-            if len(self._cache) > 200_000:
-                self._cache = {}
+        if len(self._cache) > 200_000:
+            self._cache = {}
+        encode = self._backend()
+        for pieces in split:
+            for p in pieces:
+                if p not in self._cache and p not in ("<start_of_text>", "<end_of_text>"):
+                    self._cache[p] = encode(p)
         out = []
         for pieces in split:
             ids = []

@@ -124,7 +124,7 @@ class SentencePieceTokenizer(_PackingTokenizer):
                 f"{type(proto).__name__}."
             )
         self._proto = bytes(proto)
-        self._keras_hub_tokenizer = None
+        self._encoder = None
         for name in ("start_token", "end_token"):
             piece = getattr(self, name)
             if piece is not None:

@@ -129,7 +129,7 @@ class WordPieceTokenizer(_VocabularyTokenizer):
                 )
         self._vocabulary = self._id_to_token = vocabulary
         self._token_to_id = {token: i for i, token in enumerate(vocabulary)}
-        self._keras_hub_tokenizer = None
+        self._encoder = None
 
     _set_assets = set_vocabulary
 
