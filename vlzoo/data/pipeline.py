@@ -323,7 +323,7 @@ def image_text_dataset(
             raise ValueError(f"{len(location)} tar shard(s) cannot be dealt out to {num_processes} processes; "
                              "write at least one shard per process.")
         location = location[process_index::num_processes]
-    tf = _tensorflow()  # before the tokenizer, whose keras_hub ops start TensorFlow
+    tf = _tensorflow()  # before a tokenizer whose keras_hub ops would start TensorFlow (WordPiece, SentencePiece)
     sequence_length = _sequence_length(tokenizer)
     autotune = tf.data.AUTOTUNE
     stats = R.DatasetStats()
