@@ -20,15 +20,6 @@ settings.register_profile(
 )
 settings.load_profile("vlzoo")
 
-# `make test` turns TensorFlow's graph optimiser (Grappler) off in its workers (`VLZOO_TESTS_GRAPPLER=0`):
-# a tiny model's first `fit` traces and instantiates its step about a fifth faster, with the same losses
-# (docs/benchmarks.md, Quick start). `make test-numerics` keeps it on, so the numerically sensitive files
-# also run on the graphs users' programs get.
-if keras.backend.backend() == "tensorflow" and os.environ.get("VLZOO_TESTS_GRAPPLER") == "0":
-    import tensorflow as tf
-
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-
 TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 
