@@ -85,15 +85,15 @@ def bytes_to_unicode():
 
 
 @functools.lru_cache(maxsize=None)
-def _byte_decoder():
-    """The inverse of `bytes_to_unicode()`: printable unicode -> byte."""
-    return {v: k for k, v in bytes_to_unicode().items()}
-
-
-@functools.lru_cache(maxsize=None)
 def _byte_encoder():
     """`bytes_to_unicode()`, built once."""
     return bytes_to_unicode()
+
+
+@functools.lru_cache(maxsize=None)
+def _byte_decoder():
+    """The inverse of `bytes_to_unicode()`: printable unicode -> byte."""
+    return {v: k for k, v in _byte_encoder().items()}
 
 
 class _BytePairEncoder:
@@ -210,10 +210,9 @@ class CLIPTokenizer(_VocabularyTokenizer):
 
     Gives exactly the ids of open_clip's `SimpleTokenizer()(texts, context_length)`:
     the text is cleaned as open_clip does (`ftfy.fix_text`, HTML-unescape, whitespace
-    collapse, lowercase), split with open_clip's regex, each piece byte-pair encoded (in Python: no
-    TensorFlow is imported), then wrapped in `<|startoftext|>` /
-    `<|endoftext|>`. Over-long texts are
-    truncated to `sequence_length` with the end token kept last; shorter ones are
+    collapse, lowercase), split with open_clip's regex, each piece byte-pair encoded (in
+    Python: no TensorFlow is imported), then wrapped in `<|startoftext|>` / `<|endoftext|>`.
+    Over-long texts are truncated to `sequence_length` with the end token kept last; shorter ones are
     padded with `pad_value`. As in open_clip, the literal strings `<start_of_text>` and
     `<end_of_text>` inside a text become the start and end ids. `detokenize` gives
     the cleaned (lowercased) text, as open_clip's `decode` does, outer spaces
