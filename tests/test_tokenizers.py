@@ -266,6 +266,18 @@ def test_no_vocabulary_errors(tmp_path):
         T.CLIPTokenizer(vocabulary={"a": 0})
 
 
+def test_byte_pair_merges_by_rank_and_maps_unknown_symbols_to_the_end_id():
+    # Hand-worked: "abab" is a b a b</w>; rank 0 merges (a, b) -> ab a b</w>; rank 1 (a, b</w>) -> ab ab</w>;
+    # rank 2 (ab, ab</w>) -> abab</w> (id 8). "c</w>" is not in the vocabulary: the end id, 1.
+    vocabulary = {"<|startoftext|>": 0, "<|endoftext|>": 1, "a": 2, "b": 3, "a</w>": 4, "b</w>": 5, "ab": 6,
+                  "ab</w>": 7, "abab</w>": 8}
+    merges = ["#version: 0.2", "a b", "a b</w>", "ab ab</w>"]
+    t = T.CLIPTokenizer(vocabulary, merges, sequence_length=6)
+    np.testing.assert_array_equal(t(["abab c", "ba"])["token_ids"], [[0, 8, 1, 1, 0, 0], [0, 3, 4, 1, 0, 0]])
+    with pytest.raises(ValueError, match="Merge rule 'a z'"):
+        T.CLIPTokenizer(vocabulary, ["a z"])("a")
+
+
 def test_dict_and_list_inputs(tok):
     with open(os.path.join(ASSETS, "vocabulary.json"), encoding="utf-8") as f:
         vocab = json.load(f)
