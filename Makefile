@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vlzoo-installed
 BACKENDS := jax tensorflow torch
 PYTEST_ARGS ?=
-# Two pytest-xdist workers (CI has 2 cores; most test time is single-threaded compilation). Not
-# `--dist loadgroup`: with pytest 9.2 and xdist 3.8 the group marks do not keep tests together.
+# Two pytest-xdist workers (CI has 2 cores; most test time is single-threaded compilation), each given
+# whole test files (`--dist loadfile`: a file's module fixtures, the models they build and the functions
+# Keras compiles for them, are made once, not once per worker), longest first (tests/conftest.py orders
+# them by tests/durations.json; `--no-loadscope-reorder` keeps that order). Not `--dist loadgroup`: with
+# pytest 9.2 and xdist 3.8 the group marks do not keep tests together.
 WORKERS ?= 2
 # JAX programs in the tests are compiled with LLVM's optimisations off (JAX_DISABLE_MOST_OPTIMIZATIONS:
 # backend optimisation level 0, no expensive LLVM passes; XLA's HLO passes and fusions, which decide
@@ -19,7 +22,7 @@ JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_
 # Temporary files (pytest's, TensorFlow's autograph sources, the processes the tests start) go to the same
 # directory, removed when the run ends.
 PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) TMPDIR=$$cache $(PY) -m pytest -p no:cacheprovider \
-	-n $(WORKERS) --durations=25 $(PYTEST_ARGS)
+	-n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 # One OpenMP thread per worker (PyTorch's and numpy's pools): with PyTorch's default of a thread per core,
 # the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast
 # (docs/benchmarks.md, Quick start). JAX's and TensorFlow's own pools keep their defaults (no gain measured there).

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny model builders and inputs (the suite runs once per backend)."""
 
+import json
 import os
 
 import vlzoo  # noqa: F401  (before Keras, as in a user's program: it sets TensorFlow's CPU defaults)
@@ -23,6 +24,10 @@ settings.load_profile("vlzoo")
 TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json"), encoding="utf-8") as _file:
+    _DURATIONS = json.load(_file)
+"""`{backend: {test file: seconds}}` of a timed `make test` (`tools/test_durations.py`)."""
+
 
 def pytest_report_header(config):
     """The host's CPU model and vector units (they select the backends' kernels, and so the rounding)."""
@@ -34,12 +39,18 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`slow` tests (learning runs, big builds: nothing backend-specific) run in one pass only.
+    """`slow` tests (learning runs, big builds: nothing backend-specific) run in one pass only, and the test
+    files go out longest first.
 
     Every backend's own numerics are checked by the conformance test and by the fast tests of
     each pass; a learning test costs 20-60 s of compilation on JAX and TensorFlow, seconds on
     PyTorch's eager path. `@pytest.mark.slow(backend=...)` names another pass where that one
     is cheapest.
+
+    `make test` hands whole files to its workers (`--dist loadfile`: a file's module fixtures are built
+    once); ordered by the seconds each took in this backend's pass (`tests/durations.json`, written by
+    `tools/test_durations.py`; a file not listed there counts as the longest), the last file to start is
+    a short one. The order within a file is kept.
     """
     from backend_utils import ONCE_BACKEND
 
@@ -50,6 +61,9 @@ def pytest_collection_modifyitems(config, items):
         backend = marker.kwargs.get("backend", ONCE_BACKEND)
         if keras.backend.backend() != backend:
             item.add_marker(pytest.mark.skip(reason=f"slow: runs in the {backend} pass only"))
+    seconds = _DURATIONS.get(keras.backend.backend(), {})
+    unknown = max(seconds.values(), default=0.0)
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unknown))
 
 
 @pytest.fixture(scope="session", autouse=True)
