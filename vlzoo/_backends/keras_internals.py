@@ -167,6 +167,8 @@ def calls_directly(layer, values):
     if not layer.built or getattr(layer, "quantization_mode", None) is not None or layer._remat_mode:
         return False
     input_dtype = layer.input_dtype
+    # One level of tuples or lists (the rotary embedding's `(sin, cos)`); cheaper than `keras.tree.flatten`.
+    values = [item for value in values for item in (value if isinstance(value, (tuple, list)) else (value,))]
     for value in values:
         if value is None or isinstance(value, (bool, int, float, str)):
             continue

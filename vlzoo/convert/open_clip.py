@@ -5,7 +5,8 @@ Supports open_clip's `CLIP` and `CustomTextCLIP` with
 - image towers: open_clip's own `VisionTransformer` (OpenAI / LAION CLIP ViTs,
   QuickGELU or GELU, class-token or average pooling, with or without `ln_pre`)
   and timm `VisionTransformer` trunks (SigLIP's MAP head, class-token or
-  average pooling without `fc_norm`, with an optional linear projection);
+  average pooling without `fc_norm`, with an optional linear projection), and
+  timm's rotary `Eva` trunks of Perception Encoder (PE-Core: 2D RoPE, MAP head);
 - text towers: open_clip's `TextTransformer` (causal or bidirectional,
   `argmax` / `last` / `first` pooling, projection as a matrix, a biased
   `Linear` or none).
@@ -18,24 +19,19 @@ timm: `from_open_clip` reads the module you pass (duck-typed), and
 dict (the JSON of `open_clip/model_configs/<name>.json`).
 """
 
-import re
-
 import numpy as np
 
 from vlzoo.convert import _common as C
+from vlzoo.convert.open_clip_timm import is_identity, square, state_shape
+from vlzoo.convert.open_clip_timm import timm_spec_from_config, timm_spec_from_module
 from vlzoo.convert.state_dict import numpy_state_dict
 from vlzoo.convert.state_dict import strip_prefix
 
 # Keys that OpenAI's original checkpoints carry besides the weights.
 _METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")
 
-# Geometry that a timm SigLIP tower's state dict does not show: (num_heads, activation).
-_TIMM_SIGLIP = {
-    "vit_base": (12, "gelu"),
-    "vit_large": (16, "gelu"),
-    "vit_so400m": (16, "gelu"),
-    "vit_giantopt": (16, "gelu_tanh"),
-}
+# The families whose open_clip models are `CustomTextCLIP` (text tower under `text.`).
+_CUSTOM_TEXT_FAMILIES = ("siglip", "pe_core")
 
 _CUSTOM_BLOCK_FLAGS = ("qk_norm", "scaled_cosine_attn", "scale_heads", "scale_attn_inner", "scale_attn", "scale_fc")
 
@@ -111,10 +107,11 @@ def to_open_clip_state_dict(model, custom_text=None):
     a MAP head export as open_clip's timm trunk (`visual.trunk.*`).
 
     Args:
-        model: a vlzoo `CLIP` or `SigLIP` model.
+        model: a vlzoo `CLIP`, `SigLIP` or `PECore` model.
         custom_text: key layout of the text tower: `False` for open_clip's
             `CLIP` (`transformer.*`, `token_embedding.weight`, ...), `True`
-            for `CustomTextCLIP` (`text.*`). Default: `True` for SigLIP.
+            for `CustomTextCLIP` (`text.*`). Default: `True` for SigLIP and
+            PE-Core.
 
     Returns:
         `{key: numpy array}`, loadable with `load_state_dict(..., strict=True)`
@@ -127,7 +124,7 @@ def to_open_clip_state_dict(model, custom_text=None):
     ...                       for k, v in to_open_clip_state_dict(model).items()})  # doctest: +SKIP
     """
     if custom_text is None:
-        custom_text = getattr(model, "family", None) == "siglip"
+        custom_text = getattr(model, "family", None) in _CUSTOM_TEXT_FAMILIES
     spec = _spec_from_vlzoo(model, custom_text)
     return C.export_rules(_rules(spec), model)
 
@@ -141,7 +138,7 @@ def open_clip_config(model, custom_text=None):
     open_clip) or QuickGELU on one tower only. Example: `to_open_clip_state_dict`'s.
     """
     if custom_text is None:
-        custom_text = getattr(model, "family", None) == "siglip"
+        custom_text = getattr(model, "family", None) in _CUSTOM_TEXT_FAMILIES
     spec = _spec_from_vlzoo(model, custom_text)
     if spec["vision_layout"] != "vit":
         raise NotImplementedError(
@@ -317,10 +314,6 @@ def _rules(spec):
 # =============================================================================== spec from a module
 
 
-def _is_identity(module):
-    return module is None or type(module).__name__ == "Identity"
-
-
 def _check_block(block, where):
     name = type(block).__name__
     if name != "ResidualAttentionBlock":
@@ -329,7 +322,7 @@ def _check_block(block, where):
             "head scaling, inner LayerNorms) is not supported by vlzoo."
         )
     for attr in ("ls_1", "ls_2"):
-        if not _is_identity(getattr(block, attr, None)):
+        if not is_identity(getattr(block, attr, None)):
             raise NotImplementedError(f"{where}: LayerScale (`ls_init_value`) is not supported by vlzoo.")
     if hasattr(block, "ln_1_kv"):
         raise NotImplementedError(f"{where}: cross-attention blocks are not supported by vlzoo.")
@@ -355,13 +348,6 @@ def _transformer_geometry(resblocks, where):
     )
 
 
-def _square(value, what, where):
-    value = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if value[0] != value[1]:
-        raise NotImplementedError(f"{where}: non-square {what} {value} is not supported by vlzoo.")
-    return int(value[0])
-
-
 def _vit_from_module(visual):
     where = "open_clip VisionTransformer"
     if getattr(visual, "attn_pool", None) is not None:
@@ -378,10 +364,10 @@ def _vit_from_module(visual):
     conv = visual.conv1
     if conv.bias is not None:
         raise NotImplementedError(f"{where}: a patch embedding with bias is not an open_clip layout.")
-    patch = _square(conv.kernel_size, "patch", where)
-    if _square(conv.stride, "stride", where) != patch:
+    patch = square(conv.kernel_size, "patch", where)
+    if square(conv.stride, "stride", where) != patch:
         raise NotImplementedError(f"{where}: overlapping patches (stride != patch size) are not supported by vlzoo.")
-    grid = _square(visual.grid_size, "patch grid", where)
+    grid = square(visual.grid_size, "patch grid", where)
     width = int(conv.out_channels)
     blocks = _transformer_geometry(visual.transformer.resblocks, where)
     eps = float(visual.ln_post.eps)
@@ -391,111 +377,9 @@ def _vit_from_module(visual):
     vision = dict(
         image_size=grid * patch, patch_size=patch, hidden_dim=width, **blocks,
         output_dim=int(proj.shape[1]) if proj is not None else None, num_prefix_tokens=1, pooling=pooling,
-        use_pre_norm=not _is_identity(visual.ln_pre), patch_bias=False, projection_bias=False,
+        use_pre_norm=not is_identity(visual.ln_pre), patch_bias=False, projection_bias=False,
     )
     return vision, "param" if proj is not None else None
-
-
-def _timm_activation(block, where):
-    return C.torch_activation_name(block.mlp.act, where)
-
-
-def _timm_from_module(visual):
-    trunk = visual.trunk
-    where = f"timm tower {type(trunk).__name__}"
-    if type(trunk).__name__ != "VisionTransformer":
-        raise NotImplementedError(f"{where}: only timm VisionTransformer trunks are supported by vlzoo.")
-    pe = trunk.patch_embed
-    if not _is_identity(getattr(pe, "norm", None)):
-        raise NotImplementedError(f"{where}: a normalised patch embedding is not supported by vlzoo.")
-    conv = pe.proj
-    patch = _square(conv.kernel_size, "patch", where)
-    if _square(conv.stride, "stride", where) != patch:
-        raise NotImplementedError(f"{where}: overlapping patches are not supported by vlzoo.")
-    grid = _square(pe.grid_size, "patch grid", where)
-    if getattr(trunk, "reg_token", None) is not None:
-        raise NotImplementedError(f"{where}: register tokens are not supported by vlzoo.")
-    prefix = 0 if getattr(trunk, "cls_token", None) is None else 1
-    if prefix and getattr(trunk, "no_embed_class", False):
-        raise NotImplementedError(f"{where}: `no_embed_class=True` (class token without position) is not supported.")
-    if getattr(trunk, "pos_embed", None) is None:
-        raise NotImplementedError(f"{where}: towers without learned position embeddings are not supported.")
-    blocks = list(trunk.blocks)
-    for i, block in enumerate(blocks):
-        w = f"{where} block {i}"
-        if type(block).__name__ != "Block":
-            raise NotImplementedError(f"{w}: block type {type(block).__name__} is not supported by vlzoo.")
-        if not (_is_identity(block.ls1) and _is_identity(block.ls2)):
-            raise NotImplementedError(f"{w}: LayerScale (`init_values`) is not supported by vlzoo.")
-        attn = block.attn
-        if not (_is_identity(getattr(attn, "q_norm", None)) and _is_identity(getattr(attn, "k_norm", None))):
-            raise NotImplementedError(f"{w}: qk_norm is not supported by vlzoo.")
-        if not _is_identity(getattr(attn, "norm", None)):
-            raise NotImplementedError(f"{w}: an inner attention LayerNorm is not supported by vlzoo.")
-        if getattr(attn, "qkv", None) is None or attn.qkv.bias is None:
-            raise NotImplementedError(f"{w}: attention without a biased fused qkv is not supported by vlzoo.")
-        if type(block.mlp).__name__ != "Mlp" or not _is_identity(getattr(block.mlp, "norm", None)):
-            raise NotImplementedError(f"{w}: MLP type {type(block.mlp).__name__} is not supported by vlzoo.")
-    eps = float(trunk.norm.eps) if not _is_identity(trunk.norm) else None
-    if eps is None:
-        raise NotImplementedError(f"{where}: `fc_norm` (LayerNorm after pooling) is not supported by vlzoo.")
-    first = blocks[0]
-    vision = dict(
-        image_size=grid * patch, patch_size=patch, hidden_dim=int(conv.out_channels),
-        num_layers=len(blocks), num_heads=int(first.attn.num_heads),
-        intermediate_dim=int(first.mlp.fc1.out_features), activation=_timm_activation(first, where),
-        layer_norm_epsilon=eps, num_prefix_tokens=prefix,
-        use_pre_norm=not _is_identity(getattr(trunk, "norm_pre", None)),
-        patch_bias=conv.bias is not None,
-    )
-    attn_pool = getattr(trunk, "attn_pool", None)
-    if attn_pool is not None:
-        if type(attn_pool).__name__ != "AttentionPoolLatent":
-            raise NotImplementedError(f"{where}: pooling {type(attn_pool).__name__} is not supported by vlzoo.")
-        problems = []
-        if attn_pool.latent.shape[1] != 1:
-            problems.append("several latent queries")
-        if getattr(attn_pool, "pos_embed", None) is not None:
-            problems.append("a pooling position embedding")
-        if not _is_identity(getattr(attn_pool, "q_norm", None)):
-            problems.append("qk_norm")
-        if getattr(attn_pool, "mlp", None) is None:
-            problems.append("no MLP")
-        elif attn_pool.mlp.fc1.out_features != vision["intermediate_dim"]:
-            problems.append("an MLP width unlike the blocks'")
-        if attn_pool.num_heads != vision["num_heads"]:
-            problems.append("a head count unlike the blocks'")
-        if problems:
-            raise NotImplementedError(f"{where}: MAP head with {', '.join(problems)} is not supported by vlzoo.")
-        vision["pooling"] = "map"
-    else:
-        global_pool = getattr(trunk, "global_pool", "")
-        if global_pool == "token" and prefix:
-            vision["pooling"] = "cls"
-        elif global_pool == "avg" and not getattr(trunk, "pool_include_prefix", False):
-            vision["pooling"] = "mean"
-        else:
-            raise NotImplementedError(f"{where}: `global_pool={global_pool!r}` is not supported by vlzoo.")
-    if not _is_identity(getattr(trunk, "fc_norm", None)):
-        raise NotImplementedError(f"{where}: `fc_norm` (LayerNorm after pooling) is not supported by vlzoo.")
-
-    head = getattr(visual, "head", None)
-    head_layers = dict(head.named_children()) if head is not None else {}
-    unsupported = set(head_layers) - {"drop", "proj"}
-    if unsupported:
-        raise NotImplementedError(f"{where}: open_clip timm head {sorted(unsupported)} is not supported by vlzoo.")
-    trunk_head = getattr(trunk, "head", None)
-    if "proj" in head_layers:
-        if not _is_identity(trunk_head):
-            raise NotImplementedError(f"{where}: two output projections are not supported.")
-        proj, kind = head_layers["proj"], "head_proj"
-    elif not _is_identity(trunk_head):
-        proj, kind = trunk_head, "trunk_head"
-    else:
-        proj, kind = None, None
-    vision["output_dim"] = int(proj.out_features) if proj is not None else None
-    vision["projection_bias"] = proj is not None and proj.bias is not None
-    return vision, kind
 
 
 def _text_from_module(model):
@@ -539,6 +423,13 @@ def _text_from_module(model):
     return text, prefix, kind
 
 
+def _family(vision, has_logit_bias):
+    """The vlzoo family of an open_clip model: SigLIP with a logit bias, PE-Core with a rotary tower, else CLIP."""
+    if has_logit_bias:
+        return "siglip"
+    return "pe_core" if vision.get("rotary_theta") is not None else "clip"
+
+
 def _spec_from_module(model):
     if not hasattr(model, "visual") or not hasattr(model, "logit_scale"):
         raise TypeError(
@@ -546,7 +437,7 @@ def _spec_from_module(model):
         )
     visual = model.visual
     if hasattr(visual, "trunk"):
-        vision, vision_proj = _timm_from_module(visual)
+        vision, vision_proj = timm_spec_from_module(visual)
         layout = "timm"
     elif hasattr(visual, "conv1") and hasattr(visual, "transformer"):
         vision, vision_proj = _vit_from_module(visual)
@@ -560,7 +451,7 @@ def _spec_from_module(model):
     logit_bias = getattr(model, "logit_bias", None)
     logit_scale = C.to_numpy(model.logit_scale)
     return dict(
-        family="siglip" if logit_bias is not None else "clip",
+        family=_family(vision, logit_bias is not None),
         vision=vision, text=text, vision_layout=layout, vision_proj=vision_proj,
         text_prefix=text_prefix, text_proj=text_proj,
         logit_scale=float(np.reshape(logit_scale, -1)[0]),
@@ -611,8 +502,8 @@ def _vit_from_config(cfg, embed_dim, quick_gelu):
     if cfg.get("final_ln_after_pool") and pooling == "mean":
         raise NotImplementedError(f"{where}: `final_ln_after_pool` with `pool_type='avg'` is not supported by vlzoo.")
     width = int(cfg.get("width", 768))
-    patch = _square(cfg.get("patch_size", 16), "patch", where)
-    image = _square(cfg.get("image_size", 224), "image size", where)
+    patch = square(cfg.get("patch_size", 16), "patch", where)
+    image = square(cfg.get("image_size", 224), "image size", where)
     return dict(
         image_size=image - image % patch, patch_size=patch, hidden_dim=width, num_layers=int(layers),
         num_heads=width // int(cfg.get("head_width", 64)),
@@ -621,74 +512,6 @@ def _vit_from_config(cfg, embed_dim, quick_gelu):
         output_dim=int(embed_dim), num_prefix_tokens=1, pooling=pooling,
         use_pre_norm=not cfg.get("no_ln_pre", False), patch_bias=False, projection_bias=False,
     )
-
-
-def _count(state_dict, pattern):
-    regex = re.compile(pattern)
-    return len({m.group(1) for k in state_dict for m in [regex.match(k)] if m})
-
-
-def _shape(state_dict, key):
-    if key not in state_dict:
-        raise KeyError(f"Checkpoint key {key!r} is missing (needed to read the tower's geometry).")
-    return tuple(np.shape(C.to_numpy(state_dict[key])))
-
-
-def _timm_from_config(cfg, state_dict, overrides):
-    name = cfg["timm_model_name"]
-    where = f"timm tower {name!r}"
-    p = "visual.trunk."
-    pool = cfg.get("timm_pool", "avg")
-    if pool in ("abs_attn", "rot_attn"):
-        raise NotImplementedError(f"{where}: `timm_pool={pool!r}` is not supported by vlzoo.")
-    if f"{p}reg_token" in state_dict:
-        raise NotImplementedError(f"{where}: register tokens are not supported by vlzoo.")
-    if f"{p}fc_norm.weight" in state_dict:
-        raise NotImplementedError(f"{where}: `fc_norm` (LayerNorm after pooling) is not supported by vlzoo.")
-    if "visual.head.mlp.fc1.weight" in state_dict:
-        raise NotImplementedError(f"{where}: `timm_proj='mlp'` is not supported by vlzoo.")
-    conv = _shape(state_dict, f"{p}patch_embed.proj.weight")
-    width, patch = conv[0], conv[2]
-    prefix = 1 if f"{p}cls_token" in state_dict else 0
-    positions = _shape(state_dict, f"{p}pos_embed")[1]
-    grid = int(round((positions - prefix) ** 0.5))
-    if grid * grid + prefix != positions:
-        raise NotImplementedError(f"{where}: a non-square patch grid ({positions} positions) is not supported.")
-    depth = _count(state_dict, re.escape(p) + r"blocks\.(\d+)\.")
-    if f"{p}attn_pool.latent" in state_dict:
-        pooling = "map"
-    elif pool == "token" and prefix:
-        pooling = "cls"
-    elif pool == "avg":
-        pooling = "mean"
-    else:
-        raise NotImplementedError(f"{where}: `timm_pool={pool!r}` is not supported by vlzoo.")
-    match = re.match(r"(vit_(?:base|large|so400m|giantopt))_patch\d+_siglip", name)
-    known = _TIMM_SIGLIP.get(match.group(1)) if match else None
-    overrides = dict(overrides or {})
-    if known is None and not {"num_heads", "activation"} <= set(overrides):
-        raise NotImplementedError(
-            f"{where}: its head count and activation cannot be read from a state dict; convert the open_clip "
-            "model object with `from_open_clip(model)`, or pass "
-            "`vision_overrides=dict(num_heads=..., activation=..., layer_norm_epsilon=...)`."
-        )
-    heads, activation = known or (None, None)
-    if "visual.head.proj.weight" in state_dict:
-        kind, bias = "head_proj", "visual.head.proj.bias" in state_dict
-        output_dim = _shape(state_dict, "visual.head.proj.weight")[0]
-    elif f"{p}head.weight" in state_dict:
-        kind, bias, output_dim = "trunk_head", f"{p}head.bias" in state_dict, _shape(state_dict, f"{p}head.weight")[0]
-    else:
-        kind, bias, output_dim = None, False, None
-    vision = dict(
-        image_size=grid * patch, patch_size=patch, hidden_dim=width, num_layers=depth, num_heads=heads,
-        intermediate_dim=_shape(state_dict, f"{p}blocks.0.mlp.fc1.weight")[0], activation=activation,
-        layer_norm_epsilon=1e-6, output_dim=output_dim, num_prefix_tokens=prefix, pooling=pooling,
-        use_pre_norm=f"{p}norm_pre.weight" in state_dict, patch_bias=f"{p}patch_embed.proj.bias" in state_dict,
-        projection_bias=bias,
-    )
-    vision.update(overrides)
-    return vision, kind
 
 
 def _text_from_config(cfg, embed_dim, quick_gelu):
@@ -728,7 +551,7 @@ def _spec_from_config(config, state_dict, vision_overrides):
     quick_gelu = bool(config.get("quick_gelu", False))
     vision_cfg, text_cfg = dict(config["vision_cfg"]), dict(config["text_cfg"])
     if vision_cfg.get("timm_model_name"):
-        vision, vision_proj = _timm_from_config(vision_cfg, state_dict, vision_overrides)
+        vision, vision_proj = timm_spec_from_config(vision_cfg, state_dict, vision_overrides)
         layout = "timm"
     else:
         vision = _vit_from_config(vision_cfg, embed_dim, quick_gelu)
@@ -737,9 +560,9 @@ def _spec_from_config(config, state_dict, vision_overrides):
     text, text_proj = _text_from_config(text_cfg, embed_dim, quick_gelu)
     has_bias = config.get("init_logit_bias") is not None
     text_prefix = "text." if "text.token_embedding.weight" in state_dict else ""
-    logit_shape = _shape(state_dict, "logit_scale") if "logit_scale" in state_dict else ()
+    logit_shape = state_shape(state_dict, "logit_scale") if "logit_scale" in state_dict else ()
     return dict(
-        family="siglip" if has_bias else "clip", vision=vision, text=text, vision_layout=layout,
+        family=_family(vision, has_bias), vision=vision, text=text, vision_layout=layout,
         vision_proj=vision_proj, text_prefix=text_prefix, text_proj=text_proj,
         logit_scale=_scalar_value(state_dict, "logit_scale"),
         logit_bias=(_scalar_value(state_dict, "logit_bias") or 0.0) if has_bias else None,
@@ -755,7 +578,10 @@ def _spec_from_vlzoo(model, custom_text):
     v, t = model.vision.get_config(), model.text.get_config()
     if v["pooling"] == "map":
         layout = "timm"
-        vision_proj = "head_proj" if v.get("output_dim") is not None else None
+        # PE-Core's open_clip configs project with the timm trunk's own head (`timm_proj: null`), SigLIP's
+        # with open_clip's (`timm_proj: "linear"`).
+        projection = "trunk_head" if v.get("rotary_theta") is not None else "head_proj"
+        vision_proj = projection if v.get("output_dim") is not None else None
     else:
         layout = "vit"
         problems = []

@@ -9,6 +9,7 @@ from keras import ops
 from vlzoo import kernels
 from vlzoo._backends import switches
 from vlzoo._backends.keras_internals import call_sublayer
+from vlzoo.layers.rotary import apply_rotary
 
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
 
@@ -91,6 +92,9 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: optional bool `(B, N, M)` or `(B, 1, N, M)`;
             True = may attend.
         is_causal: bool, apply a causal mask.
+        rotary: optional `(sin, cos)`, each `(M, head_dim)` (`vlzoo.layers.rotary.rotary_tables_2d`):
+            the last M query and key tokens are rotated by these angles after their projections
+            (self-attention only; the tokens before them, a class token, are not).
 
     Returns:
         `(B, N, D)`.
@@ -135,11 +139,13 @@ class MultiHeadAttention(keras.layers.Layer):
         b, n = ops.shape(x)[0], ops.shape(x)[1]
         return ops.reshape(x, (b, n, self.num_heads, self.head_dim))
 
-    def call(self, x, context=None, attention_mask=None, is_causal=False):
+    def call(self, x, context=None, attention_mask=None, is_causal=False, rotary=None):
         context = x if context is None else context
         q = self._split_heads(_dense(self.query, x))
         k = self._split_heads(_dense(self.key, context))
         v = self._split_heads(_dense(self.value, context))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if attention_mask is not None and len(attention_mask.shape) == 3:
             attention_mask = ops.expand_dims(attention_mask, 1)
         if switches.needs_float32_logits(q.dtype):
@@ -231,6 +237,7 @@ class TransformerBlock(keras.layers.Layer):
         x: `(B, N, D)`.
         attention_mask: optional bool `(B, N, N)`, True = may attend.
         is_causal: bool.
+        rotary: optional `(sin, cos)` of the attention's rotary embedding (`MultiHeadAttention`).
 
     Returns:
         `(B, N, D)`.
@@ -268,9 +275,10 @@ class TransformerBlock(keras.layers.Layer):
         self.attention.build(input_shape)
         self.built = True
 
-    def call(self, x, attention_mask=None, is_causal=False):
+    def call(self, x, attention_mask=None, is_causal=False, rotary=None):
         attended = call_sublayer(
             self.attention, call_sublayer(self.ln_1, x), attention_mask=attention_mask, is_causal=is_causal,
+            rotary=rotary,
         )
         x = x + attended
         return x + call_sublayer(self.mlp, call_sublayer(self.ln_2, x))
@@ -324,7 +332,7 @@ def apply_blocks(blocks, x, remat=False, scan=None, training=None, **kwargs):
         remat: recompute each block's activations in the backward pass.
         scan: scan the stacked blocks (`None`: `scan_by_default(training)`).
         training: whether this is a training call (for `scan=None`).
-        **kwargs: call arguments of every block (`attention_mask`, `is_causal`).
+        **kwargs: call arguments of every block (`attention_mask`, `is_causal`, `rotary`).
 
     Returns:
         `(B, N, D)`.

@@ -5,6 +5,7 @@ from keras import ops
 
 from vlzoo.layers.embedding import PatchEmbedding, PositionEmbedding
 from vlzoo.layers.heads import MAPHead
+from vlzoo.layers.rotary import rotary_tables_2d
 from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("cls", "mean", "map")
@@ -51,11 +52,21 @@ class VisionTransformer(keras.layers.Layer):
             resolution). False (default): the models reject any other size
             than `image_size`, so that unresized images fail loudly instead of
             giving quietly different embeddings.
+        rotary_theta: frequency base of a 2D rotary embedding of the patch
+            tokens in every attention, on top of the learned position
+            embedding (Perception Encoder: 10000); None (default): none.
+            Patches sit at integer (column, row) positions counted from 1
+            when the tower has prefix tokens (which are not rotated), else
+            from 0 (`vlzoo.layers.rotary`); at another image size the grid
+            grows, the positions keep their spacing.
+        map_num_heads, map_intermediate_dim: heads and MLP width of the
+            `"map"` pooling head (default: the tower's).
 
     Call arguments:
         images: float `(B, H, W, 3)`, preprocessed; `H = W = image_size`, or
             with `dynamic_image_size` any multiples of `patch_size`. Or a
-            NaFlex batch (SigLIP 2's variable resolution): a dict of
+            NaFlex batch (SigLIP 2's variable resolution; not with
+            `rotary_theta`): a dict of
             `patches` float `(B, N, p * p * 3)` (each image's own patch grid,
             row-major, padded to N), `patch_mask` `(B, N)` (True or 1 for a
             real patch) and `spatial_shapes` int `(B, 2)` (each grid's rows
@@ -70,8 +81,9 @@ class VisionTransformer(keras.layers.Layer):
         `(B, num_prefix_tokens + P, hidden_dim)` (after the final LN).
 
     Raises:
-        ValueError: an unknown `pooling`, `pooling="cls"` without a prefix token, or `image_size`
-            not a multiple of `patch_size`.
+        ValueError: an unknown `pooling`, `pooling="cls"` without a prefix token, `image_size`
+            not a multiple of `patch_size`, a rotary embedding with a head width that 4 does not
+            divide, or a NaFlex batch given to a rotary tower.
 
     Example:
     >>> vit = VisionTransformer(32, 8, 64, 2, 4, 256, output_dim=32)
@@ -83,13 +95,17 @@ class VisionTransformer(keras.layers.Layer):
         self, image_size, patch_size, hidden_dim, num_layers, num_heads, intermediate_dim,
         output_dim=None, num_prefix_tokens=1, pooling="cls", activation="gelu",
         layer_norm_epsilon=1e-5, use_pre_norm=True, patch_bias=False, projection_bias=False,
-        pos_init_std=None, prefix_init_std=None, remat=False, dynamic_image_size=False, **kwargs,
+        pos_init_std=None, prefix_init_std=None, remat=False, dynamic_image_size=False, rotary_theta=None,
+        map_num_heads=None, map_intermediate_dim=None, **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
             raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
         if pooling == "cls" and num_prefix_tokens < 1:
             raise ValueError("`pooling='cls'` needs `num_prefix_tokens >= 1`.")
+        if rotary_theta is not None and (hidden_dim // num_heads) % 4:
+            raise ValueError(f"`rotary_theta` needs a head width (`hidden_dim / num_heads` = "
+                             f"{hidden_dim // num_heads}) divisible by 4.")
         if image_size % patch_size:
             raise ValueError(
                 f"`image_size` ({image_size}) must be a multiple of `patch_size` ({patch_size})."
@@ -112,6 +128,9 @@ class VisionTransformer(keras.layers.Layer):
         self.prefix_init_std = prefix_init_std
         self.remat = remat
         self.dynamic_image_size = dynamic_image_size
+        self.rotary_theta = rotary_theta
+        self.map_num_heads = map_num_heads
+        self.map_intermediate_dim = map_intermediate_dim
         self.grid_size = (image_size // patch_size,) * 2
 
         dtype = self.dtype_policy
@@ -128,7 +147,8 @@ class VisionTransformer(keras.layers.Layer):
         )
         self.post_norm = keras.layers.LayerNormalization(name="post_norm", **ln)
         self.map_head = (
-            MAPHead(hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype=dtype, name="map_head")
+            MAPHead(hidden_dim, map_num_heads or num_heads, map_intermediate_dim or intermediate_dim, activation,
+                    layer_norm_epsilon, dtype=dtype, name="map_head")
             if pooling == "map" else None
         )
         self.projection = (
@@ -189,15 +209,22 @@ class VisionTransformer(keras.layers.Layer):
 
     def call(self, images, training=None):
         mask = None
+        blocks = {}
         if is_patch_batch(images):
+            if self.rotary_theta is not None:
+                raise ValueError("`images`: a tower with a rotary embedding (`rotary_theta`) takes pixels "
+                                 "`(B, H, W, 3)`, not a NaFlex patch batch.")
             x, mask = self._embed_patch_batch(images)
         else:
             height, width = images.shape[1], images.shape[2]
             grid_size = (height // self.patch_size, width // self.patch_size)
             x = self.position_embedding(self._prepend_prefix(self.patch_embedding(images)), grid_size=grid_size)
+            if self.rotary_theta is not None:
+                offset = 1.0 if self.num_prefix_tokens else 0.0
+                tables = rotary_tables_2d(grid_size, self.hidden_dim // self.num_heads, self.rotary_theta, offset)
+                blocks["rotary"] = tuple(ops.cast(t, x.dtype) for t in tables)
         if self.pre_norm is not None:
             x = self.pre_norm(x)
-        blocks = {}
         if mask is not None:  # padding patches are keys no token attends to
             blocks["attention_mask"] = ops.broadcast_to(mask[:, None, :], (ops.shape(mask)[0],) + (mask.shape[1],) * 2)
         x = apply_blocks(self.blocks, x, remat=bool(self.remat and training), training=training, **blocks)
@@ -228,6 +255,7 @@ class VisionTransformer(keras.layers.Layer):
             use_pre_norm=self.use_pre_norm, patch_bias=self.patch_bias,
             projection_bias=self.projection_bias, pos_init_std=self.pos_init_std,
             prefix_init_std=self.prefix_init_std, remat=self.remat,
-            dynamic_image_size=self.dynamic_image_size,
+            dynamic_image_size=self.dynamic_image_size, rotary_theta=self.rotary_theta,
+            map_num_heads=self.map_num_heads, map_intermediate_dim=self.map_intermediate_dim,
         )
         return config

@@ -14,6 +14,7 @@ from vlzoo.models.clip import CLIP
 from vlzoo.models.filip import FILIP
 from vlzoo.models.flair import FLAIR
 from vlzoo.models.llip import Llip
+from vlzoo.models.pe_core import PECore
 from vlzoo.models.siglip import SigLIP
 from vlzoo.models.sparc import SPARC
 from vlzoo.models.sparo import SPARO

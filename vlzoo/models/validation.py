@@ -42,7 +42,7 @@ def host_values(x):
 
 # Tower arguments that must be positive integers (None allowed where a tower accepts it).
 TOWER_SIZES = ("image_size", "patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim",
-               "vocabulary_size", "sequence_length", "output_dim")
+               "vocabulary_size", "sequence_length", "output_dim", "map_num_heads", "map_intermediate_dim")
 
 
 def check_tower_config(config, tower):
