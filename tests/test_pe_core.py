@@ -17,6 +17,7 @@ import vlzoo
 import vlzoo.convert as vc
 from backend_utils import run_once
 from hub_server import HubServer
+from test_convert_open_clip import open_clip, torch  # noqa: F401  (the peer's fixtures)
 from test_hub import BPE, TEXTS, _directory_files, load_in_fresh_process
 from vlzoo._backends.keras_internals import without_weights
 from vlzoo.convert.checkpoints import import_transformers
@@ -44,18 +45,6 @@ DEPTH = 2  # blocks per tower in the parity models
 # of float32 rounding (2**-24 = 6e-8) per operation, accumulated over some hundred operations on each path.
 RELATIVE = 1e-5
 LOGIT_SCALE = 2.9
-
-
-@pytest.fixture(scope="module")
-def open_clip():
-    return peers.open_clip_or_skip()
-
-
-@pytest.fixture(scope="module")
-def torch(open_clip):
-    import torch
-
-    return torch
 
 
 def _shallow_tower(tower):
