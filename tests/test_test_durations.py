@@ -10,7 +10,7 @@ from backend_utils import load_tool, run_once
 pytestmark = run_once
 
 LOG = """\
-make: Entering directory '/work/main'
+make: Entering directory 'vlzoo'
 === KERAS_BACKEND=jax ===
 ============================= slowest durations =============================
 12.50s call     tests/test_properties.py::test_finite_values_and_gradients[clip]
