@@ -14,6 +14,8 @@ from vlzoo.training.lora import lora_layers
 
 from backend_utils import run_once
 from conftest import tiny_batch, tiny_model, to_numpy
+from families import FAMILIES
+from margins import margin_batch, tiny_family_model
 
 
 def _trained_lora_model(rank=4, **kwargs):
@@ -95,6 +97,34 @@ def test_adapters_saved_alone_load_onto_the_base_model(tmp_path):
     got, want = _embeddings(base, batch), _embeddings(model, batch)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+# Which projections take adapters depends on the family (its towers' blocks); Keras' LoRA layer itself is
+# checked on every backend above. So every registered family runs once, in one pass.
+@run_once
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_trains_only_its_adapters_and_merges_to_the_same_model(family):
+    keras.utils.set_random_seed(0)
+    model = tiny_family_model(family)
+    frozen = {v.path: to_numpy(v).copy() for v in model.trainable_weights}  # what LoRA must leave alone
+    trainable = enable_lora(model, rank=2)
+    layers = lora_layers(model)
+    blocks = len(model.vision.blocks) + len(model.text.blocks)
+    assert len(layers) == 2 * blocks  # query and value of every block of both towers
+    assert trainable == sum(2 * (layer.lora_kernel_a.shape[0] + layer.lora_kernel_b.shape[1]) for layer in layers)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-2))
+    batch = margin_batch(model)
+    model.fit(batch, batch_size=2, epochs=1, verbose=0, shuffle=False)  # 4 steps (STAIR: a step per stage at least)
+    for v in model.weights:
+        if v.path in frozen:
+            np.testing.assert_array_equal(to_numpy(v), frozen[v.path], err_msg=v.path)
+    assert all(np.any(to_numpy(layer.lora_kernel_b) != 0) for layer in layers)
+    merged = merge_lora(model)
+    assert not lora_layers(merged)
+    texts = {key: batch[key] for key in ("token_ids", "padding_mask")}
+    for encode, inputs in (("encode_image", batch["images"]), ("encode_text", texts)):
+        got, want = (to_numpy(getattr(m, encode)(inputs, normalize=True)["embeds"]) for m in (merged, model))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{family} {encode}")
 
 
 def test_bad_arguments_are_named(tmp_path):
