@@ -25,11 +25,14 @@ PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) TMPDIR=$$cache $(PY)
 	-n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 # One OpenMP thread per worker (PyTorch's and numpy's pools): with PyTorch's default of a thread per core,
 # the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast
-# (docs/benchmarks.md, Quick start). JAX's and TensorFlow's own pools keep their defaults (no gain measured there).
+# (docs/benchmarks.md, Quick start). TensorFlow's intra-op pool gets one thread too (`TF_NUM_INTRAOP_THREADS=1`: its
+# two threads per worker spun the same way; the inter-op pool, which tf.distribute's collectives need, keeps its
+# default, and the multi-process launches the tests start keep TensorFlow's defaults, tests/parallel_worker.py).
+# JAX's own pools keep their defaults (no gain measured there).
 # XLA's CPU fusions are emitted by its older elemental emitter (`--xla_cpu_use_fusion_emitters=false`): the
 # same fused HLO, compiled about a third faster (docs/benchmarks.md, Quick start); `make test-numerics` keeps
 # XLA's default emitters, so the numerically sensitive files also run on the code users' programs get.
-PYTEST := OMP_NUM_THREADS=1 XLA_FLAGS=--xla_cpu_use_fusion_emitters=false $(PYTEST_RUN) tests
+PYTEST := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 XLA_FLAGS=--xla_cpu_use_fusion_emitters=false $(PYTEST_RUN) tests
 # `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (other
 # thread counts than `make test`'s: one for TensorFlow and XLA, four for PyTorch; oneDNN, XLA and ATen capped
 # to AVX2), each on every backend. A comparison that fails only here depends on the summation order, not on

@@ -203,7 +203,10 @@ def free_port():
 
 
 def worker_env(backend, **variables):
-    return dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", **variables)
+    """This process's environment for a launched one on `backend`, with `variables`: one OpenMP thread, and
+    TensorFlow's own intra-op pool (`make test` gives its workers one thread; a launch runs as a user's job)."""
+    inherited = {key: value for key, value in os.environ.items() if key != "TF_NUM_INTRAOP_THREADS"}
+    return dict(inherited, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1", **variables)
 
 
 def run_processes(commands, timeout=1200):
