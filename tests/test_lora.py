@@ -121,10 +121,9 @@ def test_every_family_trains_only_its_adapters_and_merges_to_the_same_model(fami
     assert all(np.any(to_numpy(layer.lora_kernel_b) != 0) for layer in layers)
     merged = merge_lora(model)
     assert not lora_layers(merged)
-    texts = {key: batch[key] for key in ("token_ids", "padding_mask")}
-    for encode, inputs in (("encode_image", batch["images"]), ("encode_text", texts)):
-        got, want = (to_numpy(getattr(m, encode)(inputs, normalize=True)["embeds"]) for m in (merged, model))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{family} {encode}")
+    got, want = _embeddings(merged, batch), _embeddings(model, batch)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=f"{family} {key}")
 
 
 def test_bad_arguments_are_named(tmp_path):
