@@ -1,5 +1,6 @@
-"""Process-wide settings: TensorFlow's oneDNN default set by `import vlzoo`, and
-`vlzoo.training.retain_host_memory` (checked in fresh processes: both act once, at start)."""
+"""Process-wide settings: TensorFlow's oneDNN default set by `import vlzoo`, TensorFlow left unimported on the
+other backends until it is used, and `vlzoo.training.retain_host_memory` (checked in fresh processes: each acts
+once, at start)."""
 
 import ctypes.util
 import os
@@ -13,6 +14,22 @@ from backend_utils import run_once
 
 PROBE = ("import vlzoo; from tensorflow.python.util import _pywrap_util_port as port; "
          "print(port.IsMklEnabled())")
+
+# Builds, saves and reloads a model and seeds Keras on JAX or PyTorch, then imports TensorFlow: prints whether it
+# had been imported before, and whether its first draws are those of a TensorFlow seeded with 3 (Keras' seed).
+UNUSED_TENSORFLOW = """
+import sys, tempfile
+import keras, vlzoo
+path = tempfile.mkdtemp()
+vlzoo.from_preset("clip_tiny").save_to_preset(path)
+vlzoo.from_preset(path).encode_text(["a red circle"])
+keras.utils.set_random_seed(3)
+imported = "tensorflow" in sys.modules
+import tensorflow as tf
+first = tf.random.uniform([4]).numpy().tolist()
+tf.random.set_seed(3)
+print(imported, first == tf.random.uniform([4]).numpy().tolist())
+"""
 
 # Allocates, touches and frees 256 MB in a new thread twice (as a compiled step's temporaries are),
 # then prints the MB faulted in by the second round.
@@ -55,6 +72,11 @@ def test_import_turns_on_tensorflow_onednn_unless_the_user_chose():
     # TensorFlow alone leaves oneDNN off on CPUs without AVX-512 VNNI or AMX (this CI's AVX2 hosts).
     assert _run(PROBE, KERAS_BACKEND="tensorflow") == "True"
     assert _run(PROBE, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0") == "False"
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow", reason="the other backends' setting")
+def test_tensorflow_is_imported_when_used_and_seeded_as_keras_seeds_it():
+    assert _run(UNUSED_TENSORFLOW, KERAS_BACKEND=keras.backend.backend()) == "False True"
 
 
 @run_once

@@ -77,9 +77,8 @@ def load_logs_hidden():
 def import_tensorflow_quietly():
     """Imports TensorFlow with its load-time C++ logs hidden: "oneDNN custom operations are on",
     "Could not find cuda drivers", absl's "All log messages before absl::InitializeLog()", twice (two
-    shared libraries). Keras imports it on every backend where it is installed (its TensorFlow backend at
-    `import keras`, the others at `set_random_seed` or for `tf.data`), so a command that builds a model
-    loses no time. Not when the user asked for the logs (`QUIET_NATIVE_LOGS`) or TensorFlow is already
+    shared libraries). The commands that build a model read their data through `tf.data` (on every backend) or
+    run on Keras' TensorFlow backend, which import it anyway. Not when the user asked for the logs (`QUIET_NATIVE_LOGS`) or TensorFlow is already
     imported."""
     if not QUIET_NATIVE_LOGS or "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is None:
         return
