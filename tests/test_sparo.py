@@ -17,7 +17,8 @@ import vlzoo
 from vlzoo.presets import catalogue
 from vlzoo._backends.keras_internals import without_weights
 from vlzoo.evaluation.slots import per_slot_zero_shot_accuracy, rank_slots, select_slots, slot_zero_shot_accuracy
-from vlzoo.layers.sparo import SPAROReadout, end_token_index
+from vlzoo.layers.sparo import SPAROReadout
+from vlzoo.layers.text import end_token_index
 from vlzoo.models.base import LOGIT_SCALE_MAX
 from vlzoo.models.sparo import (
     SPARO, normalize_slots,

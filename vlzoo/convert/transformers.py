@@ -1,10 +1,10 @@
-"""Hugging Face transformers (`CLIPModel`, `SiglipModel`, `Siglip2Model`) -> vlzoo.
+"""Hugging Face transformers (`CLIPModel`, `MetaClip2Model`, `SiglipModel`, `Siglip2Model`) -> vlzoo.
 
 Reads the model you pass (its `state_dict()` and `config`) or a bare state
 dict plus the `config.json` dict; never imports or downloads anything.
 
 Each `model_type` converts through what `register_model_type` registered for it
-(`TransformersModelType`): "clip", "siglip" and "siglip2" here; a family whose
+(`TransformersModelType`): "clip", "metaclip_2", "siglip" and "siglip2" here; a family whose
 weights are published for transformers registers its own beside its model.
 """
 
@@ -45,7 +45,11 @@ _SIGLIP2_VISION = {**{k: v for k, v in _SIGLIP_VISION.items() if k != "image_siz
 
 
 def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, progress=None):
-    """Converts a transformers `CLIPModel`, `SiglipModel` or `Siglip2Model` to the matching vlzoo model.
+    """Converts a transformers `CLIPModel`, `MetaClip2Model`, `SiglipModel` or `Siglip2Model` to the matching
+    vlzoo model.
+
+    A `MetaClip2Model` (MetaCLIP 2) is CLIP's network with its text pooled at the first end token
+    (`eos_token_id`, XLM-V's `</s>`): it becomes a `vlzoo.CLIP` whose text tower has that `end_token_id`.
 
     A `Siglip2Model` (SigLIP 2's NaFlex checkpoints) becomes a `vlzoo.SigLIP`
     whose tower takes NaFlex batches (`vlzoo.preprocessing.NaFlexPreprocessor`)
@@ -64,7 +68,7 @@ def from_transformers(model, *, dtype=None, tokenizer=None, preprocessor=None, p
         progress: optional `progress(done, total)` callback while assigning.
 
     Returns:
-        `vlzoo.CLIP` for `CLIPModel`, `vlzoo.SigLIP` for `SiglipModel` and `Siglip2Model`.
+        `vlzoo.CLIP` for `CLIPModel` and `MetaClip2Model`, `vlzoo.SigLIP` for `SiglipModel` and `Siglip2Model`.
 
     Raises:
         TypeError: `model` is not a transformers model.
@@ -201,7 +205,9 @@ def _encoder_rules(src, dst, num_layers):
 # ----------------------------------------------------------------------------- CLIP
 
 
-def _clip_spec(config, state_dict):
+def _clip_spec(config, state_dict, pool_at_eos=False):
+    """CLIP's spec; `pool_at_eos`: the text is pooled at the first `eos_token_id` (MetaCLIP 2), else at the
+    largest id, as transformers' CLIP does for its released configs."""
     vcfg = _sub_config(config, "vision_config", _CLIP_VISION)
     tcfg = _sub_config(config, "text_config", _CLIP_TEXT)
     projection_dim = int(config.get("projection_dim") or 512)
@@ -212,7 +218,13 @@ def _clip_spec(config, state_dict):
     )
     vocab = int(tcfg["vocab_size"])
     eos = tcfg.get("eos_token_id")
-    if eos not in (2, vocab - 1):
+    end_token = {}
+    if pool_at_eos:
+        if not isinstance(eos, int) or not 0 <= eos < vocab:
+            raise ValueError(f"transformers MetaCLIP 2 text_config: `eos_token_id` must be one token id below "
+                             f"`vocab_size` ({vocab}); received {eos!r}.")
+        end_token = dict(end_token_id=eos)
+    elif eos not in (2, vocab - 1):
         warnings.warn(
             f"transformers CLIP: `eos_token_id={eos}` is not the largest token id ({vocab - 1}); vlzoo pools at "
             "the position of the largest id (argmax), which differs when the end token is not the largest id.",
@@ -221,7 +233,7 @@ def _clip_spec(config, state_dict):
     text = dict(
         vocabulary_size=vocab, sequence_length=int(tcfg["max_position_embeddings"]),
         **_geometry(tcfg, "CLIP text_config"), output_dim=projection_dim, causal=True, pooling="eot",
-        use_padding_mask=False, projection_bias=False,
+        use_padding_mask=False, projection_bias=False, **end_token,
     )
     width = vision["hidden_dim"]
     v, t = "vision_model", "text_model"
@@ -323,6 +335,7 @@ def _siglip_spec(config, state_dict, naflex=False):
 
 
 register_model_type("clip", _clip_spec, ("CLIPModel",), repository_tokenizers.clip_bpe_tokenizer)
+register_model_type("metaclip_2", functools.partial(_clip_spec, pool_at_eos=True), ("MetaClip2Model",))
 register_model_type("siglip", _siglip_spec, ("SiglipModel",), repository_tokenizers.siglip_tokenizer)
 register_model_type("siglip2", functools.partial(_siglip_spec, naflex=True), ("Siglip2Model",),
                     repository_tokenizers.gemma_tokenizer)

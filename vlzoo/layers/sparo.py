@@ -12,41 +12,6 @@ from vlzoo.layers.contraction import float32_einsum
 _MASKED_LOGIT = -1e9
 
 
-def end_token_index(token_ids, end_token_id=None):
-    """Position of the end token in each row of `token_ids`.
-
-    The **first** occurrence is taken, so captions padded with the end token
-    itself (keras-hub's and HF's CLIP tokenizers) find the real one on every
-    backend (`argmax` does not promise which tie it returns on TensorFlow).
-
-    Args:
-        token_ids: int `(B, T)`.
-        end_token_id: id of the end token. `None` (default): the row's
-            largest id, CLIP's convention (its end-of-text id 49407 is the
-            largest of the BPE vocabulary), i.e. open_clip's
-            `argmax(token_ids)` with ties resolved to the first position.
-
-    Returns:
-        int32 `(B,)`: the position of the end token, `T - 1` for a row that
-        does not contain it (the whole row is then attended).
-
-    Raises:
-        ValueError: `token_ids` not of rank 2.
-
-    Example:
-    >>> end_token_index(np.array([[5, 9, 0, 0], [5, 7, 9, 9]]))  # doctest: +SKIP
-    [1, 2]
-    """
-    token_ids = ops.convert_to_tensor(token_ids)
-    if len(token_ids.shape) != 2:
-        raise ValueError(f"`token_ids` must have shape (B, T); received shape {tuple(token_ids.shape)}.")
-    length = ops.shape(token_ids)[1]
-    end = ops.max(token_ids, axis=-1, keepdims=True) if end_token_id is None else end_token_id
-    positions = ops.arange(length, dtype="int32")[None, :]
-    found = ops.where(ops.equal(token_ids, ops.cast(end, token_ids.dtype)), positions, length - 1)
-    return ops.min(found, axis=-1)
-
-
 @keras.saving.register_keras_serializable(package="vlzoo")
 class SPAROReadout(keras.layers.Layer):
     """SPARO: `L` slots, each one single-head attention with a learned query.

@@ -9,6 +9,41 @@ from vlzoo.layers.transformer import apply_blocks, transformer_stack
 POOLINGS = ("eot", "last", "mean", "first")
 
 
+def end_token_index(token_ids, end_token_id=None):
+    """Position of the end token in each row of `token_ids`.
+
+    The **first** occurrence is taken, so captions padded with the end token
+    itself (keras-hub's and HF's CLIP tokenizers) find the real one on every
+    backend (`argmax` does not promise which tie it returns on TensorFlow).
+
+    Args:
+        token_ids: int `(B, T)`.
+        end_token_id: id of the end token. `None` (default): the row's
+            largest id, CLIP's convention (its end-of-text id 49407 is the
+            largest of the BPE vocabulary), i.e. open_clip's
+            `argmax(token_ids)` with ties resolved to the first position.
+
+    Returns:
+        int32 `(B,)`: the position of the end token, `T - 1` for a row that
+        does not contain it (the whole row is then attended).
+
+    Raises:
+        ValueError: `token_ids` not of rank 2.
+
+    Example:
+    >>> end_token_index(np.array([[5, 9, 0, 0], [5, 7, 9, 9]]))  # doctest: +SKIP
+    [1, 2]
+    """
+    token_ids = ops.convert_to_tensor(token_ids)
+    if len(token_ids.shape) != 2:
+        raise ValueError(f"`token_ids` must have shape (B, T); received shape {tuple(token_ids.shape)}.")
+    length = ops.shape(token_ids)[1]
+    end = ops.max(token_ids, axis=-1, keepdims=True) if end_token_id is None else end_token_id
+    positions = ops.arange(length, dtype="int32")[None, :]
+    found = ops.where(ops.equal(token_ids, ops.cast(end, token_ids.dtype)), positions, length - 1)
+    return ops.min(found, axis=-1)
+
+
 @keras.saving.register_keras_serializable(package="vlzoo")
 class TextTransformer(keras.layers.Layer):
     """Text tower: token and position embeddings, pre-LN blocks, final LN, pooling, projection.
@@ -19,9 +54,11 @@ class TextTransformer(keras.layers.Layer):
         hidden_dim, num_layers, num_heads, intermediate_dim: transformer geometry.
         output_dim: projection width; `None` for no projection.
         causal: causal self-attention (CLIP) or bidirectional (SigLIP).
-        pooling: `"eot"` (position of the largest token id, CLIP's end
-            token), `"last"` (position T-1, SigLIP), `"mean"` (mean over real
-            tokens) or `"first"`.
+        pooling: `"eot"` (the end token's position: the largest token id,
+            CLIP's end token, or the first `end_token_id`), `"last"` (position
+            T-1, SigLIP), `"mean"` (mean over real tokens) or `"first"`.
+        end_token_id: the end token's id for `"eot"` pooling, pooled at its
+            first occurrence (MetaCLIP 2's `</s>`, 2); None: the largest id.
         use_padding_mask: whether attention ignores padding positions
             (CLIP and SigLIP attend to them, as in their reference code).
         activation: MLP activation.
@@ -43,7 +80,8 @@ class TextTransformer(keras.layers.Layer):
         `(B, T, hidden_dim)` (after the final LN).
 
     Raises:
-        ValueError: an unknown `pooling`.
+        ValueError: an unknown `pooling`, or an `end_token_id` outside the
+            vocabulary or without `"eot"` pooling.
 
     Example:
     >>> tower = TextTransformer(1000, 16, 64, 2, 4, 256, output_dim=32)
@@ -55,11 +93,15 @@ class TextTransformer(keras.layers.Layer):
     def __init__(
         self, vocabulary_size, sequence_length, hidden_dim, num_layers, num_heads,
         intermediate_dim, output_dim=None, causal=True, pooling="eot", use_padding_mask=False,
-        activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, remat=False, **kwargs,
+        activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, remat=False, end_token_id=None,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
             raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
+        if end_token_id is not None and (pooling != "eot" or not 0 <= end_token_id < vocabulary_size):
+            raise ValueError(f"`end_token_id` must be a token id below `vocabulary_size` ({vocabulary_size}) with "
+                             f"pooling='eot'; received {end_token_id!r} with pooling={pooling!r}.")
         self.vocabulary_size = vocabulary_size
         self.sequence_length = sequence_length
         self.hidden_dim = hidden_dim
@@ -74,6 +116,7 @@ class TextTransformer(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.projection_bias = projection_bias
         self.remat = remat
+        self.end_token_id = end_token_id
 
         dtype = self.dtype_policy
         self.token_embedding = TokenEmbedding(
@@ -127,7 +170,8 @@ class TextTransformer(keras.layers.Layer):
         )
         tokens = self.post_norm(x)
         if self.pooling == "eot":
-            index = ops.argmax(token_ids, axis=-1)
+            index = (ops.argmax(token_ids, axis=-1) if self.end_token_id is None
+                     else end_token_index(token_ids, self.end_token_id))
             pooled = ops.take_along_axis(tokens, ops.reshape(index, (-1, 1, 1)), axis=1)[:, 0]
         elif self.pooling == "last":
             pooled = tokens[:, -1]
@@ -150,4 +194,6 @@ class TextTransformer(keras.layers.Layer):
             activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
             projection_bias=self.projection_bias, remat=self.remat,
         )
+        if self.end_token_id is not None:  # absent from the towers that pool at the largest id, as before it existed
+            config["end_token_id"] = self.end_token_id
         return config

@@ -7,7 +7,8 @@ import numpy as np
 from keras import ops
 
 from vlzoo.families import CLIPTransfer, Family, register_family
-from vlzoo.layers.sparo import SPAROReadout, end_token_index
+from vlzoo.layers.sparo import SPAROReadout
+from vlzoo.layers.text import end_token_index
 from vlzoo.losses import clip_loss, l2_normalize
 from vlzoo.losses._utils import check_embeds
 from vlzoo.models.base import ContrastiveModel
