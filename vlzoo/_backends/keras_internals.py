@@ -31,7 +31,8 @@ nowhere else in the package:
   every `get_config` (so at every layer's construction), whether it is a
   `tf.TensorShape`, `tf.DType` or `tf.TypeSpec`, and `set_random_seed` seeds
   TensorFlow. Only Keras' private modules hold the names it asks through.
-  Delete when Keras imports TensorFlow only where it is used.
+  Applied when this module is imported. Delete when Keras imports TensorFlow
+  only where it is used.
 
 Example:
 
@@ -257,8 +258,8 @@ class _SeedAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def import_tensorflow_when_used():
     """On JAX and PyTorch, Keras' serialiser and `set_random_seed` leave
     TensorFlow unimported until something else imports it (a `tf.data` pipeline, the user); nothing else
-    changes. A fresh PyTorch process that loads and saves `clip_tiny` then takes about half the time and
-    memory. Does nothing on TensorFlow, or when called again."""
+    changes. Called when this module is imported (every vlzoo layer imports it). Does nothing on TensorFlow,
+    or when called again."""
     if keras.backend.backend() == "tensorflow" or isinstance(rng_utils.tf, _TensorFlowOnceImported):
         return
     serialization_lib.tf = _TensorFlowOnceImported(serialization_lib.tf)
