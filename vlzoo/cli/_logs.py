@@ -78,8 +78,8 @@ def import_tensorflow_quietly():
     """Imports TensorFlow with its load-time C++ logs hidden: "oneDNN custom operations are on",
     "Could not find cuda drivers", absl's "All log messages before absl::InitializeLog()", twice (two
     shared libraries). The commands that build a model read their data through `tf.data` (on every backend) or
-    run on Keras' TensorFlow backend, which import it anyway. Not when the user asked for the logs (`QUIET_NATIVE_LOGS`) or TensorFlow is already
-    imported."""
+    run on Keras' TensorFlow backend, which import it anyway. Not when the user asked for the logs
+    (`QUIET_NATIVE_LOGS`) or TensorFlow is already imported."""
     if not QUIET_NATIVE_LOGS or "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is None:
         return
     try:
