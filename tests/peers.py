@@ -55,6 +55,57 @@ def _unit(x):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+# Relative error bound of the normalised embeddings (per vector, `relative_error`) and of the logits (of the
+# logit scale, the largest a logit can be: random towers' cosines are near 0, so a row of logits has no scale of
+# its own): 1e-5. Two float32 computations of the same two-block towers with other kernels differ by a few units
+# of float32 rounding (2**-24 = 6e-8) per operation, accumulated over some hundred operations on each path.
+RELATIVE = 1e-5
+
+
+def relative_error(got, want):
+    """Largest `|got - want| / |want|` over the rows (vectors, or rows of the logits)."""
+    import keras
+    import numpy as np
+
+    got, want = (np.asarray(keras.ops.convert_to_numpy(x), np.float64) for x in (got, want))
+    return float(np.max(np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)))
+
+
+def assert_relative_parity(model, images, texts, peer_image, peer_text, peer_logits, label):
+    """Asserts a vlzoo model's normalised embeddings and logits are within `RELATIVE` of a peer's (the logits'
+    difference taken of the model's logit scale); returns the errors. The peer's embeddings are normalised here."""
+    import keras
+    import numpy as np
+
+    to_numpy = keras.ops.convert_to_numpy
+    scale = float(to_numpy(model.logit_scale_value()))
+    logits = to_numpy(model.similarity(images, texts))
+    errors = {
+        "image": relative_error(model.encode_image(images, normalize=True)["embeds"], _unit(peer_image)),
+        "text": relative_error(model.encode_text(texts, normalize=True)["embeds"], _unit(peer_text)),
+        "logits": float(np.max(np.abs(logits - to_numpy(peer_logits)))) / scale,
+    }
+    print(f"[{keras.backend.backend()}] {label}: relative errors "
+          + ", ".join(f"{key} {value:.1e}" for key, value in errors.items()))
+    assert max(errors.values()) < RELATIVE, errors
+    return errors
+
+
+def assert_towers_match_preset(model, preset, differ=("num_layers", "vocabulary_size")):
+    """The converted `model`'s towers are configured as the architecture `preset`'s (its `config.json`), but
+    for the settings in `differ` (the parity peers' fewer blocks and smaller vocabulary)."""
+    import json
+
+    import vlzoo
+
+    config = json.loads((vlzoo.presets.resolve_preset(preset) / "config.json").read_text())["config"]
+    for side, tower in (("vision", model.vision), ("text", model.text)):
+        want = {key: value for key, value in config[side].items() if key not in differ}
+        got = tower.get_config()
+        assert {key: got.get(key) for key in want} == want, (preset, side, {
+            key: (got.get(key), value) for key, value in want.items() if got.get(key) != value})
+
+
 def assert_parity(model, images, texts, peer_image, peer_text, peer_logits, label):
     """Asserts a vlzoo model matches a peer's outputs on `images`/`texts`; returns the max abs diffs.
 

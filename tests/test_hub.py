@@ -232,6 +232,69 @@ def _transformers_siglip2(hf, torch, directory, inputs):
     return _siglip_outputs(torch, model, inputs, ids)
 
 
+def _transformers_metaclip2(hf, torch, directory, inputs):
+    """A MetaCLIP 2 repository as transformers 5 writes it: MetaClip2Model, transformers' XLMRobertaTokenizer of
+    an XLM-V layout SentencePiece model trained here (saved as `tokenizer.json` alone) and CLIPImageProcessor,
+    `save_pretrained`; its peer outputs on `inputs`' images and on that tokenizer's ids (pooled at `</s>` = 2)."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    source = directory.parent / "xlm-v-source"
+    source.mkdir()
+    corpus = source / "corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} playing in the snow with two dogs" for c in ("red", "blue")
+                                for s in ("circle", "cat", "Кошка", "猫")) * 20, encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(source / "sentencepiece.bpe"),
+                                             vocab_size=64, hard_vocab_limit=False, minloglevel=2)
+    tokenizer = hf.XLMRobertaTokenizer.from_pretrained(str(source))
+    torch.manual_seed(6)
+    # 64 rows, as the shared inputs' ids need (the tokenizer's pieces are fewer).
+    text = dict(SMALL, vocab_size=max(64, len(tokenizer)), max_position_embeddings=LENGTH, bos_token_id=0,
+                pad_token_id=1, eos_token_id=2, hidden_act="gelu")
+    model = hf.MetaClip2Model(hf.MetaClip2Config(
+        text_config=text, vision_config=dict(SMALL, image_size=32, patch_size=8, hidden_act="gelu"),
+        projection_dim=16)).eval()
+    processor = hf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    for item in (model, tokenizer, processor):
+        item.save_pretrained(directory)
+    assert not (directory / "sentencepiece.bpe.model").exists()
+    tokens = tokenizer(TEXTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                    pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
+    return {"ids": tokens["input_ids"].numpy(), "texts": out.text_embeds.numpy(), "images": out.image_embeds.numpy(),
+            "preprocessor": dict(image_size=32, mean=list(processor.image_mean), std=list(processor.image_std),
+                                 interpolation="bicubic", crop="center")}
+
+
+def _transformers_tipsv2(hf, torch, directory, inputs):
+    """A TIPSv2 repository: Tipsv2Model, transformers' Tipsv2Tokenizer of a SentencePiece BPE model in TIPSv2's
+    layout trained here (`<pad>` 0, `<unk>` 1, byte fallback; its `tokenizer.model` beside the `tokenizer.json`
+    transformers 5 writes) and Tipsv2ImageProcessor, `save_pretrained`; its peer outputs."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    directory.mkdir()
+    corpus = directory.parent / "tipsv2-corpus.txt"
+    corpus.write_text("\n".join(f"a photo of a {c} {s} playing in the snow" for c in ("red", "blue")
+                                for s in ("circle", "cat", "dog")) * 20)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(directory / "tokenizer"), model_type="bpe", vocab_size=300, pad_id=0,
+        unk_id=1, bos_id=-1, eos_id=-1, byte_fallback=True, hard_vocab_limit=False, minloglevel=2)
+    (directory / "tokenizer.vocab").unlink()
+    tokenizer = hf.Tipsv2Tokenizer.from_pretrained(str(directory))
+    torch.manual_seed(7)
+    model = hf.Tipsv2Model(hf.Tipsv2Config(
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2, image_size=32,
+                           patch_size=8),
+        text_config=dict(SMALL, vocab_size=len(tokenizer), max_position_embeddings=LENGTH))).eval()
+    processor = hf.Tipsv2ImageProcessor(size={"height": 32, "width": 32})
+    for item in (model, tokenizer, processor):
+        item.save_pretrained(directory)
+    tokens = tokenizer(TEXTS, padding="max_length", max_length=LENGTH, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                    pixel_values=torch.from_numpy(inputs["images"].transpose(0, 3, 1, 2).copy()))
+    return {"ids": tokens["input_ids"].numpy(), "texts": out.text_embeds.numpy(), "images": out.image_embeds.numpy(),
+            "preprocessor": dict(image_size=32, mean=[0.0] * 3, std=[1.0] * 3, interpolation="bilinear", crop="none")}
+
+
 def _open_clip(open_clip, torch, hf, directory, inputs):
     """An open_clip CLIP written by open_clip's `save_for_hf` (hub layout); its peer outputs."""
     torch.manual_seed(2)
@@ -305,10 +368,13 @@ def peer_repos(tmp_path_factory):
         "openai/clip-tiny": ("transformers", _transformers_clip(transformers, torch, root / "clip")),
         "google/siglip-tiny": ("transformers", _transformers_siglip(transformers, torch, root / "siglip", inputs)),
         "google/siglip2-tiny": ("transformers", _transformers_siglip2(transformers, torch, root / "siglip2", inputs)),
+        "facebook/metaclip-2-tiny": ("transformers", _transformers_metaclip2(transformers, torch, root / "metaclip2",
+                                                                             inputs)),
+        "google/tipsv2-tiny": ("transformers", _transformers_tipsv2(transformers, torch, root / "tipsv2", inputs)),
         "laion/open-clip-tiny": ("open_clip", _open_clip(open_clip, torch, transformers, root / "open-clip", inputs)),
         "keras/clip-tiny": ("keras_hub", _keras_hub_clip(root / "keras-hub", inputs)),
     }
-    names = dict(zip(written, ("clip", "siglip", "siglip2", "open-clip", "keras-hub")))
+    names = dict(zip(written, ("clip", "siglip", "siglip2", "metaclip2", "tipsv2", "open-clip", "keras-hub")))
     repos = {repo: (_directory_files(root / names[repo]), fmt, want) for repo, (fmt, want) in written.items()}
     return repos, root / "inputs.npz"
 
@@ -329,10 +395,13 @@ def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(pub
     # copies of its weights in formats vlzoo does not read, which must not be downloaded.
     served["openai/clip-vit-base-patch32"] = {**served["openai/clip-tiny"], "tf_model.h5": b"\0" * 4096,
                                               "flax_model.msgpack": b"\0" * 4096}
+    # So does the tiny MetaCLIP 2 for the catalogue's MetaCLIP 2 S/16.
+    served["facebook/metaclip-2-worldwide-s16"] = served["facebook/metaclip-2-tiny"]
+    by_name = {"clip_vit_b32_openai": "openai/clip-tiny", "metaclip2_vit_s16_worldwide": "facebook/metaclip-2-tiny"}
     served[REPO] = published[0]
     with HubServer(served) as running:
         vlzoo_handles = [f"hf://{REPO}", f"hf://{REPO}@main", f"hf://{REPO}@{running.commits[REPO]}"]
-        handles = [*vlzoo_handles, *(f"hf://{repo}" for repo in repos), "clip_vit_b32_openai"]
+        handles = [*vlzoo_handles, *(f"hf://{repo}" for repo in repos), *by_name]
         # Each handle twice: the second load finds the conversion in the cache and downloads nothing.
         online = load_in_fresh_process(tmp_path, running.endpoint, *handles, *handles, inputs=inputs)
         downloads = _resolves(running.requests)
@@ -350,7 +419,7 @@ def test_models_written_by_vlzoo_and_the_peers_load_by_handle_and_match_them(pub
             for result in loaded:
                 assert_loaded(result, published[1], handle)
             continue
-        repo = handle[len("hf://"):] if handle.startswith("hf://") else "openai/clip-tiny"
+        repo = handle[len("hf://"):] if handle.startswith("hf://") else by_name[handle]
         _, fmt, want = repos[repo]
         label = f"{handle} ({fmt})"
         for key, peer in want.items():
@@ -535,6 +604,15 @@ def test_the_pretrained_catalogue_names_real_weights_with_their_facts(capsys):
         buffers = (vision["image_size"] // vision["patch_size"]) ** 2 + 64
         if key not in copied:
             assert info["params"] + buffers == value["metadata"]["params"], key
+    # MetaCLIP 2's twelve released checkpoints; keras-hub carries four of them, with the same parameter counts.
+    metaclip2 = [name for name in names if name.startswith("metaclip2_")]
+    assert len(metaclip2) == 12 and {vlzoo.preset_info(name)["licence"] for name in metaclip2} == {"CC-BY-NC-4.0"}
+    for key, name in {"metaclip_2_vit_huge_patch14_224": "metaclip2_vit_h14_quickgelu_worldwide",
+                      "metaclip_2_vit_huge_patch14_378": "metaclip2_vit_h14_378_worldwide",
+                      "metaclip_2_vit_giant_patch14_224": "metaclip2_vit_g14_worldwide",
+                      "metaclip_2_vit_giant_patch14_378": "metaclip2_vit_g14_378_worldwide"}.items():
+        assert vlzoo.preset_info(name)["params"] == keras_hub.models.MetaCLIP2Backbone.presets[key]["metadata"][
+            "params"], name
     from vlzoo import cli
 
     assert cli.main(["list", "--pretrained"]) == 0

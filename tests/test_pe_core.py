@@ -39,11 +39,6 @@ GEOMETRIES = {
     "pe_core_g14_448": ("PE-Core-bigG-14-448", "vit_pe_core_gigantic_patch14_448"),
 }
 DEPTH = 2  # blocks per tower in the parity models
-# Relative error bound of the normalised embeddings (per vector, `_relative_error`) and of the logits (of the
-# logit scale, the largest a logit can be: random towers' cosines are near 0, so a row of logits has no scale of
-# its own): 1e-5. Two float32 computations of the same two-block towers with other kernels differ by a few units
-# of float32 rounding (2**-24 = 6e-8) per operation, accumulated over some hundred operations on each path.
-RELATIVE = 1e-5
 LOGIT_SCALE = 2.9
 
 
@@ -88,12 +83,6 @@ def _abstract(preset):
         return vlzoo.from_preset(preset, load_weights=False)
 
 
-def _relative_error(got, want):
-    """Largest `|got - want| / |want|` over the rows (vectors, or rows of the logits)."""
-    got, want = (np.asarray(keras.ops.convert_to_numpy(x), np.float64) for x in (got, want))
-    return float(np.max(np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)))
-
-
 def _peer_outputs(torch, peer, images, ids):
     with torch.no_grad():
         image = peer.encode_image(torch.from_numpy(images.transpose(0, 3, 1, 2).copy()), normalize=True)
@@ -129,11 +118,11 @@ def test_parity_with_open_clip_at_every_geometry(open_clip, torch, preset):
     want = _peer_outputs(torch, peer, images, texts["token_ids"])
     got = (model.encode_image(images, normalize=True)["embeds"], model.encode_text(texts, normalize=True)["embeds"],
            model.similarity(images, texts))
-    errors = [_relative_error(got[0], want[0]), _relative_error(got[1], want[1]),
+    errors = [peers.relative_error(got[0], want[0]), peers.relative_error(got[1], want[1]),
               float(np.max(np.abs(keras.ops.convert_to_numpy(got[2]) - want[2]))) / np.exp(LOGIT_SCALE)]
     print(f"[{keras.backend.backend()}] {preset}: relative errors image {errors[0]:.1e}, text {errors[1]:.1e}, "
           f"logits {errors[2]:.1e}")
-    assert max(errors) < RELATIVE, errors
+    assert max(errors) < peers.RELATIVE, errors
 
 
 @run_once  # counts parameters on PyTorch's meta device: no backend numerics
@@ -203,6 +192,7 @@ def test_a_repository_written_by_open_clip_loads_by_handle_and_by_name(open_clip
     for result in results:
         assert result.get("class") == "PECore", result
         image, text, _ = _peer_outputs(torch, peer, inputs["images"], np.asarray(result["ids"]))
-        assert _relative_error(result["images"], image) < RELATIVE and _relative_error(result["texts"], text) < RELATIVE
+        assert peers.relative_error(result["images"], image) < peers.RELATIVE
+        assert peers.relative_error(result["texts"], text) < peers.RELATIVE
         assert result["preprocessor"]["mean"] == [0.5] * 3 and result["preprocessor"]["crop"] == "none"
     assert results[0]["weights"] == results[1]["weights"]

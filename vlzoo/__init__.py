@@ -25,7 +25,7 @@ from vlzoo.version import __version__
 # `keras.saving.load_model` of a `.keras` file, `import vlzoo.models`.
 _NAMES = {
     **{name: "vlzoo.models" for name in ("CLIP", "FILIP", "FLAIR", "SPARC", "SPARO", "STAIR", "ContrastiveModel",
-                                         "Llip", "PECore", "SigLIP")},
+                                         "Llip", "PECore", "SigLIP", "TIPSv2")},
     "export": "vlzoo.serving",
     "from_preset": "vlzoo.presets.loading",
     "list_presets": "vlzoo.presets.catalogue",

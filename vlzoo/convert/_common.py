@@ -243,6 +243,8 @@ def _blocks(out, prefix, blocks):
         _attention(out, f"{name}/attention", block.attention)
         _norm(out, f"{name}/ln_2", block.ln_2)
         _mlp(out, f"{name}/mlp", block.mlp)
+        if block.layer_scale is not None:
+            out[f"{name}/ls_1"], out[f"{name}/ls_2"] = block.ls_1, block.ls_2
 
 
 def _family_heads(out, model):
@@ -290,6 +292,8 @@ def vlzoo_variables(model):
         out["vision/patch_embedding/conv/bias"] = conv.bias
     if vision.num_prefix_tokens:
         out["vision/prefix_tokens"] = vision.prefix_tokens
+    if vision.num_register_tokens:
+        out["vision/register_tokens"] = vision.register_tokens
     out["vision/position_embedding/embeddings"] = vision.position_embedding.embeddings
     if vision.pre_norm is not None:
         _norm(out, "vision/pre_norm", vision.pre_norm)
@@ -305,7 +309,8 @@ def vlzoo_variables(model):
         _dense(out, "vision/projection", vision.projection)
 
     out["text/token_embedding/embeddings"] = text.token_embedding.embeddings
-    out["text/position_embedding/embeddings"] = text.position_embedding.embeddings
+    if text.position_embedding is not None:
+        out["text/position_embedding/embeddings"] = text.position_embedding.embeddings
     _blocks(out, "text", text.blocks)
     _norm(out, "text/post_norm", text.post_norm)
     if text.projection is not None:
@@ -467,6 +472,7 @@ def hf_activation_name(name, where):
         "gelu_pytorch_tanh": "gelu_tanh",
         "gelu_new": "gelu_tanh",
         "gelu_fast": "gelu_tanh",
+        "relu": "relu",
     }
     if name not in table:
         raise NotImplementedError(
@@ -489,12 +495,17 @@ def keras_activation_name(activation, where):
 # ----------------------------------------------------------------------------- model building
 
 
-def warn_logit_scale(log_scale, source):
-    """Warns when a checkpoint's log-scale exceeds the training bound `ln 100`.
+def warn_logit_scale(log_scale, source, family=None):
+    """Warns when a checkpoint's log-scale exceeds the training bound `ln 100` of its family's models
+    (`family`, when given, a registered family whose class may set no bound: TIPSv2's).
 
     Scores are exact (the forward pass never clamps), but the first
     fine-tuning step would pull the scale down to the bound.
     """
+    if family is not None:
+        parameter = inspect.signature(families.get_family(family).model_class).parameters.get("logit_scale_max")
+        if parameter is not None and parameter.default is None:
+            return
     if float(log_scale) > LOGIT_SCALE_MAX + 1e-6:
         warnings.warn(
             f"{source}: logit_scale is {float(log_scale):.4f} (multiplier {math.exp(float(log_scale)):.2f}), "
@@ -543,6 +554,8 @@ def attach_processing(model, family, image_size, preprocess=None, tokenizer=None
     if preprocessor is None:
         if family == "siglip":
             cfg = dict(mean=SIGLIP_MEAN, std=SIGLIP_STD, interpolation="bicubic", crop="none")
+        elif family == "tipsv2":  # transformers' Tipsv2ImageProcessor: [0, 1] pixels, resized, not normalised
+            cfg = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), interpolation="bilinear", crop="none")
         else:
             cfg = dict(mean=CLIP_MEAN, std=CLIP_STD, interpolation="bicubic", crop="center")
         cfg.update({k: v for k, v in (preprocess or {}).items() if v is not None})

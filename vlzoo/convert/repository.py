@@ -6,14 +6,15 @@
   class, `metadata.json`);
 - `"keras_hub"`: a keras-hub preset of a `CLIPBackbone` or `SigLIPBackbone`
   (`config.json` naming the keras-hub class, `model.weights.h5`);
-- `"transformers"`: `CLIPModel` / `SiglipModel` saved by `save_pretrained`
+- `"transformers"`: `CLIPModel` / `MetaClip2Model` / `SiglipModel` saved by `save_pretrained`
   (`config.json` + `model.safetensors` or `pytorch_model.bin`);
 - `"open_clip"`: open_clip's hub layout (`open_clip_config.json` +
   `open_clip_model.safetensors` or `open_clip_pytorch_model.bin`).
 
 `convert_repository(directory)` converts the last three with vlzoo's converters,
 with the tokenizer and image preprocessing read from the repository's own files
-(`vocab.json`/`merges.txt`, `spiece.model` or SigLIP 2's Gemma `tokenizer.model`, `preprocessor_config.json`,
+(`vocab.json`/`merges.txt`, `spiece.model`, SigLIP 2's Gemma `tokenizer.model`, MetaCLIP 2's XLM-V
+`sentencepiece.bpe.model` or Unigram `tokenizer.json`, TIPSv2's `tokenizer.model`, `preprocessor_config.json`,
 open_clip's `preprocess_cfg`), so `model.tokenizer` gives the source library's ids.
 safetensors files load without torch; pickled `.bin` files load with torch's
 weights-only unpickler, so nothing in a downloaded file runs code.
@@ -104,10 +105,13 @@ def weight_files(directory, names):
 
 
 def transformers_preprocessor(directory, config):
-    """The `ImagePreprocessor` that `preprocessor_config.json` describes (None when absent)."""
+    """The `ImagePreprocessor` that `preprocessor_config.json` describes (None when absent); pixels are scaled
+    to [0, 1] and, unless `do_normalize` is false (TIPSv2), normalised by its mean and std."""
     settings = json_or_none(directory / "preprocessor_config.json")
     if not settings:
         return None
+    if settings.get("do_normalize") is False:
+        settings = {**settings, "image_mean": (0.0,) * 3, "image_std": (1.0,) * 3}
     size = settings.get("size") or {}
     size = size if isinstance(size, dict) else {"shortest_edge": size}
     crop = bool(settings.get("do_center_crop")) and "shortest_edge" in size

@@ -7,7 +7,10 @@ the repository holds none of its files (`config` is the repository's `config.jso
 - `siglip_tokenizer`: SigLIP's `spiece.model`, else the Gemma `tokenizer.model` of SigLIP 2 repositories
   that keep SigLIP's `model_type`;
 - `gemma_tokenizer`: SigLIP 2's Gemma `tokenizer.model`, with the start, end and padding pieces and the
-  text cleaning its `tokenizer_config.json` names.
+  text cleaning its `tokenizer_config.json` names;
+- `metaclip2_tokenizer`: MetaCLIP 2's XLM-V SentencePiece model in fairseq's layout (`sentencepiece.bpe.model`,
+  or rebuilt from the Unigram `tokenizer.json` that transformers 5 writes alone), else the mT5 `spiece.model`
+  of its `mt5` repositories.
 
 The transformers converter registers them by `model_type` (`vlzoo.convert.transformers.register_model_type`).
 
@@ -15,13 +18,18 @@ Example:
 >>> tokenizer = clip_bpe_tokenizer(pathlib.Path("clip-vit-base-patch32"), config)  # doctest: +SKIP
 """
 
+import base64
 import json
+
+from sentencepiece import sentencepiece_model_pb2
 
 from vlzoo.presets.files import read_json
 from vlzoo.tokenizers import CLIPTokenizer
 from vlzoo.tokenizers import SentencePieceTokenizer
+from vlzoo.tokenizers import XLMRobertaTokenizer
 
-__all__ = ["clip_bpe_tokenizer", "gemma_tokenizer", "json_or_none", "siglip_tokenizer"]
+__all__ = ["clip_bpe_tokenizer", "gemma_tokenizer", "json_or_none", "metaclip2_tokenizer", "siglip_tokenizer",
+           "tipsv2_tokenizer", "xlm_roberta_proto"]
 
 
 def json_or_none(path):
@@ -72,11 +80,21 @@ def clip_bpe_tokenizer(directory, config):
     return CLIPTokenizer(vocabulary, merges, sequence_length=_text_length(config, 77), pad_value=pad)
 
 
+def _spiece_tokenizer(directory, config, default_length):
+    """A repository's `spiece.model` as transformers' SiglipTokenizer reads it (SigLIP's cleaning, no start
+    piece, `</s>` last), padded with the pad piece of `tokenizer_config.json` (`</s>` when it names none)."""
+    settings = json_or_none(directory / "tokenizer_config.json") or {}
+    options = dict(sequence_length=_text_length(config, default_length))
+    proto = str(directory / "spiece.model")
+    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "</s>"))
+    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+
+
 def siglip_tokenizer(directory, config):
     """A SigLIP repository's `spiece.model`; else the Gemma `tokenizer.model` (`gemma_tokenizer`) of the
     SigLIP 2 repositories that keep SigLIP's `model_type`; None without either."""
     if (directory / "spiece.model").is_file():
-        return SentencePieceTokenizer(str(directory / "spiece.model"), sequence_length=_text_length(config, 64))
+        return _spiece_tokenizer(directory, config, 64)
     return gemma_tokenizer(directory, config)
 
 
@@ -123,6 +141,85 @@ def gemma_tokenizer(directory, config):
     start, end = _gemma_special_pieces(directory, settings)
     options = dict(sequence_length=sequence_length, proto_file="tokenizer.model", clean=_GEMMA_CLEANING[class_name],
                    start_token=start, end_token=end)
+    proto = str(directory / "tokenizer.model")
+    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
+    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+
+
+_PIECE = sentencepiece_model_pb2.ModelProto.SentencePiece
+_XLM_R_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
+def _precompiled_charsmap(normalizer, where):
+    """The SentencePiece character map of a `tokenizer.json` normaliser ("" when none). Its other steps
+    must be those transformers adds around it, which SentencePiece's own whitespace handling does: a right
+    strip and runs of spaces made one; NotImplementedError naming any other."""
+    if not normalizer:
+        return ""
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        maps = [_precompiled_charsmap(step, where) for step in normalizer.get("normalizers", ())]
+        return next((m for m in maps if m), "")
+    if kind == "Precompiled":
+        return normalizer.get("precompiled_charsmap") or ""
+    if kind == "Strip" or (kind == "Replace" and (normalizer.get("pattern") or {}).get("Regex") == " {2,}"):
+        return ""
+    raise NotImplementedError(f"{where}: the normaliser step {kind!r} has no SentencePiece counterpart in vlzoo.")
+
+
+def xlm_roberta_proto(tokenizer_json, where="tokenizer.json"):
+    """The SentencePiece model (serialised `ModelProto`) of an XLM-R layout Unigram `tokenizer.json`:
+    fairseq's four special pieces first, the model's pieces, `<mask>` last, as transformers converts a
+    `sentencepiece.bpe.model`; turned back into that file's layout (`<unk>`, `<s>`, `</s>`, the pieces with
+    their scores) with its character map. ValueError when the vocabulary is not in that layout."""
+    model = tokenizer_json.get("model") or {}
+    vocabulary = [(str(piece), float(score)) for piece, score in model.get("vocab", ())]
+    if model.get("type") != "Unigram" or [piece for piece, _ in vocabulary[:4]] != _XLM_R_SPECIAL:
+        raise ValueError(f"{where}: not an XLM-R layout Unigram vocabulary (a Unigram model whose first pieces "
+                         f"are {_XLM_R_SPECIAL}).")
+    if vocabulary[-1][0] == "<mask>":
+        vocabulary = vocabulary[:-1]
+    proto = sentencepiece_model_pb2.ModelProto()
+    for piece, score, kind in [("<unk>", 0.0, _PIECE.UNKNOWN), ("<s>", 0.0, _PIECE.CONTROL),
+                               ("</s>", 0.0, _PIECE.CONTROL), *((p, s, _PIECE.NORMAL) for p, s in vocabulary[4:])]:
+        proto.pieces.add(piece=piece, score=score, type=kind)
+    proto.trainer_spec.model_type = sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 0, 1, 2
+    proto.trainer_spec.pad_id = -1
+    charsmap = _precompiled_charsmap(tokenizer_json.get("normalizer"), where)
+    spec = proto.normalizer_spec
+    spec.name = "nmt_nfkc" if charsmap else "identity"
+    spec.precompiled_charsmap = base64.b64decode(charsmap)
+    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = True
+    return proto.SerializeToString()
+
+
+def metaclip2_tokenizer(directory, config):
+    """A MetaCLIP 2 repository's tokenizer: XLM-V's SentencePiece model as transformers' XLMRobertaTokenizer
+    reads it (`<s>` first, `</s>` last, `<pad>` after), from `sentencepiece.bpe.model` or else from a Unigram
+    `tokenizer.json` (`xlm_roberta_proto`); else the `spiece.model` of the `mt5` repositories as SiglipTokenizer
+    reads it. Context from `config.json` (77 by default); None without any of these files."""
+    length = _text_length(config, 77)
+    if (directory / "sentencepiece.bpe.model").is_file():
+        return XLMRobertaTokenizer(str(directory / "sentencepiece.bpe.model"), sequence_length=length)
+    if (directory / "spiece.model").is_file():
+        return _spiece_tokenizer(directory, config, 77)
+    tokenizer_json = json_or_none(directory / "tokenizer.json")
+    if tokenizer_json is None:
+        return None
+    proto = xlm_roberta_proto(tokenizer_json, str(directory / "tokenizer.json"))
+    return XLMRobertaTokenizer(proto, sequence_length=length)
+
+
+def tipsv2_tokenizer(directory, config):
+    """A TIPSv2 repository's SentencePiece `tokenizer.model` as transformers' Tipsv2Tokenizer reads it:
+    lowercased, the pieces alone (no start or end piece), padded with the pad piece of
+    `tokenizer_config.json` (`<pad>`, id 0), context from `config.json` (64 by default); None without it."""
+    if not (directory / "tokenizer.model").is_file():
+        return None
+    settings = json_or_none(directory / "tokenizer_config.json") or {}
+    options = dict(sequence_length=_text_length(config, 64), proto_file="tokenizer.model", clean="lower",
+                   start_token=None, end_token=None)
     proto = str(directory / "tokenizer.model")
     pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
     return SentencePieceTokenizer(proto, pad_value=pad, **options)

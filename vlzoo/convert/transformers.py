@@ -1,14 +1,15 @@
-"""Hugging Face transformers (`CLIPModel`, `MetaClip2Model`, `SiglipModel`, `Siglip2Model`) -> vlzoo.
+"""Hugging Face transformers (`CLIPModel`, `MetaClip2Model`, `SiglipModel`, `Siglip2Model`, `Tipsv2Model`) -> vlzoo.
 
 Reads the model you pass (its `state_dict()` and `config`) or a bare state
 dict plus the `config.json` dict; never imports or downloads anything.
 
 Each `model_type` converts through what `register_model_type` registered for it
-(`TransformersModelType`): "clip", "metaclip_2", "siglip" and "siglip2" here; a family whose
+(`TransformersModelType`): "clip", "metaclip_2", "siglip", "siglip2" and "tipsv2" here; a family whose
 weights are published for transformers registers its own beside its model.
 """
 
 import functools
+import re
 import typing
 import warnings
 
@@ -119,11 +120,12 @@ def from_transformers_state_dict(state_dict, config, *, dtype=None, tokenizer=No
     state_dict = strip_prefix(numpy_state_dict(state_dict))
     model_type = config.get("model_type")
     spec = architecture("transformers", model_type).spec(config, state_dict)
-    C.warn_logit_scale(spec["logit_scale"], f"transformers {model_type} checkpoint")
+    state_dict = spec.get("state_dict", state_dict)  # a spec that renames the checkpoint's keys returns them
+    C.warn_logit_scale(spec["logit_scale"], f"transformers {model_type} checkpoint", spec["family"])
     model = C.build_model(
         spec["family"], spec["vision"], spec["text"], spec["logit_scale"], spec["logit_bias"], dtype=dtype,
     )
-    ignore = [k for k in state_dict if k.endswith("position_ids")]
+    ignore = [k for k in state_dict if k.endswith("position_ids")] + list(spec.get("ignore", ()))
     C.load_rules(spec["rules"], state_dict, model, ignore=ignore, progress=progress)
     return C.attach_processing(
         model, spec["family"], spec["vision"]["image_size"], tokenizer=tokenizer, preprocessor=preprocessor,
@@ -136,7 +138,9 @@ class TransformersModelType(typing.NamedTuple):
     Attributes:
         spec: `spec(config, state_dict)` -> `{"family", "vision", "text", "logit_scale", "logit_bias",
             "rules"}`: the vlzoo family and tower arguments, the scalars, and the assignment rules of
-            `vlzoo.convert._common.load_rules` (raises naming a missing, unexpected or misshaped key).
+            `vlzoo.convert._common.load_rules` (raises naming a missing, unexpected or misshaped key);
+            optionally `"ignore"`, checkpoint keys without a vlzoo weight, and `"state_dict"`, the checkpoint
+            under the names the rules read when the spec renames them (TIPSv2's released names).
         model_classes: the transformers class names `from_transformers` accepts for it.
         tokenizer: `tokenizer(directory, config)` -> the tokenizer a repository of this type ships, read
             from its files (`vlzoo.convert.repository_tokenizers`), or None.
@@ -334,8 +338,168 @@ def _siglip_spec(config, state_dict, naflex=False):
     )
 
 
+# ----------------------------------------------------------------------------- TIPSv2
+
+_TIPSV2_VISION = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-6,
+    image_size=448, patch_size=14, num_channels=3, qkv_bias=True, layerscale_value=1.0, use_swiglu_ffn=False,
+    num_register_tokens=1,
+)
+_TIPSV2_TEXT = dict(
+    vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+    max_position_embeddings=64, hidden_act="relu", layer_norm_eps=1e-5, scale_sqrt_depth=True,
+)
+
+
+def _concatenated_linear(sources, dst_prefix):
+    """torch `Linear`s side by side (`sources` prefixes) -> one Keras `Dense` with their outputs in order
+    (SwiGLU's gate and up projections -> `fc1`)."""
+    def rule(suffix, forward, split):
+        keys = [f"{source}.{suffix}" for source in sources]
+        return C.Rule(keys, [f"{dst_prefix}/{'kernel' if suffix == 'weight' else 'bias'}"],
+                      lambda a: [forward(a)], lambda a: split(a[0]))
+
+    halves = len(sources)
+    return [
+        rule("weight", lambda a: np.concatenate([w.T for w in a], axis=1),
+             lambda k: [w.T for w in np.split(k, halves, axis=1)]),
+        rule("bias", lambda a: np.concatenate(a, axis=0), lambda b: np.split(b, halves, axis=0)),
+    ]
+
+
+# The released checkpoints keep the authors' names (`vision_encoder.blocks.0.attn.qkv`, `text_encoder.
+# transformer.resblocks.0.attn.in_proj_weight`, ...), which transformers renames and splits as it loads them
+# (its conversion mapping for "tipsv2"): the same here, in its order, so one set of rules reads both.
+_TIPSV2_RENAMES = (
+    (r"^text_encoder\.ln_final\.", "text_model.final_layer_norm."),
+    (r"^text_encoder\.token_embedding\.", "text_model.embeddings.token_embedding."),
+    (r"^text_encoder\.transformer\.resblocks\.", "text_model.encoder.layers."),
+    (r"^(text_model\.encoder\.layers\.\d+)\.ln_([12])\.", r"\1.layer_norm\2."),
+    (r"^(text_model\.encoder\.layers\.\d+)\.attn\.", r"\1.self_attn."),
+    (r"^vision_encoder\.patch_embed\.proj\.", "vision_model.embeddings.patch_embeddings.projection."),
+    (r"^vision_encoder\.(cls_token|mask_token|register_tokens)$", r"vision_model.embeddings.\1"),
+    (r"^vision_encoder\.pos_embed$", "vision_model.embeddings.position_embeddings"),
+    (r"^vision_encoder\.norm\.", "vision_model.layernorm."),
+    (r"^vision_encoder\.blocks\.", "vision_model.encoder.layer."),
+    (r"\.attn\.proj\.", ".attention.o_proj."),
+    (r"\.ls([12])\.gamma$", r".layer_scale\1.lambda1"),
+    (r"\.mlp\.c_fc\.", ".mlp.fc1."),
+    (r"\.mlp\.c_proj\.", ".mlp.fc2."),
+    (r"\.mlp\.w3\.", ".mlp.down_proj."),
+)
+# Packed projections of the released names, split along their first axis into transformers' (after the renames).
+_TIPSV2_SPLITS = (
+    (r"\.self_attn\.in_proj_(weight|bias)$", (".self_attn.q_proj.{}", ".self_attn.k_proj.{}", ".self_attn.v_proj.{}")),
+    (r"\.attn\.qkv\.(weight|bias)$", (".attention.q_proj.{}", ".attention.k_proj.{}", ".attention.v_proj.{}")),
+    (r"\.mlp\.w12\.(weight|bias)$", (".mlp.gate_proj.{}", ".mlp.up_proj.{}")),
+)
+
+
+def _tipsv2_transformers_names(state_dict):
+    """A TIPSv2 state dict under transformers' module names: the released checkpoints' names renamed and their
+    packed projections split (`_TIPSV2_RENAMES`, `_TIPSV2_SPLITS`); a dict already so named is returned as is."""
+    if not any(key.startswith(("vision_encoder.", "text_encoder.")) for key in state_dict):
+        return state_dict
+    out = {}
+    for key, value in state_dict.items():
+        for pattern, replacement in _TIPSV2_RENAMES:
+            key = re.sub(pattern, replacement, key)
+        for pattern, parts in _TIPSV2_SPLITS:
+            match = re.search(pattern, key)
+            if match:
+                stem = key[:match.start()]
+                for part, array in zip(parts, np.split(np.asarray(value), len(parts), axis=0)):
+                    out[stem + part.format(match.group(1))] = array
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def _tipsv2_vision_rules(v, num_layers, swiglu):
+    rules = [
+        C.transpose(f"{v}.embeddings.patch_embeddings.projection.weight", "vision/patch_embedding/conv/kernel",
+                    (2, 3, 1, 0)),
+        C.copy(f"{v}.embeddings.patch_embeddings.projection.bias", "vision/patch_embedding/conv/bias"),
+    ]
+    for i in range(num_layers):
+        s, d = f"{v}.encoder.layer.{i}", f"vision/block_{i}"
+        rules += C.torch_layer_norm(f"{s}.norm1", f"{d}/ln_1")
+        for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("o_proj", "output")):
+            rules += C.torch_linear(f"{s}.attention.{hf}", f"{d}/attention/{ours}")
+        rules.append(C.copy(f"{s}.layer_scale1.lambda1", f"{d}/ls_1"))
+        rules += C.torch_layer_norm(f"{s}.norm2", f"{d}/ln_2")
+        if swiglu:
+            rules += _concatenated_linear([f"{s}.mlp.gate_proj", f"{s}.mlp.up_proj"], f"{d}/mlp/fc1")
+            rules += C.torch_linear(f"{s}.mlp.down_proj", f"{d}/mlp/fc2")
+        else:
+            rules += C.torch_linear(f"{s}.mlp.fc1", f"{d}/mlp/fc1")
+            rules += C.torch_linear(f"{s}.mlp.fc2", f"{d}/mlp/fc2")
+        rules.append(C.copy(f"{s}.layer_scale2.lambda1", f"{d}/ls_2"))
+    return rules + C.torch_layer_norm(f"{v}.layernorm", "vision/post_norm")
+
+
+def _tipsv2_spec(config, state_dict):
+    """TIPSv2's spec, from the released checkpoints' names or transformers' (`_tipsv2_transformers_names`; the
+    spec's `state_dict` is the renamed one). The released checkpoints hold no `temperature` (transformers takes
+    its config's `temperature_init_value`): that value stands in for a missing one, and
+    `logit_scale = -ln(temperature)`."""
+    vcfg = _sub_config(config, "vision_config", _TIPSV2_VISION)
+    tcfg = _sub_config(config, "text_config", _TIPSV2_TEXT)
+    state_dict = dict(_tipsv2_transformers_names(state_dict))
+    if not vcfg["qkv_bias"]:
+        raise NotImplementedError("transformers TIPSv2 vision_config: `qkv_bias=False` is not supported.")
+    if int(vcfg["num_register_tokens"]) < 1:
+        raise NotImplementedError("transformers TIPSv2 vision_config: a tower without register tokens is not "
+                                  "supported (the register token embeds the image for synthetic captions).")
+    swiglu = bool(vcfg["use_swiglu_ffn"])
+    v, t = "vision_model", "text_model"
+    first_mlp = f"{v}.encoder.layer.0.mlp.{'gate_proj' if swiglu else 'fc1'}.weight"
+    if first_mlp not in state_dict:
+        raise KeyError(f"transformers TIPSv2: the checkpoint has no {first_mlp!r} (use_swiglu_ffn={swiglu}).")
+    geometry = _geometry({**vcfg, "intermediate_size": int(np.shape(state_dict[first_mlp])[0])},
+                         "TIPSv2 vision_config")
+    if swiglu:
+        geometry["activation"] = "swiglu"
+    width = geometry["hidden_dim"]
+    registers = int(vcfg["num_register_tokens"])
+    vision = dict(
+        **_vision_image(vcfg, "TIPSv2 vision_config"), **geometry, output_dim=None, num_prefix_tokens=1,
+        num_register_tokens=registers, pooling="cls", use_pre_norm=False, patch_bias=True, projection_bias=False,
+        layer_scale=float(vcfg["layerscale_value"]),
+    )
+    text = dict(
+        vocabulary_size=int(tcfg["vocab_size"]), sequence_length=int(tcfg["max_position_embeddings"]),
+        **_geometry(tcfg, "TIPSv2 text_config"), output_dim=None, causal=False, pooling="mean",
+        use_padding_mask=True, projection_bias=False, positions="sinusoidal",
+        scale_embeddings=bool(tcfg["scale_sqrt_depth"]),
+    )
+    temperature = float(config.get("temperature_init_value") or 0.005065968260169029)
+    state_dict.setdefault("temperature", np.float32(temperature))
+    grid = (vision["image_size"] // vision["patch_size"]) ** 2
+    rules = [
+        C.reshape(f"{v}.embeddings.cls_token", "vision/prefix_tokens", (1, width), (1, 1, width)),
+        C.reshape(f"{v}.embeddings.register_tokens", "vision/register_tokens", (registers, width),
+                  (1, registers, width)),
+        C.reshape(f"{v}.embeddings.position_embeddings", "vision/position_embedding/embeddings",
+                  (1 + grid, width), (1, 1 + grid, width)),
+        *_tipsv2_vision_rules(v, vision["num_layers"], swiglu),
+        C.copy(f"{t}.embeddings.token_embedding.weight", "text/token_embedding/embeddings"),
+        *_encoder_rules(f"{t}.encoder", "text", text["num_layers"]),
+        *C.torch_layer_norm(f"{t}.final_layer_norm", "text/post_norm"),
+        C.Rule(["temperature"], ["logit_scale"],
+               lambda a: [np.reshape(-np.log(np.asarray(a[0], np.float64)), ()).astype("float32")],
+               lambda a: [np.exp(-np.asarray(a[0], np.float64)).astype("float32")]),
+    ]
+    return dict(family="tipsv2", vision=vision, text=text, rules=rules,
+                logit_scale=-np.log(float(np.reshape(state_dict["temperature"], -1)[0])), logit_bias=None,
+                ignore=(f"{v}.embeddings.mask_token",), state_dict=state_dict)
+
+
 register_model_type("clip", _clip_spec, ("CLIPModel",), repository_tokenizers.clip_bpe_tokenizer)
-register_model_type("metaclip_2", functools.partial(_clip_spec, pool_at_eos=True), ("MetaClip2Model",))
+register_model_type("metaclip_2", functools.partial(_clip_spec, pool_at_eos=True), ("MetaClip2Model",),
+                    repository_tokenizers.metaclip2_tokenizer)
 register_model_type("siglip", _siglip_spec, ("SiglipModel",), repository_tokenizers.siglip_tokenizer)
 register_model_type("siglip2", functools.partial(_siglip_spec, naflex=True), ("Siglip2Model",),
                     repository_tokenizers.gemma_tokenizer)
+register_model_type("tipsv2", _tipsv2_spec, ("Tipsv2Model",), repository_tokenizers.tipsv2_tokenizer)

@@ -159,10 +159,13 @@ def _token_alignment_maps(model, images, captions, positions):
 
 def _patch_embeddings(model, images):
     """`(B, P, D)` unit patch embeddings in the joint space: the family's own projected patch tokens
-    (`encode_image`'s `"tokens"` where the family projects them: FLAIR), else the image tower's final
-    patch tokens through the tower's projection (CLIP's, which projects the CLS token so)."""
+    (`encode_image`'s `"tokens"` where the family projects them: FLAIR), else its per-patch embeddings
+    where it has them and no projection (TIPSv2's patch tokens, in the text space as they are), else the
+    image tower's final patch tokens through the tower's projection (CLIP's, which projects the CLS token so)."""
     if getattr(model, "image_projection", None) is not None:
         tokens = model.encode_image(images)["tokens"]
+    elif model.has_dense_embeddings and model.vision.projection is None:
+        tokens = model.dense_image_embeddings(images)
     else:
         vision = model.vision
         tokens = vision.projection(vision(images)["tokens"][:, vision.num_prefix_tokens:])
@@ -203,7 +206,8 @@ def _supported_methods(model):
         methods.append("token_alignment")
     if callable(getattr(model, "text_attention_maps", None)):
         methods.append("text_attention")
-    if getattr(model, "image_projection", None) is not None or getattr(model.vision, "projection", None) is not None:
+    if (getattr(model, "image_projection", None) is not None or getattr(model.vision, "projection", None) is not None
+            or (model.has_dense_embeddings and getattr(model.vision, "projection", None) is None)):
         methods.append("patch_text_cosine")
     return methods
 
@@ -211,7 +215,8 @@ def _supported_methods(model):
 def grounding_method(model, method=None):
     """How `word_maps` maps `model`'s words: by default the family's own map, `"token_alignment"` (FILIP,
     SPARC), `"text_attention"` (FLAIR) or `"patch_text_cosine"` (CLIP: patch tokens projected into the joint
-    space); `method` picks one the model has (FLAIR's `"patch_text_cosine"`, the baseline).
+    space; TIPSv2: its patch tokens, already in it); `method` picks one the model has (FLAIR's
+    `"patch_text_cosine"`, the baseline).
 
     Returns:
         str, the method's name.

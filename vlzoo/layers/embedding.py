@@ -19,6 +19,26 @@ def _cubic_kernel(t, a=-0.75):
     )
 
 
+def sinusoidal_positions(length, width):
+    """`(length, width)` float32 table of fixed sinusoidal positions (Vaswani et al. 2017, as fairseq lays
+    them out): row `t` is `sin(t f)` then `cos(t f)` over the `width // 2` frequencies
+    `f_i = 10000^(-i / (width // 2 - 1))`, a zero column last when `width` is odd (TIPSv2's text tower).
+    Computed in float32 numpy, as transformers computes its table.
+
+    >>> sinusoidal_positions(4, 6).shape
+    (4, 6)
+    """
+    half = width // 2
+    if half < 2:
+        raise ValueError(f"sinusoidal positions need a width of at least 4; received {width}.")
+    frequencies = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(10000) / (half - 1)))
+    angles = np.arange(length, dtype=np.float32)[:, None] * frequencies[None, :]
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    if width % 2:
+        table = np.concatenate([table, np.zeros((length, 1), np.float32)], axis=1)
+    return table.astype("float32")
+
+
 def bicubic_resize_matrix(in_size, out_size):
     """`(out_size, in_size)` matrix of bicubic interpolation weights.
 

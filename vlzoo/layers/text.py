@@ -1,12 +1,15 @@
 """Text transformer tower."""
 
+import math
+
 import keras
 from keras import ops
 
-from vlzoo.layers.embedding import PositionEmbedding, TokenEmbedding
+from vlzoo.layers.embedding import PositionEmbedding, TokenEmbedding, sinusoidal_positions
 from vlzoo.layers.transformer import apply_blocks, transformer_stack
 
 POOLINGS = ("eot", "last", "mean", "first")
+POSITIONS = ("learned", "sinusoidal")
 
 
 def end_token_index(token_ids, end_token_id=None):
@@ -69,6 +72,10 @@ class TextTransformer(keras.layers.Layer):
             gradients, less memory). A training setting: may be switched on a
             built tower by setting the attribute, e.g. through
             `vlzoo.training.configure`.
+        positions: `"learned"` (a trained table, CLIP) or `"sinusoidal"` (fixed,
+            `vlzoo.layers.embedding.sinusoidal_positions`, no weights; TIPSv2).
+        scale_embeddings: multiply the token embeddings by `sqrt(hidden_dim)` before the positions are
+            added (TIPSv2).
 
     Call arguments:
         token_ids: int `(B, T)` with `T <= sequence_length`.
@@ -80,7 +87,7 @@ class TextTransformer(keras.layers.Layer):
         `(B, T, hidden_dim)` (after the final LN).
 
     Raises:
-        ValueError: an unknown `pooling`, or an `end_token_id` outside the
+        ValueError: an unknown `pooling` or `positions`, or an `end_token_id` outside the
             vocabulary or without `"eot"` pooling.
 
     Example:
@@ -94,11 +101,13 @@ class TextTransformer(keras.layers.Layer):
         self, vocabulary_size, sequence_length, hidden_dim, num_layers, num_heads,
         intermediate_dim, output_dim=None, causal=True, pooling="eot", use_padding_mask=False,
         activation="gelu", layer_norm_epsilon=1e-5, projection_bias=False, remat=False, end_token_id=None,
-        **kwargs,
+        positions="learned", scale_embeddings=False, **kwargs,
     ):
         super().__init__(**kwargs)
         if pooling not in POOLINGS:
             raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
+        if positions not in POSITIONS:
+            raise ValueError(f"`positions` must be one of {POSITIONS}; received {positions!r}.")
         if end_token_id is not None and (pooling != "eot" or not 0 <= end_token_id < vocabulary_size):
             raise ValueError(f"`end_token_id` must be a token id below `vocabulary_size` ({vocabulary_size}) with "
                              f"pooling='eot'; received {end_token_id!r} with pooling={pooling!r}.")
@@ -117,16 +126,20 @@ class TextTransformer(keras.layers.Layer):
         self.projection_bias = projection_bias
         self.remat = remat
         self.end_token_id = end_token_id
+        self.positions = positions
+        self.scale_embeddings = bool(scale_embeddings)
 
         dtype = self.dtype_policy
         self.token_embedding = TokenEmbedding(
             vocabulary_size, hidden_dim, dtype=dtype, name="token_embedding",
             embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
         )
-        self.position_embedding = PositionEmbedding(
-            hidden_dim, sequence_length=sequence_length, init_std=0.01,
-            dtype=dtype, name="position_embedding",
+        self.position_embedding = (
+            PositionEmbedding(hidden_dim, sequence_length=sequence_length, init_std=0.01, dtype=dtype,
+                              name="position_embedding")
+            if positions == "learned" else None
         )
+        self._sinusoid = sinusoidal_positions(sequence_length, hidden_dim) if positions == "sinusoidal" else None
         self.blocks = transformer_stack(
             hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype
         )
@@ -142,7 +155,8 @@ class TextTransformer(keras.layers.Layer):
     def build(self, input_shape=None):
         shape = (None, self.sequence_length, self.hidden_dim)
         self.token_embedding.build((None, self.sequence_length))
-        self.position_embedding.build(shape)
+        if self.position_embedding is not None:
+            self.position_embedding.build(shape)
         for block in self.blocks:
             block.build(shape)
         self.post_norm.build(shape)
@@ -154,8 +168,16 @@ class TextTransformer(keras.layers.Layer):
     def pooled_dim(self):
         return self.output_dim if self.output_dim is not None else self.hidden_dim
 
+    def _embed(self, token_ids, training):
+        x = self.token_embedding(token_ids, training=training)
+        if self.scale_embeddings:
+            x = x * math.sqrt(self.hidden_dim)
+        if self.position_embedding is not None:
+            return self.position_embedding(x)
+        return x + ops.cast(self._sinusoid[: x.shape[1]], x.dtype)
+
     def call(self, token_ids, padding_mask, training=None):
-        x = self.position_embedding(self.token_embedding(token_ids, training=training))
+        x = self._embed(token_ids, training)
         mask, is_causal = None, self.causal
         if self.use_padding_mask:
             length = x.shape[1]
@@ -194,6 +216,11 @@ class TextTransformer(keras.layers.Layer):
             activation=self.activation, layer_norm_epsilon=self.layer_norm_epsilon,
             projection_bias=self.projection_bias, remat=self.remat,
         )
-        if self.end_token_id is not None:  # absent from the towers that pool at the largest id, as before it existed
+        # Absent from the towers that do not set them, as before they existed.
+        if self.end_token_id is not None:
             config["end_token_id"] = self.end_token_id
+        if self.positions != "learned":
+            config["positions"] = self.positions
+        if self.scale_embeddings:
+            config["scale_embeddings"] = True
         return config

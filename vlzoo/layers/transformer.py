@@ -11,7 +11,7 @@ from vlzoo._backends import switches
 from vlzoo._backends.keras_internals import call_sublayer
 from vlzoo.layers.rotary import apply_rotary
 
-ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("quick_gelu", "gelu", "gelu_tanh", "relu", "swiglu")
 
 
 def quick_gelu(x):
@@ -23,6 +23,17 @@ def quick_gelu(x):
     return x * ops.sigmoid(1.702 * x)
 
 
+def swiglu(x):
+    """SwiGLU's gate of the two halves of the last axis: `silu(a) * b` for `x = [a, b]`, `(..., 2 I)` ->
+    `(..., I)` (DINOv2's `SwiGLUFFN`).
+
+    >>> swiglu(keras.ops.ones((2, 6))).shape
+    (2, 3)
+    """
+    gate, value = ops.split(x, 2, axis=-1)
+    return ops.silu(gate) * value
+
+
 def get_activation(name):
     """Returns the MLP activation for `name` (one of `ACTIVATIONS`); ValueError for another name."""
     if name == "quick_gelu":
@@ -31,6 +42,10 @@ def get_activation(name):
         return lambda x: ops.gelu(x, approximate=False)
     if name == "gelu_tanh":
         return lambda x: ops.gelu(x, approximate=True)
+    if name == "relu":
+        return ops.relu
+    if name == "swiglu":
+        return swiglu
     raise ValueError(
         f"`activation` must be one of {ACTIVATIONS}; received {name!r}."
     )
@@ -175,8 +190,9 @@ class MLP(keras.layers.Layer):
 
     Args:
         hidden_dim: input and output width D.
-        intermediate_dim: inner width.
-        activation: one of `"quick_gelu"`, `"gelu"` (exact), `"gelu_tanh"`.
+        intermediate_dim: inner width I.
+        activation: one of `"quick_gelu"`, `"gelu"` (exact), `"gelu_tanh"`, `"relu"`, or `"swiglu"`:
+            `fc1` then has `2 I` outputs, gated by `swiglu` to I.
 
     Call: `(..., D)` -> `(..., D)`.
 
@@ -193,7 +209,7 @@ class MLP(keras.layers.Layer):
         self.proj_std = proj_std
         self._act = get_activation(activation)
         self.fc1 = keras.layers.Dense(
-            intermediate_dim, dtype=self.dtype_policy, name="fc1",
+            intermediate_dim * (2 if activation == "swiglu" else 1), dtype=self.dtype_policy, name="fc1",
             kernel_initializer=_normal(fc_std if fc_std is not None else (2 * hidden_dim) ** -0.5),
         )
         self.fc2 = keras.layers.Dense(
@@ -232,6 +248,8 @@ class TransformerBlock(keras.layers.Layer):
             Keras' default is 1e-3).
         num_layers: depth of the stack this block sits in, for open_clip's
             depth-scaled initialisation.
+        layer_scale: initial value of LayerScale's per-channel factors of the attention and MLP outputs
+            (`ls_1`, `ls_2`, `(D,)`: CaiT, DINOv2); None (default): none.
 
     Call arguments:
         x: `(B, N, D)`.
@@ -250,7 +268,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(
         self, hidden_dim, num_heads, intermediate_dim, activation="gelu",
-        layer_norm_epsilon=1e-5, num_layers=1, **kwargs,
+        layer_norm_epsilon=1e-5, num_layers=1, layer_scale=None, **kwargs,
     ):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
@@ -259,6 +277,7 @@ class TransformerBlock(keras.layers.Layer):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.num_layers = num_layers
+        self.layer_scale = layer_scale
         proj_std = hidden_dim**-0.5 * (2 * num_layers) ** -0.5
         ln = dict(epsilon=layer_norm_epsilon, dtype=self.dtype_policy)
         self.ln_1 = keras.layers.LayerNormalization(name="ln_1", **ln)
@@ -273,6 +292,10 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.ln_1, self.ln_2, self.mlp):
             layer.build(input_shape)
         self.attention.build(input_shape)
+        if self.layer_scale is not None:
+            scale = keras.initializers.Constant(self.layer_scale)
+            self.ls_1 = self.add_weight(name="ls_1", shape=(self.hidden_dim,), initializer=scale)
+            self.ls_2 = self.add_weight(name="ls_2", shape=(self.hidden_dim,), initializer=scale)
         self.built = True
 
     def call(self, x, attention_mask=None, is_causal=False, rotary=None):
@@ -280,8 +303,13 @@ class TransformerBlock(keras.layers.Layer):
             self.attention, call_sublayer(self.ln_1, x), attention_mask=attention_mask, is_causal=is_causal,
             rotary=rotary,
         )
+        if self.layer_scale is not None:
+            attended = attended * ops.cast(self.ls_1, attended.dtype)
         x = x + attended
-        return x + call_sublayer(self.mlp, call_sublayer(self.ln_2, x))
+        update = call_sublayer(self.mlp, call_sublayer(self.ln_2, x))
+        if self.layer_scale is not None:
+            update = update * ops.cast(self.ls_2, update.dtype)
+        return x + update
 
     def get_config(self):
         config = super().get_config()
@@ -290,10 +318,13 @@ class TransformerBlock(keras.layers.Layer):
             intermediate_dim=self.intermediate_dim, activation=self.activation,
             layer_norm_epsilon=self.layer_norm_epsilon, num_layers=self.num_layers,
         )
+        if self.layer_scale is not None:  # absent from the blocks without LayerScale, as before it existed
+            config["layer_scale"] = self.layer_scale
         return config
 
 
-def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype):
+def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype,
+                      layer_scale=None):
     """`num_layers` `TransformerBlock`s named `block_0`, `block_1`, ...
 
     >>> [block.name for block in transformer_stack(64, 2, 4, 256, "gelu", 1e-5, "float32")]
@@ -302,7 +333,7 @@ def transformer_stack(hidden_dim, num_layers, num_heads, intermediate_dim, activ
     return [
         TransformerBlock(
             hidden_dim, num_heads, intermediate_dim, activation, layer_norm_epsilon,
-            num_layers=num_layers, dtype=dtype, name=f"block_{i}",
+            num_layers=num_layers, layer_scale=layer_scale, dtype=dtype, name=f"block_{i}",
         )
         for i in range(num_layers)
     ]

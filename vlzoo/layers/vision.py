@@ -61,6 +61,10 @@ class VisionTransformer(keras.layers.Layer):
             grows, the positions keep their spacing.
         map_num_heads, map_intermediate_dim: heads and MLP width of the
             `"map"` pooling head (default: the tower's).
+        num_register_tokens: learned register tokens (Darcet et al. 2024; DINOv2 with registers, TIPSv2)
+            placed after the prefix tokens once the position embedding is added, with no position of
+            their own, and returned apart from the tokens (`"registers"`); 0 (default): none.
+        layer_scale: LayerScale's initial value in every block (`TransformerBlock`); None: none.
 
     Call arguments:
         images: float `(B, H, W, 3)`, preprocessed; `H = W = image_size`, or
@@ -78,12 +82,14 @@ class VisionTransformer(keras.layers.Layer):
 
     Returns:
         dict with `"pooled"` `(B, output_dim or hidden_dim)`, `"tokens"`
-        `(B, num_prefix_tokens + P, hidden_dim)` (after the final LN).
+        `(B, num_prefix_tokens + P, hidden_dim)` (after the final LN), and with register tokens
+        `"registers"` `(B, num_register_tokens, hidden_dim)` (after the final LN).
 
     Raises:
         ValueError: an unknown `pooling`, `pooling="cls"` without a prefix token, `image_size`
             not a multiple of `patch_size`, a rotary embedding with a head width that 4 does not
-            divide, or a NaFlex batch given to a rotary tower.
+            divide or with register tokens, a negative `num_register_tokens`, or a NaFlex batch given
+            to a rotary tower.
 
     Example:
     >>> vit = VisionTransformer(32, 8, 64, 2, 4, 256, output_dim=32)
@@ -96,9 +102,14 @@ class VisionTransformer(keras.layers.Layer):
         output_dim=None, num_prefix_tokens=1, pooling="cls", activation="gelu",
         layer_norm_epsilon=1e-5, use_pre_norm=True, patch_bias=False, projection_bias=False,
         pos_init_std=None, prefix_init_std=None, remat=False, dynamic_image_size=False, rotary_theta=None,
-        map_num_heads=None, map_intermediate_dim=None, **kwargs,
+        map_num_heads=None, map_intermediate_dim=None, num_register_tokens=0, layer_scale=None, **kwargs,
     ):
         super().__init__(**kwargs)
+        if isinstance(num_register_tokens, bool) or not isinstance(num_register_tokens, int) or num_register_tokens < 0:
+            raise ValueError(f"`num_register_tokens` must be an int >= 0; received {num_register_tokens!r}.")
+        if rotary_theta is not None and num_register_tokens:
+            raise ValueError("`rotary_theta` and `num_register_tokens` cannot be combined: the rotary embedding "
+                             "rotates the patches at their grid positions, after the prefix tokens.")
         if pooling not in POOLINGS:
             raise ValueError(f"`pooling` must be one of {POOLINGS}; received {pooling!r}.")
         if pooling == "cls" and num_prefix_tokens < 1:
@@ -131,6 +142,8 @@ class VisionTransformer(keras.layers.Layer):
         self.rotary_theta = rotary_theta
         self.map_num_heads = map_num_heads
         self.map_intermediate_dim = map_intermediate_dim
+        self.num_register_tokens = num_register_tokens
+        self.layer_scale = layer_scale
         self.grid_size = (image_size // patch_size,) * 2
 
         dtype = self.dtype_policy
@@ -143,7 +156,8 @@ class VisionTransformer(keras.layers.Layer):
         )
         self.pre_norm = keras.layers.LayerNormalization(name="pre_norm", **ln) if use_pre_norm else None
         self.blocks = transformer_stack(
-            hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype
+            hidden_dim, num_layers, num_heads, intermediate_dim, activation, layer_norm_epsilon, dtype,
+            layer_scale=layer_scale,
         )
         self.post_norm = keras.layers.LayerNormalization(name="post_norm", **ln)
         self.map_head = (
@@ -172,6 +186,11 @@ class VisionTransformer(keras.layers.Layer):
                 ),
             )
         self.position_embedding.build(tokens_shape)
+        if self.num_register_tokens:
+            self.register_tokens = self.add_weight(
+                name="register_tokens", shape=(self.num_register_tokens, self.hidden_dim),
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+            )
         if self.pre_norm is not None:
             self.pre_norm.build(tokens_shape)
         for block in self.blocks:
@@ -193,6 +212,20 @@ class VisionTransformer(keras.layers.Layer):
         prefix = ops.cast(self.prefix_tokens, x.dtype)[None]
         prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], self.num_prefix_tokens, self.hidden_dim))
         return ops.concatenate([prefix, x], axis=1)
+
+    def _insert_registers(self, x, mask):
+        """`x` `(B, prefix + P, D)` with the register tokens after the prefix, and `mask` (None, or
+        `(B, prefix + P)` bool) with them marked real."""
+        if not self.num_register_tokens:
+            return x, mask
+        count, batch_size = self.num_register_tokens, ops.shape(x)[0]
+        registers = ops.cast(self.register_tokens, x.dtype)[None]
+        registers = ops.broadcast_to(registers, (batch_size, count, self.hidden_dim))
+        split = self.num_prefix_tokens
+        x = ops.concatenate([x[:, :split], registers, x[:, split:]], axis=1)
+        if mask is not None:
+            mask = ops.concatenate([mask[:, :split], ops.ones((batch_size, count), "bool"), mask[:, split:]], axis=1)
+        return x, mask
 
     def _embed_patch_batch(self, batch):
         """NaFlex: `(tokens with their positions, token mask (B, prefix + N) bool)`."""
@@ -223,12 +256,20 @@ class VisionTransformer(keras.layers.Layer):
                 offset = 1.0 if self.num_prefix_tokens else 0.0
                 tables = rotary_tables_2d(grid_size, self.hidden_dim // self.num_heads, self.rotary_theta, offset)
                 blocks["rotary"] = tuple(ops.cast(t, x.dtype) for t in tables)
+        x, mask = self._insert_registers(x, mask)
         if self.pre_norm is not None:
             x = self.pre_norm(x)
         if mask is not None:  # padding patches are keys no token attends to
             blocks["attention_mask"] = ops.broadcast_to(mask[:, None, :], (ops.shape(mask)[0],) + (mask.shape[1],) * 2)
         x = apply_blocks(self.blocks, x, remat=bool(self.remat and training), training=training, **blocks)
         tokens = self.post_norm(x)
+        outputs = {}
+        if self.num_register_tokens:
+            split, count = self.num_prefix_tokens, self.num_register_tokens
+            outputs["registers"] = tokens[:, split:split + count]
+            tokens = ops.concatenate([tokens[:, :split], tokens[:, split + count:]], axis=1)
+            if mask is not None:
+                mask = ops.concatenate([mask[:, :split], mask[:, split + count:]], axis=1)
         if self.pooling == "cls":
             pooled = tokens[:, 0]
         elif self.pooling == "mean":
@@ -242,7 +283,7 @@ class VisionTransformer(keras.layers.Layer):
             pooled = self.map_head(tokens, token_mask=mask)
         if self.projection is not None:
             pooled = self.projection(pooled)
-        return {"pooled": pooled, "tokens": tokens}
+        return {"pooled": pooled, "tokens": tokens, **outputs}
 
     def get_config(self):
         config = super().get_config()
@@ -258,4 +299,9 @@ class VisionTransformer(keras.layers.Layer):
             dynamic_image_size=self.dynamic_image_size, rotary_theta=self.rotary_theta,
             map_num_heads=self.map_num_heads, map_intermediate_dim=self.map_intermediate_dim,
         )
+        # Absent from the towers without them, as before they existed.
+        if self.num_register_tokens:
+            config["num_register_tokens"] = self.num_register_tokens
+        if self.layer_scale is not None:
+            config["layer_scale"] = self.layer_scale
         return config

@@ -19,3 +19,4 @@ from vlzoo.models.siglip import SigLIP
 from vlzoo.models.sparc import SPARC
 from vlzoo.models.sparo import SPARO
 from vlzoo.models.stair import STAIR
+from vlzoo.models.tipsv2 import TIPSv2

@@ -8,7 +8,7 @@ graph ops). The CLIP tokenizer is plain Python; the WordPiece and SentencePiece 
 - `CLIPTokenizer` (`clip_bpe.py`): OpenAI CLIP byte-pair encoding (49,408 tokens), id for id
   open_clip's `SimpleTokenizer` (with `ftfy` installed).
 - `SentencePieceTokenizer` (`sentencepiece.py`): a SentencePiece model (e.g. SigLIP's); none is
-  shipped.
+  shipped. `XLMRobertaTokenizer`: one in fairseq's id layout (XLM-R, XLM-V: MetaCLIP 2's).
 - `WordPieceTokenizer` (`wordpiece.py`): BERT WordPiece (STAIR's bert-base-uncased vocabulary,
   30,522 tokens, bundled).
 - `tokenizer_from_config(config, assets_dir)`, `bundled_tokenizer(spec, sequence_length)`: a
@@ -31,12 +31,14 @@ from vlzoo.tokenizers.clip_bpe import CLIPTokenizer
 from vlzoo.tokenizers.clip_bpe import bytes_to_unicode  # re-exported (tools/build_clip_bpe_assets.py)
 from vlzoo.tokenizers.clip_bpe import clip_clean_text  # re-exported
 from vlzoo.tokenizers.sentencepiece import SentencePieceTokenizer
+from vlzoo.tokenizers.sentencepiece import XLMRobertaTokenizer
 from vlzoo.tokenizers.wordpiece import WordPieceTokenizer
 
 __all__ = [
     "CLIPTokenizer",
     "SentencePieceTokenizer",
     "WordPieceTokenizer",
+    "XLMRobertaTokenizer",
     "tokenizer_from_config",
     "TOKENIZER_CLASSES",
 ]
@@ -52,6 +54,8 @@ TOKENIZER_CLASSES = {
     "WordPieceTokenizer": WordPieceTokenizer,
     "vlzoo>WordPieceTokenizer": WordPieceTokenizer,
     "wordpiece": WordPieceTokenizer,
+    "XLMRobertaTokenizer": XLMRobertaTokenizer,
+    "vlzoo>XLMRobertaTokenizer": XLMRobertaTokenizer,
 }
 
 
@@ -68,7 +72,7 @@ def tokenizer_from_config(config, assets_dir=None):
             If `None`, the tokenizer is returned without a vocabulary.
 
     Returns:
-        A `CLIPTokenizer`, `SentencePieceTokenizer` or `WordPieceTokenizer`.
+        A `CLIPTokenizer`, `SentencePieceTokenizer`, `XLMRobertaTokenizer` or `WordPieceTokenizer`.
 
     Raises:
         TypeError: `config` is not a dict.

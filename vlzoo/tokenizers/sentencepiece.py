@@ -197,6 +197,73 @@ class SentencePieceTokenizer(_PackingTokenizer):
         return (self._proto,)
 
 
+@keras.saving.register_keras_serializable(package="vlzoo")
+class XLMRobertaTokenizer(SentencePieceTokenizer):
+    """A SentencePiece model in fairseq's dictionary layout: XLM-R's and XLM-V's (MetaCLIP 2's worldwide
+    checkpoints), id for id transformers' `XLMRobertaTokenizer`.
+
+    fairseq puts four special pieces first, `<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, then the model's own
+    pieces from its fourth on, each at its SentencePiece id + 1, and `<mask>` last. A text becomes
+    `<s> pieces </s>`, truncated to `sequence_length` with `</s>` kept last, padded with `<pad>`.
+
+    Args:
+        proto: path to the `sentencepiece.bpe.model` file, or its bytes; `None` until `load_assets`.
+        sequence_length: output length `T` (77 for MetaCLIP 2).
+        clean: the text cleaning, as `SentencePieceTokenizer`'s (`"none"`: transformers' tokenizer
+            cleans nothing; the model's own normaliser still applies).
+        proto_file: file name used by `save_assets` / `load_assets`.
+
+    Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
+
+    Raises:
+        ValueError: an unknown `clean`, or a model without SentencePiece's `<unk>`, `<s>` and `</s>` first.
+
+    Example:
+    >>> tok = XLMRobertaTokenizer(proto="sentencepiece.bpe.model", sequence_length=77)  # doctest: +SKIP
+    >>> tok(["a photo of a cat", "一只猫的照片"])["token_ids"][:, 0]  # doctest: +SKIP
+    array([0, 0], dtype=int32)
+    """
+
+    _CONFIG_KEYS = ("sequence_length", "clean", "proto_file")
+    SPECIAL_PIECES = ("<s>", "<pad>", "</s>", "<unk>")
+    MASK_PIECE = "<mask>"
+
+    def __init__(self, proto=None, sequence_length=77, clean="none", proto_file="sentencepiece.bpe.model"):
+        super().__init__(proto, sequence_length=sequence_length, start_token="<s>", end_token="</s>", pad_value=1,
+                         clean=clean, proto_file=proto_file)
+
+    def _build_backend(self):
+        backend = super()._build_backend()
+        first = [_as_str(backend.id_to_token(i)) for i in range(3)]
+        if first != ["<unk>", "<s>", "</s>"]:
+            raise ValueError(
+                "An XLM-R layout SentencePiece model has `<unk>`, `<s>` and `</s>` as its first three pieces; "
+                f"this one has {first}."
+            )
+        return backend
+
+    @property
+    def vocabulary_size(self):
+        """The four special pieces, the model's pieces from its fourth on, and `<mask>`."""
+        return int(self._backend().vocabulary_size()) + 2
+
+    def token_to_id(self, token):
+        """The fairseq id of the piece `token` (a `ValueError` naming it when the vocabulary lacks it)."""
+        if token in self.SPECIAL_PIECES:
+            return self.SPECIAL_PIECES.index(token)
+        if token == self.MASK_PIECE:
+            return self.vocabulary_size - 1
+        return super().token_to_id(token) + 1
+
+    def _encode_batch(self, texts):
+        # SentencePiece's `<unk>` (0) is fairseq's 3; every other piece moves up by one.
+        return [[i + 1 if i else 3 for i in row] for row in super()._encode_batch(texts)]
+
+    def _decode(self, ids):
+        mask = self.vocabulary_size - 1
+        return super()._decode([0 if i == 3 else i - 1 for i in ids if 3 <= i < mask])
+
+
 def _as_str(x):
     x = to_numpy(x) if not isinstance(x, (str, bytes)) else x
     if isinstance(x, np.ndarray):

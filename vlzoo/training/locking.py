@@ -53,7 +53,7 @@ def tower_groups(tower):
     """
     if isinstance(tower, VisionTransformer):
         first = [tower.patch_embedding, getattr(tower, "prefix_tokens", None), tower.position_embedding,
-                 tower.pre_norm]
+                 getattr(tower, "register_tokens", None), tower.pre_norm]
         last = [tower.blocks[-1], tower.post_norm, tower.map_head]
     else:
         first = [tower.token_embedding, tower.position_embedding]
