@@ -73,6 +73,10 @@ class TIPSv2(CLIP):
             raise ValueError("TIPSv2's image tower needs a register token (`vision['num_register_tokens'] >= 1`): "
                              "it embeds the image for synthetic captions.")
 
+    def get_config(self):
+        # The shared width is the towers' own: left to follow them when a preset is loaded with other widths.
+        return {**super().get_config(), "embed_dim": None}
+
     def score(self, image_embeds, text_embeds):
         """`cos / temperature` of the class-token embeddings and the texts, `(N_images, N_texts)` float32."""
         image = self.check_embeds(image_embeds, "image", keys=("embeds",))
