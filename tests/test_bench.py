@@ -23,9 +23,13 @@ def test_peak_memory_is_measured_from_its_baseline(bench):
     with bench.PeakMemory() as freeing:
         del held
     assert freeing.peak_mb >= 0
-    # A block that touches 256 MB above anything the process held before raises the high-water mark:
-    # the peak is read from it (the block's own memory, whatever the baseline).
+    # A block that touches 384 MB raises the high-water mark, reset at entry to the resident set: the peak is
+    # read from it (the block's own memory, whatever the process held before: here 640 MB a moment ago).
+    held = np.ones(2**26)  # 512 MB, touched, then freed: the process's mark stays above what the block adds
+    del held
     with bench.PeakMemory() as growing:
+        current, mark = bench._resident_mb()
+        assert mark - current < 64, (current, mark)  # the mark was reset at entry, not left 512 MB above
         block = np.ones(2**25 + 2**24)  # 384 MB
         del block
     assert 384 - 16 <= growing.peak_mb <= 384 + 64, growing.peak_mb

@@ -194,6 +194,16 @@ def _resident_mb():
     return fields["VmRSS"], fields["VmHWM"]
 
 
+def _reset_high_water_mark():
+    """Sets the kernel's high-water mark of this process's resident set to its current size (Linux 4.0 and
+    later: `5` written to `/proc/self/clear_refs`); nothing where that file cannot be written."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 class PeakMemory:
     """Peak resident memory above the resident set at entry, while the `with` block runs (MB).
 
@@ -201,11 +211,14 @@ class PeakMemory:
     process's high-water mark at exit when the block raised it) is a lower
     bound of the block's true peak, and so is the resident set at entry: the
     peak is the largest of them, so it is never below the baseline. The
-    high-water mark makes it exact when the block raises it, as when a step
-    needs more than building its inputs did.
+    high-water mark, reset to the resident set at entry where the kernel allows
+    it (`_reset_high_water_mark`), makes it exact whenever the block grows
+    past its entry, whatever the process held before; without the reset, only
+    when the block grows past everything the process ever held.
     """
 
     def __enter__(self):
+        _reset_high_water_mark()
         self.start, self.start_max = _resident_mb()
         self.sampled, self._done = self.start, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
