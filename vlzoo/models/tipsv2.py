@@ -58,6 +58,7 @@ class TIPSv2(CLIP):
     )
     image_embedding_keys = ("embeds", "synthetic_embeds")
     normalized_keys = ("embeds", "synthetic_embeds")
+    image_tower_keys = ("pooled", "registers")  # what a locked image tower's cache keeps
     has_dense_embeddings = True
 
     def __init__(self, vision, text, embed_dim=None, init_logit_scale=-math.log(TEMPERATURES["b14"]),
@@ -86,8 +87,6 @@ class TIPSv2(CLIP):
     def _image_features(self, images, training=None):
         tower = self._image_tower(images, training=training)
         return {"embeds": tower["pooled"], "synthetic_embeds": tower["registers"][:, 0]}
-
-    image_tower_keys = ("pooled", "registers", "tokens")
 
     def _text_features(self, inputs, training=None):
         ids = inputs["token_ids"]
