@@ -216,7 +216,8 @@ class XLMRobertaTokenizer(SentencePieceTokenizer):
     Call returns `{"token_ids": int32 (B, T), "padding_mask": bool (B, T)}`.
 
     Raises:
-        ValueError: an unknown `clean`, or a model without SentencePiece's `<unk>`, `<s>` and `</s>` first.
+        ValueError: an unknown `clean`; on first use, a model whose first three pieces are not
+            SentencePiece's `<unk>`, `<s>` and `</s>`.
 
     Example:
     >>> tok = XLMRobertaTokenizer(proto="sentencepiece.bpe.model", sequence_length=77)  # doctest: +SKIP
