@@ -135,6 +135,23 @@ def fused_qkv(src_weight, src_bias, dst_prefix, num_parts=3, names=("query", "ke
     return rules
 
 
+def concatenated_linear(sources, dst_prefix):
+    """torch `Linear`s side by side (`sources` prefixes) -> one Keras `Dense` with their outputs in order
+    (SwiGLU's gate and up projections -> `fc1`); the reverse of `fused_qkv`'s split."""
+
+    def rule(suffix, forward, split):
+        keys = [f"{source}.{suffix}" for source in sources]
+        return Rule(keys, [f"{dst_prefix}/{'kernel' if suffix == 'weight' else 'bias'}"],
+                    lambda a: [forward(a)], lambda a: split(a[0]))
+
+    halves = len(sources)
+    return [
+        rule("weight", lambda a: np.concatenate([w.T for w in a], axis=1),
+             lambda k: [w.T for w in np.split(k, halves, axis=1)]),
+        rule("bias", lambda a: np.concatenate(a, axis=0), lambda b: np.split(b, halves, axis=0)),
+    ]
+
+
 def scalar(src, dst, src_shape=()):
     """A scalar stored as `()` or `(1,)` -> vlzoo's `()` variable."""
     src_shape = tuple(src_shape)

@@ -80,14 +80,19 @@ def clip_bpe_tokenizer(directory, config):
     return CLIPTokenizer(vocabulary, merges, sequence_length=_text_length(config, 77), pad_value=pad)
 
 
+def _padded(proto, pad_piece, **options):
+    """`SentencePieceTokenizer(proto, **options)` padded with the id of `pad_piece` (a repository's pad token)."""
+    pad = SentencePieceTokenizer(proto, **options).token_to_id(pad_piece)
+    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+
+
 def _spiece_tokenizer(directory, config, default_length):
     """A repository's `spiece.model` as transformers' SiglipTokenizer reads it (SigLIP's cleaning, no start
     piece, `</s>` last), padded with the pad piece of `tokenizer_config.json` (`</s>` when it names none)."""
     settings = json_or_none(directory / "tokenizer_config.json") or {}
     options = dict(sequence_length=_text_length(config, default_length))
     proto = str(directory / "spiece.model")
-    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "</s>"))
-    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+    return _padded(proto, _piece(settings.get("pad_token"), "</s>"), **options)
 
 
 def siglip_tokenizer(directory, config):
@@ -142,12 +147,11 @@ def gemma_tokenizer(directory, config):
     options = dict(sequence_length=sequence_length, proto_file="tokenizer.model", clean=_GEMMA_CLEANING[class_name],
                    start_token=start, end_token=end)
     proto = str(directory / "tokenizer.model")
-    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
-    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+    return _padded(proto, _piece(settings.get("pad_token"), "<pad>"), **options)
 
 
 _PIECE = sentencepiece_model_pb2.ModelProto.SentencePiece
-_XLM_R_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
+_XLM_R_SPECIAL = list(XLMRobertaTokenizer.SPECIAL_PIECES)
 
 
 def _precompiled_charsmap(normalizer, where):
@@ -221,5 +225,4 @@ def tipsv2_tokenizer(directory, config):
     options = dict(sequence_length=_text_length(config, 64), proto_file="tokenizer.model", clean="lower",
                    start_token=None, end_token=None)
     proto = str(directory / "tokenizer.model")
-    pad = SentencePieceTokenizer(proto, **options).token_to_id(_piece(settings.get("pad_token"), "<pad>"))
-    return SentencePieceTokenizer(proto, pad_value=pad, **options)
+    return _padded(proto, _piece(settings.get("pad_token"), "<pad>"), **options)

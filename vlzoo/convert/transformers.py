@@ -351,22 +351,6 @@ _TIPSV2_TEXT = dict(
 )
 
 
-def _concatenated_linear(sources, dst_prefix):
-    """torch `Linear`s side by side (`sources` prefixes) -> one Keras `Dense` with their outputs in order
-    (SwiGLU's gate and up projections -> `fc1`)."""
-    def rule(suffix, forward, split):
-        keys = [f"{source}.{suffix}" for source in sources]
-        return C.Rule(keys, [f"{dst_prefix}/{'kernel' if suffix == 'weight' else 'bias'}"],
-                      lambda a: [forward(a)], lambda a: split(a[0]))
-
-    halves = len(sources)
-    return [
-        rule("weight", lambda a: np.concatenate([w.T for w in a], axis=1),
-             lambda k: [w.T for w in np.split(k, halves, axis=1)]),
-        rule("bias", lambda a: np.concatenate(a, axis=0), lambda b: np.split(b, halves, axis=0)),
-    ]
-
-
 # The released checkpoints keep the authors' names (`vision_encoder.blocks.0.attn.qkv`, `text_encoder.
 # transformer.resblocks.0.attn.in_proj_weight`, ...), which transformers renames and splits as it loads them
 # (its conversion mapping for "tipsv2"): the same here, in its order, so one set of rules reads both.
@@ -430,7 +414,7 @@ def _tipsv2_vision_rules(v, num_layers, swiglu):
         rules.append(C.copy(f"{s}.layer_scale1.lambda1", f"{d}/ls_1"))
         rules += C.torch_layer_norm(f"{s}.norm2", f"{d}/ln_2")
         if swiglu:
-            rules += _concatenated_linear([f"{s}.mlp.gate_proj", f"{s}.mlp.up_proj"], f"{d}/mlp/fc1")
+            rules += C.concatenated_linear([f"{s}.mlp.gate_proj", f"{s}.mlp.up_proj"], f"{d}/mlp/fc1")
             rules += C.torch_linear(f"{s}.mlp.down_proj", f"{d}/mlp/fc2")
         else:
             rules += C.torch_linear(f"{s}.mlp.fc1", f"{d}/mlp/fc1")
