@@ -137,7 +137,7 @@ def test_dense_embeddings_are_one_per_patch_where_declared(preset):
     model = _preset(preset)
     images, _ = _inputs(model)
     if not model.has_dense_embeddings:
-        with pytest.raises(NotImplementedError, match="SPARC and FILIP"):
+        with pytest.raises(NotImplementedError, match="has no per-patch embeddings"):
             model.dense_image_embeddings(images)
         return
     dense = to_numpy(model.dense_image_embeddings(images))

@@ -170,11 +170,12 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
 @pytest.mark.parametrize("family", parallel_worker.FAMILIES)
 def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
     """`contrastive_loss` of each replica's rows, averaged over 2 and 4 replicas, is the whole loss in training
-    (FILIP drops tokens; FLAIR, with two captions per image, draws the other images' captions as one process)."""
+    (FILIP drops tokens; FLAIR, with two captions per image, draws the other images' captions as one process;
+    TIPSv2 with both caption kinds, web and synthetic, sums two InfoNCE terms over the replica's rows)."""
     keras.utils.set_random_seed(0)
     model = tiny_family_model(family)
     batch = margin_batch(model, parallel_worker.GLOBAL_BATCH)
-    if family == "flair":
+    if family in ("flair", "tipsv2"):
         second = tiny_batch(parallel_worker.GLOBAL_BATCH, seed=1, sequence_length=model.text.sequence_length,
                             vocabulary_size=model.text.vocabulary_size)
         for key in ("token_ids", "padding_mask"):

@@ -84,10 +84,15 @@ def _abstract(preset):
 
 
 def _peer_outputs(torch, peer, images, ids):
+    """open_clip's normalised embeddings, logits and patch features: timm's final tokens (after `norm`) through
+    the trunk's `head`, the linear map the attention pool feeds, without the class token."""
     with torch.no_grad():
-        image = peer.encode_image(torch.from_numpy(images.transpose(0, 3, 1, 2).copy()), normalize=True)
+        pixels = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
+        image = peer.encode_image(pixels, normalize=True)
         text = peer.encode_text(torch.from_numpy(ids).long(), normalize=True)
-        return image.numpy(), text.numpy(), (peer.logit_scale.exp() * image @ text.T).numpy()
+        trunk = peer.visual.trunk
+        patches = trunk.head(trunk.forward_features(pixels)[:, trunk.num_prefix_tokens:])
+        return image.numpy(), text.numpy(), (peer.logit_scale.exp() * image @ text.T).numpy(), patches.numpy()
 
 
 def test_rotary_angles_are_timms(open_clip, torch):
@@ -117,11 +122,14 @@ def test_parity_with_open_clip_at_every_geometry(open_clip, torch, preset):
     images, texts = peers.parity_inputs(model, 2)
     want = _peer_outputs(torch, peer, images, texts["token_ids"])
     got = (model.encode_image(images, normalize=True)["embeds"], model.encode_text(texts, normalize=True)["embeds"],
-           model.similarity(images, texts))
+           model.similarity(images, texts), model.dense_image_embeddings(images))
+    assert tuple(got[3].shape) == want[3].shape == (2, (model.vision.image_size // model.vision.patch_size) ** 2,
+                                                    model.embed_dim)
     errors = [peers.relative_error(got[0], want[0]), peers.relative_error(got[1], want[1]),
-              float(np.max(np.abs(keras.ops.convert_to_numpy(got[2]) - want[2]))) / np.exp(LOGIT_SCALE)]
+              float(np.max(np.abs(keras.ops.convert_to_numpy(got[2]) - want[2]))) / np.exp(LOGIT_SCALE),
+              peers.relative_error(got[3], want[3])]
     print(f"[{keras.backend.backend()}] {preset}: relative errors image {errors[0]:.1e}, text {errors[1]:.1e}, "
-          f"logits {errors[2]:.1e}")
+          f"logits {errors[2]:.1e}, patches {errors[3]:.1e}")
     assert max(errors) < peers.RELATIVE, errors
 
 
@@ -191,7 +199,7 @@ def test_a_repository_written_by_open_clip_loads_by_handle_and_by_name(open_clip
                                         "pe_core_t16_384_meta", inputs=tmp_path / "inputs.npz")
     for result in results:
         assert result.get("class") == "PECore", result
-        image, text, _ = _peer_outputs(torch, peer, inputs["images"], np.asarray(result["ids"]))
+        image, text, _, _ = _peer_outputs(torch, peer, inputs["images"], np.asarray(result["ids"]))
         assert peers.relative_error(result["images"], image) < peers.RELATIVE
         assert peers.relative_error(result["texts"], text) < peers.RELATIVE
         assert result["preprocessor"]["mean"] == [0.5] * 3 and result["preprocessor"]["crop"] == "none"

@@ -246,7 +246,7 @@ def test_families_without_patch_embeddings_are_refused(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clip = vlzoo.from_preset("clip_tiny")
-    with pytest.raises(TypeError, match=r"CLIP models give only a global one.*filip, sparc"):
+    with pytest.raises(TypeError, match=r"CLIP models give only a global one.*filip, pe_core, sparc, tipsv2"):
         evaluate_segmentation(clip, benchmark)
     with pytest.raises(ValueError, match="`background` must be"):
         evaluate_segmentation(Oracle(), benchmark, background=1.5)
@@ -301,7 +301,7 @@ def unit(x):
 E2E_LAYOUTS = STRIPES + [([[2, 5, 9], [2, 5, 9]], False), ([[7, 7, 7], [19, 19, 19]], True)]
 
 
-@pytest.mark.parametrize("name", ["filip_tiny", "sparc_tiny"])
+@pytest.mark.parametrize("name", ["filip_tiny", "sparc_tiny", "pe_core_tiny", "tipsv2_tiny"])
 def test_tiny_models_end_to_end(tmp_path, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -318,7 +318,7 @@ def test_tiny_models_end_to_end(tmp_path, name):
     prompts = model.tokenizer([t.format(n) for n in names for t in templates])
     text = {k: keras.ops.convert_to_numpy(v) for k, v in model.encode_text(prompts).items()}
     grid = 32 // model.vision.patch_size
-    if name == "sparc_tiny":
+    if name != "filip_tiny":  # per-patch embeddings against the prompt-ensembled global text embeddings
         patches = unit(keras.ops.convert_to_numpy(model.dense_image_embeddings(pixels)))
         classes = unit(unit(text["embeds"]).reshape(20, 2, -1).mean(1))
         scores = patches @ classes.T

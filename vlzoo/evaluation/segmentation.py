@@ -5,7 +5,7 @@ SPARC's method (Bica et al., 2024, app. D.7, after PACL): each patch embedding
 prompt-ensembled global text embeddings, `EmbeddingMean`; FILIP: per patch, the best cosine over a
 prompt's real tokens averaged over the templates, `TokenSimilarityMean`), the patch-by-class map
 is upsampled bilinearly to the label's size, and each pixel takes its best class. Only families
-with per-patch embeddings qualify (`patch_families()`: FILIP and SPARC); the others raise
+with per-patch embeddings qualify (`patch_families()`: FILIP, SPARC, TIPSv2, PE-Core); the others raise
 `TypeError`.
 
 `background=` chooses the convention (the numbers are not comparable across them): `"ignore"`
@@ -211,7 +211,7 @@ def patch_families():
     """The registered families whose models give per-patch embeddings (`has_dense_embeddings`), sorted.
 
     >>> patch_families()  # doctest: +SKIP
-    ('filip', 'sparc')
+    ('filip', 'pe_core', 'sparc', 'tipsv2')
     """
     return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
 

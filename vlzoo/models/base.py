@@ -514,11 +514,13 @@ class ContrastiveModel(Trainer):
         """Per-patch embeddings `(B, P, D)` in the text embeddings' space, the image's `P` patches in
         row-major order (no prefix tokens): what zero-shot segmentation compares with class prompts.
 
-        Families that train patch-level alignment (SPARC's `g_v(h_v(F_v[p]))`, FILIP's
-        projected patch tokens) set `has_dense_embeddings` and implement this.
+        Families with patch features in the joint space (SPARC's `g_v(h_v(F_v[p]))`, FILIP's
+        projected patch tokens, TIPSv2's and PE-Core's final patch tokens) set
+        `has_dense_embeddings` and implement this.
         """
         raise NotImplementedError(
-            f"{type(self).__name__} has no per-patch embeddings; SPARC and FILIP models have them."
+            f"{type(self).__name__} has no per-patch embeddings (`has_dense_embeddings` is False); "
+            "`vlzoo.evaluation.segmentation.patch_families()` lists the families that have them."
         )
 
     has_token_alignment = False

@@ -5,6 +5,7 @@ import math
 import keras
 
 from vlzoo.families import Family, register_family
+from vlzoo.models import validation
 from vlzoo.models.clip import CLIP
 
 
@@ -44,6 +45,22 @@ class PECore(CLIP):
 
     def __init__(self, vision, text, embed_dim=1024, init_logit_scale=math.log(1 / 0.07), **kwargs):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
+
+    has_dense_embeddings = True
+
+    def dense_image_embeddings(self, images):
+        """The patch tokens `(B, P, embed_dim)` after the tower's final LayerNorm, through the projection that
+        follows its attention pool (the weights and bias of the global embedding's), class token left out: the
+        patch features zero-shot segmentation and grounding compare with texts by cosine.
+
+        >>> model = vlzoo.from_preset("pe_core_tiny")
+        >>> model.dense_image_embeddings(images).shape  # doctest: +SKIP
+        (B, (H / p) * (W / p), embed_dim)
+        """
+        validation.check_images(images, patch_size=self.vision.patch_size,
+                                image_size=None if self.vision.dynamic_image_size else self.vision.image_size)
+        vision = self.vision
+        return vision.projection(vision(images)["tokens"][:, vision.num_prefix_tokens:])
 
 
 register_family(Family("pe_core", PECore, score_loss="softmax"))
