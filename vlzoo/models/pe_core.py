@@ -5,7 +5,6 @@ import math
 import keras
 
 from vlzoo.families import Family, register_family
-from vlzoo.models import validation
 from vlzoo.models.clip import CLIP
 
 
@@ -49,16 +48,15 @@ class PECore(CLIP):
     has_dense_embeddings = True
 
     def dense_image_embeddings(self, images):
-        """The patch tokens `(B, P, embed_dim)` after the tower's final LayerNorm, through the projection that
-        follows its attention pool (the weights and bias of the global embedding's), class token left out: the
+        """The patch tokens `(B, P, embed_dim)` after the tower's final LayerNorm, class token left out, through
+        the projection (weights and bias) that maps the attention pool's output to the global embedding: the
         patch features zero-shot segmentation and grounding compare with texts by cosine.
 
         >>> model = vlzoo.from_preset("pe_core_tiny")
         >>> model.dense_image_embeddings(images).shape  # doctest: +SKIP
         (B, (H / p) * (W / p), embed_dim)
         """
-        validation.check_images(images, patch_size=self.vision.patch_size,
-                                image_size=None if self.vision.dynamic_image_size else self.vision.image_size)
+        self._check_image_shape(images)
         vision = self.vision
         return vision.projection(vision(images)["tokens"][:, vision.num_prefix_tokens:])
 

@@ -7,7 +7,6 @@ from keras import ops
 
 from vlzoo.families import Family, register_family
 from vlzoo.losses import clip_logits, clip_loss
-from vlzoo.models import validation
 from vlzoo.models.clip import CLIP
 
 # The temperature of each released size (`temperature_init_value` of its config; the checkpoints do not store
@@ -127,8 +126,7 @@ class TIPSv2(CLIP):
     def dense_image_embeddings(self, images):
         """The patch tokens `(B, P, D)` after the final LayerNorm, in the text embeddings' space (TIPS's
         zero-shot segmentation compares them with class prompts by cosine), registers and class token left out."""
-        validation.check_images(images, patch_size=self.vision.patch_size,
-                                image_size=None if self.vision.dynamic_image_size else self.vision.image_size)
+        self._check_image_shape(images)
         return self.vision(images)["tokens"][:, self.vision.num_prefix_tokens:]
 
 
