@@ -7,6 +7,8 @@ configs) with two blocks per tower and a 1,000-piece vocabulary (the released 32
 comparison needs).
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -161,7 +163,7 @@ def test_tokenizer_gives_transformers_ids(hf, tmp_path):
     SentencePiece BPE model in TIPSv2's layout (`<pad>` 0, `<unk>` 1, no start or end piece, byte fallback)
     trained here on the multilingual captions of test_metaclip2, lowercased, padded with `<pad>`, truncated."""
     sentencepiece = pytest.importorskip("sentencepiece")
-    from vlzoo.convert.repository_tokenizers import tipsv2_tokenizer
+    from vlzoo.convert.repository_tokenizers import sentencepiece_bpe_proto, tipsv2_tokenizer
     from test_metaclip2 import SAMPLES
 
     corpus = tmp_path / "corpus.txt"
@@ -176,15 +178,65 @@ def test_tokenizer_gives_transformers_ids(hf, tmp_path):
     repository = tmp_path / "repository"
     reference.save_pretrained(str(repository))
     (repository / "tokenizer.model").write_bytes((source / "tokenizer.model").read_bytes())
-    tokenizer = tipsv2_tokenizer(repository, {"text_config": {"max_position_embeddings": 16}})
-    want = reference(SAMPLES, padding="max_length", max_length=16, truncation=True)
-    ids, mask = np.asarray(want["input_ids"]), np.asarray(want["attention_mask"], bool)
+    config = {"text_config": {"max_position_embeddings": 16}}
+    tokenizer = tipsv2_tokenizer(repository, config)
+    ids, mask = _transformers_ids(reference, SAMPLES)
     # Padded, truncated, no special piece among the real ones, and the unseen snowman in byte pieces (ids 2-257).
     assert (ids == 0).any() and mask[:, -1].sum() >= 2 and (ids[mask] >= 2).all() and (ids[mask] < 258).any()
-    got = tokenizer(SAMPLES)
-    for row, text in enumerate(SAMPLES):
+    _assert_same_ids(tokenizer, SAMPLES, ids, mask)
+    # transformers 5 saved tokenizer.json alone: the model rebuilt from its merges gives, on the samples and on
+    # strings of their words and of their characters, the ids of the Tipsv2Tokenizer that transformers reads
+    # from that file, with the original model's pieces and piece types.
+    (repository / "tokenizer.model").unlink()
+    rebuilt = tipsv2_tokenizer(repository, config)
+    rng = np.random.default_rng(0)
+    words, characters = " ".join(SAMPLES).split(), list(" ".join(SAMPLES))
+    texts = SAMPLES + [" ".join(rng.choice(words, 3)) for _ in range(60)] + [
+        "".join(rng.choice(characters, 12)) for _ in range(60)]
+    ids, mask = _transformers_ids(hf.Tipsv2Tokenizer.from_pretrained(str(repository)), texts)
+    _assert_same_ids(rebuilt, texts, ids, mask)
+    _assert_same_ids(tokenizer, texts, ids, mask)
+    proto, lowercase = sentencepiece_bpe_proto(json.loads((repository / "tokenizer.json").read_text("utf-8")))
+    assert lowercase
+    original = sentencepiece.SentencePieceProcessor(model_file=str(source / "tokenizer.model"))
+    again = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    assert [(original.id_to_piece(i), original.is_byte(i), original.is_control(i), original.is_unknown(i))
+            for i in range(original.get_piece_size())] == [
+        (again.id_to_piece(i), again.is_byte(i), again.is_control(i), again.is_unknown(i))
+        for i in range(again.get_piece_size())]
+
+
+def _transformers_ids(tokenizer, texts):
+    """`(ids, mask)` of a transformers tokenizer, padded and truncated to 16."""
+    want = tokenizer(texts, padding="max_length", max_length=16, truncation=True)
+    return np.asarray(want["input_ids"]), np.asarray(want["attention_mask"], bool)
+
+
+def _assert_same_ids(tokenizer, texts, ids, mask):
+    got = tokenizer(texts)
+    for row, text in enumerate(texts):
         np.testing.assert_array_equal(got["token_ids"][row], ids[row], err_msg=text)
     np.testing.assert_array_equal(got["padding_mask"], mask)
+
+
+@run_once  # file checks: nothing computed
+def test_a_tokenizer_json_without_a_sentencepiece_counterpart_is_refused_by_name():
+    from vlzoo.convert.repository_tokenizers import sentencepiece_bpe_proto
+
+    words = {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}]}
+    bpe = {"type": "BPE", "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "\u2581a": 3}, "merges": [["\u2581", "a"]]}
+    assert sentencepiece_bpe_proto({"model": bpe, "pre_tokenizer": words})[1] is False
+    with pytest.raises(ValueError, match="not a BPE vocabulary"):
+        sentencepiece_bpe_proto({"model": {"type": "Unigram", "vocab": [["<unk>", 0.0]]}, "pre_tokenizer": words})
+    with pytest.raises(ValueError, match="not a BPE vocabulary"):
+        sentencepiece_bpe_proto({"model": {**bpe, "vocab": {"<unk>": 0, "a": 2}}, "pre_tokenizer": words})
+    with pytest.raises(ValueError, match="unknown piece '<unk>'"):
+        sentencepiece_bpe_proto({"model": {**bpe, "vocab": {"\u2581": 0, "a": 1}}, "pre_tokenizer": words})
+    with pytest.raises(NotImplementedError, match=r"pre-tokeniser \['ByteLevel'\]"):
+        sentencepiece_bpe_proto({"model": bpe, "pre_tokenizer": {"type": "ByteLevel"}})
+    with pytest.raises(NotImplementedError, match="normaliser step 'NFD'"):
+        sentencepiece_bpe_proto({"model": bpe, "pre_tokenizer": words, "normalizer": {"type": "NFD"}})
 
 
 @run_once  # configs: nothing computed

@@ -8,6 +8,8 @@ the repository holds none of its files (`config` is the repository's `config.jso
   that keep SigLIP's `model_type`;
 - `gemma_tokenizer`: SigLIP 2's Gemma `tokenizer.model`, with the start, end and padding pieces and the
   text cleaning its `tokenizer_config.json` names;
+- `tipsv2_tokenizer`: TIPSv2's SentencePiece BPE `tokenizer.model`, or rebuilt from the BPE `tokenizer.json`
+  that transformers 5 writes alone;
 - `metaclip2_tokenizer`: MetaCLIP 2's XLM-V SentencePiece model in fairseq's layout (`sentencepiece.bpe.model`,
   or rebuilt from the Unigram `tokenizer.json` that transformers 5 writes alone), else the mT5 `spiece.model`
   of its `mt5` repositories.
@@ -20,6 +22,7 @@ Example:
 
 import base64
 import json
+import re
 
 from sentencepiece import sentencepiece_model_pb2
 
@@ -29,7 +32,7 @@ from vlzoo.tokenizers import SentencePieceTokenizer
 from vlzoo.tokenizers import XLMRobertaTokenizer
 
 __all__ = ["clip_bpe_tokenizer", "gemma_tokenizer", "json_or_none", "metaclip2_tokenizer", "siglip_tokenizer",
-           "tipsv2_tokenizer", "xlm_roberta_proto"]
+           "sentencepiece_bpe_proto", "tipsv2_tokenizer", "xlm_roberta_proto"]
 
 
 def json_or_none(path):
@@ -215,14 +218,91 @@ def metaclip2_tokenizer(directory, config):
     return XLMRobertaTokenizer(proto, sequence_length=length)
 
 
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def _metaspace_words(pre_tokenizer, where):
+    """Checks that a `tokenizer.json` pre-tokeniser splits text as SentencePiece does: on whitespace, each word
+    after a `▁` (transformers' layout: WhitespaceSplit, then Metaspace prepending `▁` always);
+    NotImplementedError naming it otherwise."""
+    steps = (pre_tokenizer or {}).get("pretokenizers") or [pre_tokenizer or {}]
+    kinds = [step.get("type") for step in steps]
+    metaspace = steps[-1]
+    if (kinds != ["WhitespaceSplit", "Metaspace"] or metaspace.get("replacement") != "\u2581"
+            or metaspace.get("prepend_scheme", "always") != "always"):
+        raise NotImplementedError(f"{where}: the pre-tokeniser {kinds} has no SentencePiece counterpart in vlzoo "
+                                  "(it reads WhitespaceSplit then Metaspace, prepending '\u2581' always).")
+
+
+def sentencepiece_bpe_proto(tokenizer_json, unk_piece="<unk>", where="tokenizer.json"):
+    """The SentencePiece BPE model (serialised `ModelProto`) of a BPE `tokenizer.json` that transformers converted
+    from one, and whether its normaliser lowercases (SentencePiece cannot: the tokenizer's `clean` must).
+
+    The pieces keep their ids; a piece made by a merge scores minus the rank of its first merge (SentencePiece
+    merges the adjacent pair whose piece scores highest, as the ranks order `tokenizer.json`'s merges), and a
+    longer piece that no merge makes is unused, as it is unreachable there. `unk_piece` is the unknown piece,
+    the special added tokens are control pieces and, with byte fallback, `<0xXX>` are byte pieces.
+
+    Raises:
+        ValueError: not a BPE model, ids that are not 0 to N - 1, or `unk_piece` missing.
+        NotImplementedError: a normaliser or pre-tokeniser step without a SentencePiece counterpart.
+    """
+    model = tokenizer_json.get("model") or {}
+    vocabulary = model.get("vocab") if model.get("type") == "BPE" else None
+    vocabulary = vocabulary if isinstance(vocabulary, dict) else {}
+    pieces = sorted(vocabulary, key=vocabulary.get)
+    if not pieces or [vocabulary[piece] for piece in pieces] != list(range(len(pieces))):
+        raise ValueError(f"{where}: not a BPE vocabulary with ids 0 to N - 1.")
+    if unk_piece not in vocabulary:
+        raise ValueError(f"{where}: the unknown piece {unk_piece!r} is not in the vocabulary.")
+    _metaspace_words(tokenizer_json.get("pre_tokenizer"), where)
+    normalizer = tokenizer_json.get("normalizer") or {}
+    steps = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
+    lowercase = bool(steps) and steps[0].get("type") == "Lowercase"
+    charsmap = _precompiled_charsmap({"type": "Sequence", "normalizers": steps[lowercase:]}, where)
+    first_merge = {}
+    for rank, merge in enumerate(model.get("merges") or ()):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        first_merge.setdefault(left + right, rank)
+    special = {token["content"] for token in tokenizer_json.get("added_tokens") or () if token.get("special")}
+    byte_fallback = bool(model.get("byte_fallback"))
+    proto = sentencepiece_model_pb2.ModelProto()
+    for index, piece in enumerate(pieces):
+        if piece == unk_piece:
+            kind = _PIECE.UNKNOWN
+        elif piece in special:
+            kind = _PIECE.CONTROL
+        elif byte_fallback and _BYTE_PIECE.fullmatch(piece):
+            kind = _PIECE.BYTE
+        else:
+            kind = _PIECE.NORMAL if piece in first_merge or len(piece) == 1 else _PIECE.UNUSED
+        score = -float(first_merge.get(piece, len(first_merge) + index))
+        proto.pieces.add(piece=piece, score=score if kind == _PIECE.NORMAL else 0.0, type=kind)
+    trainer = proto.trainer_spec
+    trainer.model_type = sentencepiece_model_pb2.TrainerSpec.BPE
+    trainer.byte_fallback = byte_fallback
+    trainer.unk_id, trainer.bos_id, trainer.eos_id, trainer.pad_id = vocabulary[unk_piece], -1, -1, -1
+    spec = proto.normalizer_spec
+    spec.name = "nmt_nfkc" if charsmap else "identity"
+    spec.precompiled_charsmap = base64.b64decode(charsmap)
+    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = True
+    return proto.SerializeToString(), lowercase
+
+
 def tipsv2_tokenizer(directory, config):
-    """A TIPSv2 repository's SentencePiece `tokenizer.model` as transformers' Tipsv2Tokenizer reads it:
-    lowercased, the pieces alone (no start or end piece), padded with the pad piece of
-    `tokenizer_config.json` (`<pad>`, id 0), context from `config.json` (64 by default); None without it."""
-    if not (directory / "tokenizer.model").is_file():
-        return None
+    """A TIPSv2 repository's SentencePiece BPE model as transformers' Tipsv2Tokenizer reads it: lowercased, the
+    pieces alone (no start or end piece), padded with the pad piece of `tokenizer_config.json` (`<pad>`, id 0),
+    context from `config.json` (64 by default). From `tokenizer.model`, else rebuilt from the `tokenizer.json`
+    that transformers 5 writes alone (`sentencepiece_bpe_proto`); None without either."""
     settings = json_or_none(directory / "tokenizer_config.json") or {}
-    options = dict(sequence_length=_text_length(config, 64), proto_file="tokenizer.model", clean="lower",
-                   start_token=None, end_token=None)
-    proto = str(directory / "tokenizer.model")
+    tokenizer_json = json_or_none(directory / "tokenizer.json")
+    if (directory / "tokenizer.model").is_file():
+        proto, lowercase = str(directory / "tokenizer.model"), True
+    elif tokenizer_json is not None:
+        proto, lowercase = sentencepiece_bpe_proto(tokenizer_json, _piece(settings.get("unk_token"), "<unk>"),
+                                                   str(directory / "tokenizer.json"))
+    else:
+        return None
+    options = dict(sequence_length=_text_length(config, 64), proto_file="tokenizer.model",
+                   clean="lower" if lowercase else "none", start_token=None, end_token=None)
     return _padded(proto, _piece(settings.get("pad_token"), "<pad>"), **options)
