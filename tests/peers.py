@@ -71,24 +71,33 @@ def relative_error(got, want):
     return float(np.max(np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)))
 
 
+def model_outputs(model, images, texts):
+    """`(image, text, logits)`: `encode_image(images)`, `encode_text(texts)` and their scores (`similarity`'s),
+    each tower run once (a parity test of a large geometry spends its time compiling and running the towers).
+    `model.normalize_embeds(image)` gives `encode_image(images, normalize=True)`'s values."""
+    image, text = model.encode_image(images), model.encode_text(texts)
+    return image, text, model.score(image, text)
+
+
 def assert_relative_parity(model, images, texts, peer_image, peer_text, peer_logits, label):
     """Asserts a vlzoo model's normalised embeddings and logits are within `RELATIVE` of a peer's (the logits'
-    difference taken of the model's logit scale); returns the errors. The peer's embeddings are normalised here."""
+    difference taken of the model's logit scale); returns the errors and the model's image and text embeddings
+    (`model_outputs`, before normalisation). The peer's embeddings are normalised here."""
     import keras
     import numpy as np
 
     to_numpy = keras.ops.convert_to_numpy
     scale = float(to_numpy(model.logit_scale_value()))
-    logits = to_numpy(model.similarity(images, texts))
+    image, text, logits = model_outputs(model, images, texts)
     errors = {
-        "image": relative_error(model.encode_image(images, normalize=True)["embeds"], _unit(peer_image)),
-        "text": relative_error(model.encode_text(texts, normalize=True)["embeds"], _unit(peer_text)),
-        "logits": float(np.max(np.abs(logits - to_numpy(peer_logits)))) / scale,
+        "image": relative_error(model.normalize_embeds(image)["embeds"], _unit(peer_image)),
+        "text": relative_error(model.normalize_embeds(text)["embeds"], _unit(peer_text)),
+        "logits": float(np.max(np.abs(to_numpy(logits) - to_numpy(peer_logits)))) / scale,
     }
     print(f"[{keras.backend.backend()}] {label}: relative errors "
           + ", ".join(f"{key} {value:.1e}" for key, value in errors.items()))
     assert max(errors.values()) < RELATIVE, errors
-    return errors
+    return errors, image, text
 
 
 def assert_towers_match_preset(model, preset, differ=("num_layers", "vocabulary_size")):
@@ -109,17 +118,17 @@ def assert_towers_match_preset(model, preset, differ=("num_layers", "vocabulary_
 def assert_parity(model, images, texts, peer_image, peer_text, peer_logits, label):
     """Asserts a vlzoo model matches a peer's outputs on `images`/`texts`; returns the max abs diffs.
 
-    vlzoo's embeddings are taken as `encode_*(normalize=True)` returns them (not renormalised
-    here); the peer's embeddings are L2-normalised here, so unnormalised ones may be passed.
+    vlzoo's embeddings are taken as `encode_*(normalize=True)` gives them (`model_outputs`, not
+    renormalised here); the peer's embeddings are L2-normalised here, so unnormalised ones may be passed.
     Prints `[backend] label: max abs diff {...}`.
     """
     import keras
     import numpy as np
 
     to_numpy = keras.ops.convert_to_numpy
-    image = to_numpy(model.encode_image(images, normalize=True)["embeds"])
-    text = to_numpy(model.encode_text(texts, normalize=True)["embeds"])
-    logits = to_numpy(model.similarity(images, texts))
+    image, text, logits = model_outputs(model, images, texts)
+    image, text = (to_numpy(model.normalize_embeds(x)["embeds"]) for x in (image, text))
+    logits = to_numpy(logits)
     diffs = {
         "image": float(np.abs(image - _unit(peer_image)).max()),
         "text": float(np.abs(text - _unit(peer_text)).max()),

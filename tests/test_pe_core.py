@@ -121,8 +121,9 @@ def test_parity_with_open_clip_at_every_geometry(open_clip, torch, preset):
             {k: want[k] for k in want if k not in ("name", "dtype", "trainable")}
     images, texts = peers.parity_inputs(model, 2)
     want = _peer_outputs(torch, peer, images, texts["token_ids"])
-    got = (model.encode_image(images, normalize=True)["embeds"], model.encode_text(texts, normalize=True)["embeds"],
-           model.similarity(images, texts), model.dense_image_embeddings(images))
+    image, text, logits = peers.model_outputs(model, images, texts)
+    got = (model.normalize_embeds(image)["embeds"], model.normalize_embeds(text)["embeds"], logits,
+           model.dense_image_embeddings(images))
     assert tuple(got[3].shape) == want[3].shape == (2, (model.vision.image_size // model.vision.patch_size) ** 2,
                                                     model.embed_dim)
     errors = [peers.relative_error(got[0], want[0]), peers.relative_error(got[1], want[1]),
