@@ -217,7 +217,13 @@ def tiny_family_model(family, **overrides):
         return vlzoo.from_preset(f"{family}_tiny", **TINY_OVERRIDES.get(family, {}), **overrides)
 
 
-def margin_batch(model, batch_size=8):
-    """`tiny_batch(batch_size, seed=MARGIN_SEED)` shaped for `model`."""
-    return tiny_batch(batch_size, seed=MARGIN_SEED, image_size=model.vision.image_size,
-                      sequence_length=model.text.sequence_length, vocabulary_size=model.text.vocabulary_size)
+def margin_batch(model, batch_size=8, captions=1):
+    """`tiny_batch(batch_size, seed=MARGIN_SEED)` shaped for `model`; with `captions=2`, a second caption per
+    image (`tiny_batch(seed=1)`'s): `(B, 2, T)` token ids and mask (TIPSv2's web and synthetic captions, FLAIR's
+    several)."""
+    text = dict(sequence_length=model.text.sequence_length, vocabulary_size=model.text.vocabulary_size)
+    batch = tiny_batch(batch_size, seed=MARGIN_SEED, image_size=model.vision.image_size, **text)
+    if captions == 2:
+        second = tiny_batch(batch_size, seed=1, **text)
+        batch.update({key: np.stack([batch[key], second[key]], axis=1) for key in ("token_ids", "padding_mask")})
+    return batch

@@ -46,8 +46,8 @@ from margins import margin_batch, tiny_family_model  # noqa: E402
 
 # The training features that change the step, on top of the families: CLIP with its image tower locked (LiT),
 # LoRA adapters on its text tower and micro-batches of 2 within each process (gradient caching); STAIR's stage
-# 2 (image tower frozen, text decoder against its snapshot) and 3.
-VARIANTS = ("clip:lit-lora-micro", "stair:stage2", "stair:stage3")
+# 2 (image tower frozen, text decoder against its snapshot) and 3; TIPSv2 on both caption kinds, `(B, 2, T)`.
+VARIANTS = ("clip:lit-lora-micro", "stair:stage2", "stair:stage3", "tipsv2:both-captions")
 RUNS = FAMILIES + VARIANTS
 # G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test; the
 # JAX launch trains it under ModelParallel on a (2 batch x 4 model) mesh over its 2 processes x 4 CPU devices.
@@ -79,6 +79,11 @@ def build(run, seed):
         model.set_stage(int(variant[len("stage"):]))
     model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
     return model
+
+
+def run_batch(run, model):
+    """The global batch of `run` for `model`: `margin_batch`, with both caption kinds for `tipsv2:both-captions`."""
+    return margin_batch(model, GLOBAL_BATCH, captions=2 if run.endswith(":both-captions") else 1)
 
 
 def build_g14(seed):
@@ -163,8 +168,7 @@ def main(name, out_dir):
     for family in RUNS:
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
         model = launch.build(family)
-        record[f"{family}/loss"] = fit_one_step(model, launch.rows(margin_batch(model, GLOBAL_BATCH)),
-                                                launch.strategy)
+        record[f"{family}/loss"] = fit_one_step(model, launch.rows(run_batch(family, model)), launch.strategy)
         for v in model.weights:
             record[f"{family}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
         for path, gradient in gradients(model).items():

@@ -4,7 +4,7 @@ Each backend's pass starts its launches once, in the background (`tests/parallel
 processes on 127.0.0.1, 2 torchrun ranks with gloo on PyTorch; MirroredStrategy over 2 logical CPUs and 2
 workers from `TF_CONFIG` on TensorFlow; 2 JAX processes of 4 CPU devices each. Each process holds its part of
 a global batch of 8 pairs; the tests check the loss, the gradients and the weights after one AdamW step of
-every family (and of LiT + LoRA + gradient caching, and STAIR's stages 2 and 3) against the same step of this
+every family (and of LiT + LoRA + gradient caching, STAIR's stages 2 and 3, and TIPSv2 on both caption kinds) against the same step of this
 process on the whole batch.
 """
 
@@ -68,7 +68,7 @@ def single_process_step(family):
         model = parallel_worker.build_g14(1000)
     else:
         model = parallel_worker.build(family, 1000)
-    batch = margin_batch(model, parallel_worker.GLOBAL_BATCH)
+    batch = parallel_worker.run_batch(family, model)
     assert_decision_margin(model, batch)
     loss = parallel_worker.fit_one_step(model, batch)
     return loss, parallel_worker.gradients(model), {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
@@ -87,7 +87,7 @@ def check_against_single_process(launches, family):
     if family != parallel_worker.MODEL_PARALLEL:
         # The processes did not train alone: 4 pairs give another loss than the global batch's 8.
         model = parallel_worker.build(family, 1000)
-        half = {k: v[:4] for k, v in margin_batch(model, parallel_worker.GLOBAL_BATCH).items()}
+        half = {k: v[:4] for k, v in parallel_worker.run_batch(family, model).items()}
         assert abs(float(model.test_on_batch(half, return_dict=True)["loss"]) - loss) > 1e-3
     floor = GRADIENT_FLOOR * max(float(np.max(np.abs(g))) for g in gradients.values())
     for launch, records in launches.items():
@@ -174,12 +174,7 @@ def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
     TIPSv2 with both caption kinds, web and synthetic, sums two InfoNCE terms over the replica's rows)."""
     keras.utils.set_random_seed(0)
     model = tiny_family_model(family)
-    batch = margin_batch(model, parallel_worker.GLOBAL_BATCH)
-    if family in ("flair", "tipsv2"):
-        second = tiny_batch(parallel_worker.GLOBAL_BATCH, seed=1, sequence_length=model.text.sequence_length,
-                            vocabulary_size=model.text.vocabulary_size)
-        for key in ("token_ids", "padding_mask"):
-            batch[key] = np.stack([batch[key], second[key]], axis=1)
+    batch = margin_batch(model, parallel_worker.GLOBAL_BATCH, captions=2 if family in ("flair", "tipsv2") else 1)
     outputs = model(batch, training=True)
     state = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]  # FLAIR's seed
 
