@@ -80,6 +80,15 @@ def _start_background_subprocesses(request, tmp_path_factory):
             start(tmp_path_factory)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_each_files_models():
+    """Frees what a test file built (its models, the functions Keras compiled for them, the backend's graphs)
+    when the file ends, with `keras.utils.clear_session`: a worker runs many files in turn, and on TensorFlow a
+    worker otherwise grew to 10 GB by the end of its pass."""
+    yield
+    keras.utils.clear_session(free_memory=True)
+
+
 def tiny_model(family="clip", **overrides):
     """A tiny model of `family` with a 64-token vocabulary (fast to build and train)."""
     from vlzoo.models import CLIP, SigLIP

@@ -4,8 +4,8 @@ Each backend's pass starts its launches once, in the background (`tests/parallel
 processes on 127.0.0.1, 2 torchrun ranks with gloo on PyTorch; MirroredStrategy over 2 logical CPUs and 2
 workers from `TF_CONFIG` on TensorFlow; 2 JAX processes of 4 CPU devices each. Each process holds its part of
 a global batch of 8 pairs; the tests check the loss, the gradients and the weights after one AdamW step of
-every family (and of LiT + LoRA + gradient caching, STAIR's stages 2 and 3, and TIPSv2 on both caption kinds) against the same step of this
-process on the whole batch.
+every family (and of LiT + LoRA + gradient caching, STAIR's stages 2 and 3, and TIPSv2 on both caption kinds)
+against the same step of this process on the whole batch.
 """
 
 import functools
