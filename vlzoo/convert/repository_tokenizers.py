@@ -174,6 +174,15 @@ def _precompiled_charsmap(normalizer, where):
     raise NotImplementedError(f"{where}: the normaliser step {kind!r} has no SentencePiece counterpart in vlzoo.")
 
 
+def _set_normalizer(proto, charsmap):
+    """Gives `proto` SentencePiece's normaliser of the base64 character map `charsmap` ("": none), with its own
+    whitespace handling: a `▁` before the text, runs of spaces made one, spaces written as `▁`."""
+    spec = proto.normalizer_spec
+    spec.name = "nmt_nfkc" if charsmap else "identity"
+    spec.precompiled_charsmap = base64.b64decode(charsmap)
+    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = True
+
+
 def xlm_roberta_proto(tokenizer_json, where="tokenizer.json"):
     """The SentencePiece model (serialised `ModelProto`) of an XLM-R layout Unigram `tokenizer.json`:
     fairseq's four special pieces first, the model's pieces, `<mask>` last, as transformers converts a
@@ -194,10 +203,7 @@ def xlm_roberta_proto(tokenizer_json, where="tokenizer.json"):
     proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 0, 1, 2
     proto.trainer_spec.pad_id = -1
     charsmap = _precompiled_charsmap(tokenizer_json.get("normalizer"), where)
-    spec = proto.normalizer_spec
-    spec.name = "nmt_nfkc" if charsmap else "identity"
-    spec.precompiled_charsmap = base64.b64decode(charsmap)
-    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = True
+    _set_normalizer(proto, charsmap)
     return proto.SerializeToString()
 
 
@@ -282,10 +288,7 @@ def sentencepiece_bpe_proto(tokenizer_json, unk_piece="<unk>", where="tokenizer.
     trainer.model_type = sentencepiece_model_pb2.TrainerSpec.BPE
     trainer.byte_fallback = byte_fallback
     trainer.unk_id, trainer.bos_id, trainer.eos_id, trainer.pad_id = vocabulary[unk_piece], -1, -1, -1
-    spec = proto.normalizer_spec
-    spec.name = "nmt_nfkc" if charsmap else "identity"
-    spec.precompiled_charsmap = base64.b64decode(charsmap)
-    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = True
+    _set_normalizer(proto, charsmap)
     return proto.SerializeToString(), lowercase
 
 
@@ -295,10 +298,9 @@ def tipsv2_tokenizer(directory, config):
     context from `config.json` (64 by default). From `tokenizer.model`, else rebuilt from the `tokenizer.json`
     that transformers 5 writes alone (`sentencepiece_bpe_proto`); None without either."""
     settings = json_or_none(directory / "tokenizer_config.json") or {}
-    tokenizer_json = json_or_none(directory / "tokenizer.json")
     if (directory / "tokenizer.model").is_file():
         proto, lowercase = str(directory / "tokenizer.model"), True
-    elif tokenizer_json is not None:
+    elif (tokenizer_json := json_or_none(directory / "tokenizer.json")) is not None:
         proto, lowercase = sentencepiece_bpe_proto(tokenizer_json, _piece(settings.get("unk_token"), "<unk>"),
                                                    str(directory / "tokenizer.json"))
     else:
