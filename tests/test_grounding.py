@@ -2,6 +2,7 @@
 order, word kinds) through models whose answer is known, and `vlzoo eval --benchmark shapes_grounding`."""
 
 import json
+import warnings
 
 import keras
 import numpy as np
@@ -187,15 +188,21 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
 
 
 @pytest.mark.parametrize("name, method", [("sparc_shapes", "token_alignment"), ("filip_shapes", "token_alignment"),
-                                          ("clip_shapes", "patch_text_cosine"), ("flair_shapes", "text_attention")])
+                                          ("clip_shapes", "patch_text_cosine"), ("flair_shapes", "text_attention"),
+                                          ("pe_core_tiny", "patch_text_cosine"), ("tipsv2_tiny", "patch_text_cosine")])
 def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
-    record = shapes_grounding.evaluate(vlzoo.from_preset(name), num_scenes=32, seed=1)
+    """The pointing game of every kind of map: the trained shapes presets', and the patch features of the families
+    that have them without a shapes preset (PE-Core, TIPSv2: random weights)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny presets carry no weights
+        model = vlzoo.from_preset(name)
+    record = shapes_grounding.evaluate(model, num_scenes=32, seed=1)
     metrics = record["metrics"]
     assert record["method"] == method
     assert all(0.0 <= metrics[f"{n}_{k}"] <= 1.0 for n in ("pointing", "mass", "chance")
                for k in shapes_grounding.KINDS), metrics
     scenes = shapes.generate("test", 32, image_size=32, seed=1)
-    coverage = patch_coverage(shapes.object_masks(scenes), 4)
+    coverage = patch_coverage(shapes.object_masks(scenes), model.vision.patch_size)
     nouns = [coverage[i, k].mean() for i, c in enumerate(scenes["captions"])
              for _, kind, (k, *_) in shapes_grounding.word_targets(c) if kind == "noun"]
     assert metrics["chance_noun"] == pytest.approx(np.mean(nouns), abs=1e-9)
@@ -230,6 +237,34 @@ def test_flair_word_maps_are_each_word_alone_against_its_own_image(method):
         assert not maps[i, len(caption.split()):].any()
     with pytest.raises(ValueError, match=r"`method` must be one of \['text_attention', 'patch_text_cosine'\]"):
         grounding.grounding_method(model, "token_alignment")
+
+
+@pytest.mark.parametrize("name", ["pe_core_tiny", "tipsv2_tiny"])
+def test_patch_feature_word_maps_are_the_softmax_of_each_patchs_cosine_with_the_word(name):
+    """Grounding's word maps of a family with patch features (PE-Core's projected patch tokens, TIPSv2's patch
+    tokens) are those features' cosines with each word's text embedding, times the logit scale, softmaxed over
+    the patches (numpy here, from `dense_image_embeddings` and `encode_text`)."""
+    keras.utils.set_random_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny presets carry no weights
+        model = vlzoo.from_preset(name, logit_scale_max=None, init_logit_scale=np.log(20.0))
+    images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype("float32")
+    captions = ["a red circle", "two blue squares above"]
+    maps, method = grounding.word_maps(model, images, captions)
+    assert method == "patch_text_cosine" and maps.shape == (2, 4, 16)  # the longest caption: four words
+
+    def unit(x):
+        x = np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    patches = unit(model.dense_image_embeddings(images))
+    for i, caption in enumerate(captions):
+        words = caption.split()
+        texts = unit(model.encode_text(model.tokenizer(words))["embeds"])
+        logits = 20.0 * patches[i] @ texts.T  # (P, W)
+        want = np.exp(logits - logits.max(0)) / np.exp(logits - logits.max(0)).sum(0)
+        np.testing.assert_allclose(maps[i, :len(words)], want.T, atol=1e-5)
+        assert not maps[i, len(words):].any()
 
 
 @pytest.mark.parametrize("name", ["siglip_shapes", "llip_shapes", "sparo_shapes", "stair_shapes"])

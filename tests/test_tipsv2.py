@@ -265,32 +265,3 @@ def test_the_new_tower_settings_are_saved_only_when_set():
         VisionTransformer(32, 8, 32, 1, 4, 64, num_register_tokens=-1)
     with pytest.raises(ValueError, match="cannot be combined"):
         VisionTransformer(32, 8, 32, 1, 4, 64, num_register_tokens=1, rotary_theta=100.0)
-
-
-def test_word_maps_are_the_softmax_of_each_patchs_cosine_with_the_word():
-    """Grounding's word maps of a TIPSv2 model are its patch features' cosines with each word's text embedding,
-    times the logit scale, softmaxed over the patches (numpy here, from `dense_image_embeddings` and
-    `encode_text`)."""
-    import keras
-
-    from vlzoo.evaluation import grounding
-
-    keras.utils.set_random_seed(0)
-    model = vlzoo.from_preset("tipsv2_tiny", logit_scale_max=None, init_logit_scale=np.log(20.0))
-    images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype("float32")
-    captions = ["a red circle", "two blue squares above"]
-    maps, method = grounding.word_maps(model, images, captions)
-    assert method == "patch_text_cosine" and maps.shape == (2, 4, 16)  # the longest caption: four words
-
-    def unit(x):
-        x = np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-        return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-    patches = unit(model.dense_image_embeddings(images))
-    for i, caption in enumerate(captions):
-        words = caption.split()
-        texts = unit(model.encode_text(model.tokenizer(words))["embeds"])
-        logits = 20.0 * patches[i] @ texts.T  # (P, W)
-        want = np.exp(logits - logits.max(0)) / np.exp(logits - logits.max(0)).sum(0)
-        np.testing.assert_allclose(maps[i, :len(words)], want.T, atol=1e-5)
-        assert not maps[i, len(words):].any()
