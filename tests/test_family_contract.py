@@ -143,6 +143,10 @@ def test_dense_embeddings_are_one_per_patch_where_declared(preset):
     dense = to_numpy(model.dense_image_embeddings(images))
     patches = (model.vision.image_size // model.vision.patch_size) ** 2
     assert dense.shape == (3, patches, model.embed_dim)
+    # The compiled program gives what the family's features give run op by op.
+    np.testing.assert_allclose(dense, to_numpy(model._dense_image_features(images)), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="images"):
+        model.dense_image_embeddings(images[:, :-1])
     if preset == "filip_shapes" and not model.interaction_include_cls:
         np.testing.assert_allclose(dense.mean(axis=1), to_numpy(model.encode_image(images)["embeds"]), atol=1e-5)
 

@@ -205,11 +205,13 @@ class ContrastiveModel(Trainer):
         return self._inference_function("text", normalize)(inputs)
 
     def _inference_function(self, side, normalize):
-        """`_image_features` or `_text_features` (`side`), normalised or not, as one compiled program on JAX
-        and TensorFlow (`vlzoo.compiled`); made once per side and `normalize`."""
+        """`_image_features`, `_text_features` or `_dense_image_features` (`side`: `"image"`, `"text"`,
+        `"dense"`), normalised or not, as one compiled program on JAX and TensorFlow (`vlzoo.compiled`); made
+        once per side and `normalize`."""
         key = (side, normalize)
         if key not in self._inference_functions:
-            features = self._image_features if side == "image" else self._text_features
+            features = {"image": self._image_features, "text": self._text_features,
+                        "dense": self._dense_image_features}[side]
 
             def encode(inputs):
                 embeds = features(inputs)
@@ -516,12 +518,26 @@ class ContrastiveModel(Trainer):
 
         Families with patch features in the joint space (SPARC's `g_v(h_v(F_v[p]))`, FILIP's
         projected patch tokens, TIPSv2's and PE-Core's final patch tokens) set
-        `has_dense_embeddings` and implement this.
+        `has_dense_embeddings` and implement `_dense_image_features(images)`, which this runs as one
+        compiled program (as `encode_image` runs the towers).
+
+        Raises:
+            NotImplementedError: the family has no per-patch embeddings.
+            ValueError: `images` not `(B, H, W, 3)` pixels of the tower's size, or not finite.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} has no per-patch embeddings (`has_dense_embeddings` is False); "
-            "`vlzoo.evaluation.segmentation.patch_families()` lists the families that have them."
-        )
+        if not self.has_dense_embeddings:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no per-patch embeddings (`has_dense_embeddings` is False); "
+                "`vlzoo.evaluation.segmentation.patch_families()` lists the families that have them."
+            )
+        self._check_image_inputs(images)
+        return self._inference_function("dense", False)(images)
+
+    def _dense_image_features(self, images):
+        """The family's per-patch embeddings `(B, P, D)` of checked `images`: what `dense_image_embeddings`
+        compiles. Families that set `has_dense_embeddings` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} sets `has_dense_embeddings` without "
+                                  "`_dense_image_features`.")
 
     has_token_alignment = False
 

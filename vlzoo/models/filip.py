@@ -119,10 +119,9 @@ class FILIP(TokenContrastiveModel):
 
     has_dense_embeddings = True
 
-    def dense_image_embeddings(self, images):
+    def _dense_image_features(self, images):
         """The projected patch tokens `(B, P, D)` (never the CLS token): the image side of the late
         interaction, patch by patch."""
-        self._check_image_inputs(images)
         tokens = self.vision(images)["tokens"][:, self.vision.num_prefix_tokens:]
         return self.image_projection(tokens)
 

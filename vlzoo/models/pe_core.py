@@ -47,7 +47,7 @@ class PECore(CLIP):
 
     has_dense_embeddings = True
 
-    def dense_image_embeddings(self, images):
+    def _dense_image_features(self, images):
         """The patch tokens `(B, P, embed_dim)` after the tower's final LayerNorm, class token left out, through
         the projection (weights and bias) that maps the attention pool's output to the global embedding: the
         patch features zero-shot segmentation and grounding compare with texts by cosine.
@@ -56,7 +56,6 @@ class PECore(CLIP):
         >>> model.dense_image_embeddings(images).shape  # doctest: +SKIP
         (B, (H / p) * (W / p), embed_dim)
         """
-        self._check_image_shape(images)
         vision = self.vision
         return vision.projection(vision(images)["tokens"][:, vision.num_prefix_tokens:])
 

@@ -105,9 +105,8 @@ class SPARC(TokenContrastiveModel):
 
     has_dense_embeddings = True
 
-    def dense_image_embeddings(self, images):
+    def _dense_image_features(self, images):
         """`g_v(h_v(F_v[p]))` per patch `(B, P, D)`: the paper's zero-shot segmentation embeddings."""
-        self._check_image_inputs(images)
         features = self._patch_features(images)
         if self.vision_head is not None:
             features = self.vision_head(features)

@@ -123,10 +123,9 @@ class TIPSv2(CLIP):
         synthetic = clip_loss(outputs["image_synthetic_embeds"], texts[:, 1], scale, rows=rows)
         return 0.5 * (web + synthetic)
 
-    def dense_image_embeddings(self, images):
+    def _dense_image_features(self, images):
         """The patch tokens `(B, P, D)` after the final LayerNorm, in the text embeddings' space (TIPS's
         zero-shot segmentation compares them with class prompts by cosine), registers and class token left out."""
-        self._check_image_shape(images)
         return self.vision(images)["tokens"][:, self.vision.num_prefix_tokens:]
 
 
