@@ -2,12 +2,12 @@
 order, word kinds) through models whose answer is known, and `vlzoo eval --benchmark shapes_grounding`."""
 
 import json
-import warnings
 
 import keras
 import numpy as np
 import pytest
 from backend_utils import run_once
+from margins import tiny_family_model
 
 import vlzoo
 from vlzoo import cli
@@ -193,9 +193,7 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
 def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
     """The pointing game of every kind of map: the trained shapes presets', and the patch features of the families
     that have them without a shapes preset (PE-Core, TIPSv2: random weights)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tiny presets carry no weights
-        model = vlzoo.from_preset(name)
+    model = vlzoo.from_preset(name)
     record = shapes_grounding.evaluate(model, num_scenes=32, seed=1)
     metrics = record["metrics"]
     assert record["method"] == method
@@ -239,15 +237,13 @@ def test_flair_word_maps_are_each_word_alone_against_its_own_image(method):
         grounding.grounding_method(model, "token_alignment")
 
 
-@pytest.mark.parametrize("name", ["pe_core_tiny", "tipsv2_tiny"])
-def test_patch_feature_word_maps_are_the_softmax_of_each_patchs_cosine_with_the_word(name):
+@pytest.mark.parametrize("family", ["pe_core", "tipsv2"])
+def test_patch_feature_word_maps_are_the_softmax_of_each_patchs_cosine_with_the_word(family):
     """Grounding's word maps of a family with patch features (PE-Core's projected patch tokens, TIPSv2's patch
     tokens) are those features' cosines with each word's text embedding, times the logit scale, softmaxed over
     the patches (numpy here, from `dense_image_embeddings` and `encode_text`)."""
     keras.utils.set_random_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tiny presets carry no weights
-        model = vlzoo.from_preset(name, logit_scale_max=None, init_logit_scale=np.log(20.0))
+    model = tiny_family_model(family, logit_scale_max=None, init_logit_scale=np.log(20.0))
     images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype("float32")
     captions = ["a red circle", "two blue squares above"]
     maps, method = grounding.word_maps(model, images, captions)
