@@ -84,14 +84,20 @@ def _abstract(preset):
 
 
 def _peer_outputs(torch, peer, images, ids):
-    """open_clip's normalised embeddings, logits and patch features: timm's final tokens (after `norm`) through
-    the trunk's `head`, the linear map the attention pool feeds, without the class token."""
+    """open_clip's normalised embeddings, logits and patch features: timm's final tokens (after `norm`, read by a
+    hook during `encode_image`, the tower's one pass) through the trunk's `head`, the linear map the attention
+    pool feeds, without the class token."""
+    trunk, final_tokens = peer.visual.trunk, []
+    hook = trunk.norm.register_forward_hook(lambda module, inputs, output: final_tokens.append(output))
     with torch.no_grad():
         pixels = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
-        image = peer.encode_image(pixels, normalize=True)
+        try:
+            image = peer.encode_image(pixels, normalize=True)
+        finally:
+            hook.remove()
         text = peer.encode_text(torch.from_numpy(ids).long(), normalize=True)
-        trunk = peer.visual.trunk
-        patches = trunk.head(trunk.forward_features(pixels)[:, trunk.num_prefix_tokens:])
+        (tokens,) = final_tokens
+        patches = trunk.head(tokens[:, trunk.num_prefix_tokens:])
         return image.numpy(), text.numpy(), (peer.logit_scale.exp() * image @ text.T).numpy(), patches.numpy()
 
 
