@@ -61,8 +61,6 @@ GLOBAL_BATCH = 8
 ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
 
 
-
-
 def build(run, seed):
     """The tiny model of `run` (a family or one of `VARIANTS`) from `seed`, compiled with AdamW (made here: in a
     strategy's scope)."""

@@ -1,4 +1,5 @@
-"""Degenerate inputs, for every family's tiny preset: each test states the expected outcome.
+"""Degenerate inputs, for every family's tiny preset (one block per tower, `margins.shallow_towers`): each
+test states the expected outcome.
 
 - constant batches (every image the same constant, every caption the same, empty captions):
   a finite loss with finite gradients; where every pair scores the same, the loss is the one
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import to_numpy
 from families import FAMILIES
+from margins import shallow_towers
 
 import vlzoo
 from vlzoo.models import get_family
@@ -32,14 +34,14 @@ SIGMOID = tuple(family for family in FAMILIES if get_family(family).score_loss =
 
 @pytest.fixture(scope="module")
 def tiny():
-    """`tiny(family)`: the family's tiny preset, compiled for one SGD(0.1) step, built once per
+    """`tiny(family)`: the family's tiny preset (one block per tower), compiled for one SGD(0.1) step, built once per
     module and restored to its initial weights (step counters included) on every call."""
     built = {}
 
     def restore(family):
         if family not in built:
             keras.utils.set_random_seed(7)
-            model = vlzoo.from_preset(f"{family}_tiny")
+            model = vlzoo.from_preset(f"{family}_tiny", **shallow_towers(family))
             model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1))
             built[family] = model, model.get_weights()
         model, weights = built[family]

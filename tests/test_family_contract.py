@@ -202,7 +202,7 @@ def test_a_preset_defined_in_code_is_listed_counted_and_written_once():
     assert vlzoo.list_presets(family=EXTENSION_FAMILY) == [name]
     directory = presets.resolve_preset(name)
     assert presets.resolve_preset(name) == directory and (directory / "config.json").is_file()
-    model = tiny_family_model(EXTENSION_FAMILY)
+    model = tiny_family_model(EXTENSION_FAMILY, shallow=False)
     assert vlzoo.preset_info(name)["params"] == model.count_params()
     with pytest.raises(FileNotFoundError, match="defined in code"):
         catalogue.preset_directory(name)  # no Keras there to write it: it says where it is written

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_batch, to_numpy
+from margins import shallow_towers
 
 import vlzoo
 from vlzoo.training import configure
@@ -42,10 +43,10 @@ class CrashAfter(keras.callbacks.Callback):
 
 
 def _model(family):
-    """The family's tiny preset, seeded, with the papers' optimizer: AdamW, warm-up + cosine (so
+    """The family's tiny preset (one block per tower), seeded, with the papers' optimizer: AdamW, warm-up + cosine (so
     resuming must restore the step count too; STAIR's FLOPs ramp reads its own step counters)."""
     keras.utils.set_random_seed(11)
-    model = vlzoo.from_preset(f"{family}_tiny")
+    model = vlzoo.from_preset(f"{family}_tiny", **shallow_towers(family))
     if family == "stair":  # one stage, set by hand: the one-`fit` schedule refuses BackupAndRestore
         model.stage_fractions = None
     configure(model, learning_rate=1e-3, total_steps=8, warmup_steps=2)
@@ -124,7 +125,7 @@ def test_fit_with_a_fixed_seed_is_deterministic(family="clip"):
     _assert_identical(*states)
     # ...and the seed matters: another one gives other weights.
     keras.utils.set_random_seed(12)
-    other = vlzoo.from_preset(f"{family}_tiny")
+    other = vlzoo.from_preset(f"{family}_tiny", **shallow_towers(family))
     assert not np.array_equal(to_numpy(other.weights[0]), states[0][0][1])
 
 

@@ -16,6 +16,7 @@ from vlzoo.serving import quantize_onnx, run_artefact, unsupported
 
 from backend_utils import run_once
 from families import FAMILIES
+from margins import shallow_towers
 
 BACKEND = keras.backend.backend()
 # What Keras exports from each backend (vlzoo.serving's table). ONNX from PyTorch goes through the
@@ -41,7 +42,7 @@ def _model(family):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny presets have no weights: a seeded random init
         keras.utils.set_random_seed(0)
-        return vlzoo.from_preset(f"{family}_tiny")
+        return vlzoo.from_preset(f"{family}_tiny", **shallow_towers(family))
 
 
 def _assert_serves(got, want):
