@@ -23,6 +23,8 @@ settings.load_profile("vlzoo")
 
 TINY_VISION = dict(image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
 TINY_TEXT = dict(vocabulary_size=64, sequence_length=12, hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64)
+TWO_BLOCKS = dict(vision=dict(num_layers=2), text=dict(num_layers=2))
+"""`tiny_model`'s overrides for the tests that count, lock or wrap each block of a tower."""
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json"), encoding="utf-8") as _file:
     _DURATIONS = json.load(_file)
@@ -90,11 +92,12 @@ def _release_each_files_models():
 
 
 def tiny_model(family="clip", **overrides):
-    """A tiny model of `family` with a 64-token vocabulary (fast to build and train)."""
+    """A tiny model of `family` with a 64-token vocabulary and one block per tower (fast to build and train;
+    `vision={"num_layers": 2}` and the like where a test needs more)."""
     from vlzoo.models import CLIP, SigLIP
 
     cls = {"clip": CLIP, "siglip": SigLIP}[family]
-    config = dict(vision=dict(TINY_VISION), text=dict(TINY_TEXT), embed_dim=16)
+    config = dict(vision=dict(TINY_VISION, num_layers=1), text=dict(TINY_TEXT, num_layers=1), embed_dim=16)
     for key, value in overrides.items():
         config[key] = {**config[key], **value} if isinstance(value, dict) else value
     return cls(**config)

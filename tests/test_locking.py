@@ -7,7 +7,7 @@ import pytest
 from vlzoo import training
 from vlzoo.training import lock_tower, tower_groups
 
-from conftest import TINY_TEXT, TINY_VISION, tiny_batch, tiny_model, to_numpy
+from conftest import TWO_BLOCKS, tiny_batch, tiny_model, to_numpy
 from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, tiny_family_model
 
@@ -24,7 +24,7 @@ def _values(variables):
 def test_groups_partition_each_tower_in_forward_order(family):
     # CLIP's image tower: [patch, class token, positions, pre-norm], one group per block but the last,
     # [last block, post-norm], [projection]; SigLIP's has no class token or pre-norm but a MAP head.
-    model = tiny_model(family)
+    model = tiny_model(family, **TWO_BLOCKS)
     for tower, first in ((model.vision, 4 if family == "clip" else 2), (model.text, 2)):
         groups = tower_groups(tower)
         assert len(groups) == tower.num_layers + 2
@@ -38,7 +38,7 @@ def test_groups_partition_each_tower_in_forward_order(family):
 
 @pytest.mark.parametrize("tower,unlocked", [("image", 0), ("text", 0), ("image", 2)])
 def test_locked_weights_are_unchanged_by_fit_and_the_rest_trains(tower, unlocked):
-    model = tiny_model("clip")
+    model = tiny_model("clip", **TWO_BLOCKS)
     locked = lock_tower(model, tower, unlocked_groups=unlocked)
     groups = tower_groups(model.vision if tower == "image" else model.text)
     frozen = _variables([m for group in groups[:len(groups) - unlocked] for m in group])
@@ -55,7 +55,7 @@ def test_locked_weights_are_unchanged_by_fit_and_the_rest_trains(tower, unlocked
 
 
 def test_configure_locks_and_checks_its_arguments():
-    model = tiny_model("clip")
+    model = tiny_model("clip", **TWO_BLOCKS)
     training.configure(model, learning_rate=1e-3, total_steps=10, warmup_steps=0, lock_text=True,
                        lock_text_unlocked_groups=1)
     groups = tower_groups(model.text)
@@ -64,12 +64,12 @@ def test_configure_locks_and_checks_its_arguments():
     assert not any(id(v) in trainable for v in _variables([m for g in groups[:-1] for m in g]))
     assert all(id(v) in trainable for v in model.vision.weights)
     with pytest.raises(ValueError, match="`lock_image_unlocked_groups` needs `lock_image=True`"):
-        training.configure(tiny_model("clip"), learning_rate=1e-3, total_steps=10, lock_image_unlocked_groups=1)
+        training.configure(tiny_model("clip", **TWO_BLOCKS), learning_rate=1e-3, total_steps=10, lock_image_unlocked_groups=1)
     with pytest.raises(ValueError, match=r"`unlocked_groups` must be an int in \[0, 3\]"):
-        lock_tower(tiny_model("clip"), "text", unlocked_groups=4)
+        lock_tower(tiny_model("clip", **TWO_BLOCKS), "text", unlocked_groups=4)
     with pytest.raises(ValueError, match="`tower` must be one of"):
-        lock_tower(tiny_model("clip"), "vision")
-    assert TINY_VISION["num_layers"] == TINY_TEXT["num_layers"] == 2
+        lock_tower(tiny_model("clip", **TWO_BLOCKS), "vision")
+    assert model.vision.num_layers == model.text.num_layers == 2
 
 
 # ------------------------------------------------------------------ a locked tower's cached outputs
@@ -118,7 +118,7 @@ def test_a_cached_tower_with_micro_batches_and_the_errors():
     got, _ = _one_sgd_step("filip", "image", cached=True, micro_batch_size=2)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max())))
-    model = tiny_model("clip")
+    model = tiny_model("clip", **TWO_BLOCKS)
     batch = tiny_batch(4)
     with pytest.raises(ValueError, match=r"The image tower is not wholly locked .*lock_tower\(model, 'image'\)"):
         training.cache_tower(model, batch, "image")

@@ -13,7 +13,7 @@ from vlzoo.training import enable_lora, load_lora_weights, merge_lora, save_lora
 from vlzoo.training.lora import lora_layers
 
 from backend_utils import run_once
-from conftest import tiny_batch, tiny_model, to_numpy
+from conftest import TWO_BLOCKS, tiny_batch, tiny_model, to_numpy
 from families import FAMILIES
 from margins import margin_batch, tiny_family_model
 
@@ -33,7 +33,7 @@ def _embeddings(model, batch):
 
 
 def test_only_the_adapters_train():
-    model = tiny_model("clip")
+    model = tiny_model("clip", **TWO_BLOCKS)
     before = {v.path: to_numpy(v).copy() for v in model.weights}
     trainable = enable_lora(model, rank=4)
     layers = lora_layers(model)

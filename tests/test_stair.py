@@ -80,10 +80,11 @@ def np_encode(model, batch):
 
 
 def tiny_stair(**overrides):
-    """A tiny STAIR whose `fit` trains the current stage (no one-`fit` schedule unless `stage_fractions` is given)."""
-    config = dict(vision=dict(TINY_VISION, hidden_dim=48, intermediate_dim=96),
-                  text=dict(TINY_TEXT, intermediate_dim=80), excluded_token_ids=EXCLUDED, flops_warmup_steps=0,
-                  stage_fractions=None)
+    """A tiny STAIR whose `fit` trains the current stage (no one-`fit` schedule unless `stage_fractions` is given),
+    one block per tower: what these tests check is STAIR's heads, pooling and stages, not the blocks'."""
+    config = dict(vision=dict(TINY_VISION, hidden_dim=48, intermediate_dim=96, num_layers=1),
+                  text=dict(TINY_TEXT, intermediate_dim=80, num_layers=1), excluded_token_ids=EXCLUDED,
+                  flops_warmup_steps=0, stage_fractions=None)
     config.update(overrides)
     return STAIR(**config)
 

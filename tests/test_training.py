@@ -282,13 +282,13 @@ def test_remat_wraps_every_block_only_when_training(monkeypatch):
     calls = []
     remat = keras.remat
     monkeypatch.setattr(keras, "remat", lambda f: calls.append(f) or remat(f))
-    model = tiny_model("clip", vision={"remat": True}, text={"remat": True})
+    model = tiny_model("clip", vision={"remat": True, "num_layers": 2}, text={"remat": True, "num_layers": 2})
     model(tiny_batch())
     assert calls == []
     model(tiny_batch(), training=True)
     # Each block is wrapped; on JAX training scans the stacked blocks, and the scanned step is wrapped once a tower.
     scanned = keras.backend.backend() == "jax"
-    expected = 2 if scanned else TINY_VISION["num_layers"] + TINY_TEXT["num_layers"]
+    expected = 2 if scanned else model.vision.num_layers + model.text.num_layers
     assert len(calls) == expected
     # fit's train step too (on JAX a stateless call: `training` must be passed down to the towers explicitly).
     calls.clear()
