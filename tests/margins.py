@@ -30,8 +30,8 @@ import numpy as np
 from keras import ops
 
 import vlzoo
-from vlzoo.presets import catalogue, merge_config
 from vlzoo.models.stair import BERT_SPECIAL_IDS
+from vlzoo.presets import catalogue, merge_config
 from vlzoo.tokenizers import BERT_UNCASED_VOCABULARY_SIZE
 
 from conftest import tiny_batch
@@ -225,8 +225,7 @@ def shallow_towers(family):
     """The overrides that give `{family}_tiny` the fewest blocks per tower its family accepts: one, or one more
     than the blocks its towers set aside (`reduce_depth`, SPARO's). For the cross-cutting tests, whose checks
     (a step, its shares and micro-batches, saving, export, degenerate inputs) do not depend on the depth and
-    whose cost does: TensorFlow's tracing and XLA's compilation of a step grow with its variables (a Llip step
-    traces in 4.6 s instead of 7.5 s, compiles in 5.1 s instead of 6.5 s)."""
+    whose tracing and compilation grow with it."""
     blocks = catalogue.definitions()[f"{family}_tiny"]["config"].get("reduce_depth", 0) + 1
     return dict(vision=dict(num_layers=blocks), text=dict(num_layers=blocks))
 

@@ -64,7 +64,8 @@ def test_configure_locks_and_checks_its_arguments():
     assert not any(id(v) in trainable for v in _variables([m for g in groups[:-1] for m in g]))
     assert all(id(v) in trainable for v in model.vision.weights)
     with pytest.raises(ValueError, match="`lock_image_unlocked_groups` needs `lock_image=True`"):
-        training.configure(tiny_model("clip", **TWO_BLOCKS), learning_rate=1e-3, total_steps=10, lock_image_unlocked_groups=1)
+        training.configure(tiny_model("clip", **TWO_BLOCKS), learning_rate=1e-3, total_steps=10,
+                           lock_image_unlocked_groups=1)
     with pytest.raises(ValueError, match=r"`unlocked_groups` must be an int in \[0, 3\]"):
         lock_tower(tiny_model("clip", **TWO_BLOCKS), "text", unlocked_groups=4)
     with pytest.raises(ValueError, match="`tower` must be one of"):
