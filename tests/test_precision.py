@@ -205,6 +205,20 @@ def float32_presets(tmp_path_factory):
     return presets
 
 
+@pytest.fixture(scope="module")
+def bfloat16_models(float32_presets):
+    """`load(family, policy)`: the family's saved float32 preset loaded under `policy`, once per module (the
+    tests below only read it, or run it without training)."""
+    models = {}
+
+    def load(family, policy):
+        if (family, policy) not in models:
+            models[family, policy] = vlzoo.from_preset(float32_presets[family][0], dtype=policy)
+        return models[family, policy]
+
+    return load
+
+
 def inputs_for(model, batch_size=4):  # one batch size throughout: JAX compiles each new shape
     batch = tiny_batch(batch_size, image_size=model.vision.image_size, sequence_length=model.text.sequence_length,
                        vocabulary_size=model.text.vocabulary_size)
@@ -213,9 +227,9 @@ def inputs_for(model, batch_size=4):  # one batch size throughout: JAX compiles 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_float32_preset_loads_exactly_up_to_bfloat16_rounding(float32_presets, family, policy):
-    directory, model_32 = float32_presets[family]
-    model_16 = vlzoo.from_preset(directory, dtype=policy)
+def test_float32_preset_loads_exactly_up_to_bfloat16_rounding(float32_presets, bfloat16_models, family, policy):
+    _, model_32 = float32_presets[family]
+    model_16 = bfloat16_models(family, policy)
     assert [v.path for v in model_16.weights] == [v.path for v in model_32.weights]
     rounded = 0
     for v16, v32 in zip(model_16.weights, model_32.weights):
@@ -238,9 +252,9 @@ def test_float32_preset_loads_exactly_up_to_bfloat16_rounding(float32_presets, f
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets, family, policy):
-    directory, model_32 = float32_presets[family]
-    model = vlzoo.from_preset(directory, dtype=policy)
+def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets, bfloat16_models, family, policy):
+    _, model_32 = float32_presets[family]
+    model = bfloat16_models(family, policy)
     images, texts, batch = inputs_for(model)
     # A tower output: bfloat16 (STAIR's pooled log1p(relu) vocabulary vectors are float32 by design).
     tower = model.vision(images)
@@ -266,11 +280,11 @@ def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bfloat16_embeddings_agree_with_float32(float32_presets, family):
-    directory, model_32 = float32_presets[family]
+def test_bfloat16_embeddings_agree_with_float32(float32_presets, bfloat16_models, family):
+    _, model_32 = float32_presets[family]
     images, texts, _ = inputs_for(model_32)
     for policy in POLICIES:
-        assert_embeddings_agree(model_32, vlzoo.from_preset(directory, dtype=policy), images, texts,
+        assert_embeddings_agree(model_32, bfloat16_models(family, policy), images, texts,
                                 f"{family} {policy}")
 
 
