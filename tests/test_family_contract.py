@@ -39,7 +39,7 @@ def _preset(name):
     return vlzoo.from_preset(name)
 
 
-def _inputs(model, batch_size=3):
+def _inputs(model, batch_size=4):  # 4 rows: the class prompts below are 4, so the text programs are shared
     batch = tiny_batch(batch_size=batch_size, image_size=model.vision.image_size,
                        sequence_length=model.text.sequence_length, vocabulary_size=model.text.vocabulary_size)
     return batch["images"], {k: batch[k] for k in ("token_ids", "padding_mask")}
@@ -52,7 +52,7 @@ def test_encoders_return_the_declared_keys_with_the_global_embedding_first(prese
     for side, embeds, keys in (("image", model.encode_image(images), model.image_embedding_keys),
                                ("text", model.encode_text(texts), model.text_embedding_keys)):
         assert isinstance(embeds, dict) and list(embeds) == list(keys), (side, sorted(embeds))
-        assert keys[0] == "embeds" and tuple(embeds["embeds"].shape) == (3, model.embed_dim), side
+        assert keys[0] == "embeds" and tuple(embeds["embeds"].shape) == (4, model.embed_dim), side
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -68,12 +68,19 @@ def test_normalized_global_embeddings_are_unit_vectors(preset):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_predict_and_call_name_the_encoders_entries_alike(preset):
+    # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give.
     model = _preset(preset)
     images, texts = _inputs(model)
     expected = {f"image_{key}" for key in model.image_embedding_keys}
     expected |= {f"text_{key}" for key in model.text_embedding_keys}
-    assert set(model.predict_on_batch({"images": images, **texts})) == expected
+    got = model.predict_on_batch({"images": images, **texts})
+    assert set(got) == expected
     assert expected <= set(model({"images": images, **texts}))
+    for side, embeds in (("image", model.encode_image(images)), ("text", model.encode_text(texts))):
+        for key, value in embeds.items():
+            for a, b in zip(keras.tree.flatten(got[f"{side}_{key}"]), keras.tree.flatten(value)):
+                np.testing.assert_allclose(np.asarray(a, "float32"), to_numpy(b).astype("float32"), atol=2e-5,
+                                           err_msg=f"{preset} {side}_{key}")
 
 
 @pytest.mark.parametrize("preset", ["clip_shapes", "filip_shapes", "llip_shapes"])
@@ -127,7 +134,7 @@ def test_every_family_scores_images_against_its_class_representation(preset):
     ensembling = model.prompt_ensembling
     classes = ensembling.encode_classes(model, {k: keras.ops.reshape(v, (2, 2, -1)) for k, v in prompts.items()})
     scores = to_numpy(ensembling.score(model, images, classes))
-    assert scores.shape == (3, 2) and np.all(np.isfinite(scores))
+    assert scores.shape == (4, 2) and np.all(np.isfinite(scores))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -142,7 +149,7 @@ def test_dense_embeddings_are_one_per_patch_where_declared(preset):
         return
     dense = to_numpy(model.dense_image_embeddings(images))
     patches = (model.vision.image_size // model.vision.patch_size) ** 2
-    assert dense.shape == (3, patches, model.embed_dim)
+    assert dense.shape == (4, patches, model.embed_dim)
     # The compiled program gives what the family's features give run op by op.
     np.testing.assert_allclose(dense, to_numpy(model._dense_image_features(images)), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="images"):

@@ -296,25 +296,6 @@ def _assert_embeddings_equal(got, want, key):
         np.testing.assert_allclose(np.asarray(a, "float32"), to_numpy(b).astype("float32"), atol=2e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("preset", ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes", "sparo_shapes",
-                                    "llip_shapes", "stair_shapes", "flair_shapes"])
-def test_predict_returns_what_encode_returns(preset):
-    # `predict` is the compiled inference path: per input kind, what encode_image / encode_text give.
-    model = vlzoo.from_preset(preset)
-    batch = _batch_for(model, 3)
-    got = model.predict_on_batch(batch)
-    image = model.encode_image(batch["images"])
-    text = model.encode_text({k: batch[k] for k in ("token_ids", "padding_mask")})
-    # The entries of each encode dict, prefixed with the input kind; `"embeds"` always among them.
-    assert set(image) == set(model.image_embedding_keys) and set(text) == set(model.text_embedding_keys)
-    assert set(got) == {f"image_{k}" for k in image} | {f"text_{k}" for k in text}
-    assert {"image_embeds", "text_embeds"} <= set(got)
-    for key, value in image.items():
-        _assert_embeddings_equal(got[f"image_{key}"], value, f"image_{key}")
-    for key, value in text.items():
-        _assert_embeddings_equal(got[f"text_{key}"], value, f"text_{key}")
-
-
 def test_predict_batches_one_input_kind():
     model = vlzoo.from_preset("clip_shapes")
     batch = _batch_for(model, 5)
