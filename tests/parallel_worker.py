@@ -20,6 +20,7 @@ also trains a Llip of G/14's layout under ModelParallel (`G14_REDUCED`, a 2 x 4 
 """
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -59,14 +60,19 @@ G14_REDUCED = dict(
 MODEL_PARALLEL = "llip_g14_model_parallel"
 GLOBAL_BATCH = 8
 ADAMW = dict(learning_rate=1e-3, weight_decay=0.1)
+# TIPSv2's released temperatures put its logits at 197 times the cosine: float32's rounding of a cosine becomes
+# 1.2e-5 of a logit, and the gradients of two summation orders differ by about that share (1.1e-5 of the register
+# token's on an AVX-512 EPYC, above the tests' 1e-5). What the launches check, how the rows are shared and
+# gathered, does not depend on the multiplier: TIPSv2 runs at CLIP's initial one, 1 / 0.07.
+LAUNCH_OVERRIDES = {"tipsv2": dict(init_logit_scale=math.log(1 / 0.07))}
 
 
-def build(run, seed):
+def build(run, seed, run_eagerly=False):
     """The tiny model of `run` (a family or one of `VARIANTS`) from `seed`, compiled with AdamW (made here: in a
-    strategy's scope)."""
+    strategy's scope); `run_eagerly` for `compile`."""
     family, _, variant = run.partition(":")
     keras.utils.set_random_seed(seed)
-    model = tiny_family_model(family)
+    model = tiny_family_model(family, **LAUNCH_OVERRIDES.get(family, {}))
     if family == "stair":
         model.stage_fractions = None  # one step: no stage schedule over the run
     if variant == "lit-lora-micro":
@@ -75,7 +81,7 @@ def build(run, seed):
         model.micro_batch_size = 2
     elif variant.startswith("stage"):
         model.set_stage(int(variant[len("stage"):]))
-    model.compile(optimizer=keras.optimizers.AdamW(**ADAMW))
+    model.compile(optimizer=keras.optimizers.AdamW(**ADAMW), run_eagerly=run_eagerly)
     return model
 
 

@@ -62,16 +62,26 @@ def launches(tmp_path_factory):
     return {name: [dict(np.load(path)) for path in paths] for name, paths in result.items()}
 
 
+# The reference step runs eagerly on TensorFlow: tracing a tiny model's step there takes seconds, an eager step a
+# fraction of one (the launches' steps stay traced, under their strategies). JAX compiles it (its eager ops compile
+# one by one); PyTorch's step is eager anyway.
+EAGER_REFERENCE = keras.backend.backend() == "tensorflow"
+
+
 def single_process_step(family):
-    """The worker's step in this process, on the whole global batch, from rank 0's weights."""
+    """The worker's step in this process, on the whole global batch, from rank 0's weights: `(loss, gradients,
+    weights after the step, the loss of the batch's first half before it)`."""
     if family == parallel_worker.MODEL_PARALLEL:
         model = parallel_worker.build_g14(1000)
     else:
-        model = parallel_worker.build(family, 1000)
+        model = parallel_worker.build(family, 1000, run_eagerly=EAGER_REFERENCE)
     batch = parallel_worker.run_batch(family, model)
     assert_decision_margin(model, batch)
+    half = None if family == parallel_worker.MODEL_PARALLEL else float(
+        model.test_on_batch({k: v[:4] for k, v in batch.items()}, return_dict=True)["loss"])
     loss = parallel_worker.fit_one_step(model, batch)
-    return loss, parallel_worker.gradients(model), {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+    weights = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+    return loss, parallel_worker.gradients(model), weights, half
 
 
 def relative_difference(a, b, floor=0.0, where=None):
@@ -83,12 +93,9 @@ def relative_difference(a, b, floor=0.0, where=None):
 
 def check_against_single_process(launches, family):
     """Each process's record of each of `launches` (`{launch: records}`) against this process's step."""
-    loss, gradients, weights = single_process_step(family)
-    if family != parallel_worker.MODEL_PARALLEL:
-        # The processes did not train alone: 4 pairs give another loss than the global batch's 8.
-        model = parallel_worker.build(family, 1000)
-        half = {k: v[:4] for k, v in parallel_worker.run_batch(family, model).items()}
-        assert abs(float(model.test_on_batch(half, return_dict=True)["loss"]) - loss) > 1e-3
+    loss, gradients, weights, half = single_process_step(family)
+    if half is not None:
+        assert abs(half - loss) > 1e-3  # the processes did not train alone: 4 pairs give another loss than 8
     floor = GRADIENT_FLOOR * max(float(np.max(np.abs(g))) for g in gradients.values())
     for launch, records in launches.items():
         for rank, record in enumerate(records):
