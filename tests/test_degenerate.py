@@ -95,6 +95,8 @@ def _constant_score_loss(family, logit, batch_size):
 def _expected_loss(model, family, batch, batch_size):
     """`_constant_score_loss` of the batch's constant score; FLAIR averages two sigmoid losses (one caption per
     image: each normalised by B), over its conditioned scores and over its global ones."""
+    if family in SOFTMAX:  # whatever the score
+        return _constant_score_loss(family, None, batch_size)
     texts = {k: batch[k] for k in ("token_ids", "padding_mask")}
     logit = float(to_numpy(model.similarity(batch["images"], texts))[0, 0])
     if family != "flair":
