@@ -21,7 +21,12 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.peers import open_clip_or_skip
 
-tf = pytest.importorskip("tensorflow")
+
+def op_error():
+    """TensorFlow's `OpError`, what a `tf.data` pipeline raises as it reads (imported here, not when the suite is
+    collected: a JAX or PyTorch worker loads TensorFlow only for the pipelines it runs)."""
+    return pytest.importorskip("tensorflow").errors.OpError
+
 
 SEQ = 16
 SIZE = 32
@@ -341,7 +346,7 @@ def test_tar_bad_samples_raise_naming_shard_and_member(tmp_path, tok, pre):
     with pytest.raises(ValueError, match=re.escape(f"{shard} member 0001.txt: empty caption")):
         list(data.read_tar_samples(shard))
     ds = data.image_text_dataset(shard, tok, pre, 2)
-    with pytest.raises(tf.errors.OpError, match=re.escape(f"{shard} member 0001.txt: empty caption")):
+    with pytest.raises(op_error(), match=re.escape(f"{shard} member 0001.txt: empty caption")):
         _batches(ds)
     _write_tar(shard, _sample(0) + [("0001.txt", b"no image")])
     with pytest.raises(ValueError, match=re.escape(f"{shard} member 0001.txt: sample '0001' has no image member")):
@@ -380,7 +385,7 @@ def test_undecodable_image_raises_lazily_naming_file_and_line(tmp_path, tok, pre
     path = _folder(tmp_path, 3)
     (tmp_path / "img" / "0001.png").write_bytes(b"\x89PNG not really")
     ds = data.image_text_dataset(path, tok, pre, 2)  # the file exists: building succeeds
-    with pytest.raises(tf.errors.OpError, match=re.escape(f"{path} line 3: cannot decode image")):
+    with pytest.raises(op_error(), match=re.escape(f"{path} line 3: cannot decode image")):
         _batches(ds)
     with pytest.raises(ValueError, match=re.escape(f"{path} line 3: ") + ".*0001.png: cannot decode image"):
         data.image_text_dataset(path, tok, pre, 2, validate=True)
