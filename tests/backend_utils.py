@@ -17,6 +17,10 @@ import pytest
 # backend of the pass (the demo, the notebooks), run once: in the pass of the backend whose
 # own suite is fastest, which keeps `make test`'s three passes balanced.
 ONCE_BACKEND = "torch"
+# A reference step that a test compares a traced step with runs eagerly on TensorFlow, where tracing a tiny model's
+# step takes seconds and an eager step a fraction of one; JAX compiles it (its eager ops compile one by one), and
+# PyTorch's step is eager anyway.
+EAGER_REFERENCE = keras.backend.backend() == "tensorflow"
 run_once = pytest.mark.skipif(keras.backend.backend() != ONCE_BACKEND,
                               reason=f"backend-independent or starts its own backend processes; runs in the "
                                      f"{ONCE_BACKEND} pass")

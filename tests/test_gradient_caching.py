@@ -11,6 +11,7 @@ import vlzoo
 from vlzoo import training
 from vlzoo.models.micro_batching import micro_batched
 
+from backend_utils import EAGER_REFERENCE
 from conftest import tiny_batch, to_numpy
 from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, threshold_gap, tiny_family_model, top_two_gap
@@ -25,11 +26,6 @@ CASES = [(family, stage) for family in FAMILIES for stage in ((1, 2, 3) if famil
 # on any CPU: the models and the batch keep every choice a margin from ties (tests/margins.py), asserted.
 
 
-# The one-pass reference step runs eagerly on TensorFlow, where tracing a tiny model's step takes seconds and an
-# eager step a fraction of one; the micro-batched step under test is traced (compiled on JAX; PyTorch is eager).
-EAGER_REFERENCE = keras.backend.backend() == "tensorflow"
-
-
 def _model(family):
     """`family`'s tiny model, from one seed: both steps start from the same weights."""
     keras.utils.set_random_seed(0)
@@ -38,7 +34,8 @@ def _model(family):
 
 def _one_sgd_step(model, micro_batch_size, batch, stage=None):
     """The change of every trainable variable of `model` after one SGD(lr=1) step of `fit` on `batch`: minus the
-    gradient (the logit-scale clamp is off so that it cannot cut the step)."""
+    gradient (the logit-scale clamp is off so that it cannot cut the step). The one-pass step (no micro-batches)
+    is the reference: eager on TensorFlow (`EAGER_REFERENCE`)."""
     if stage is not None:
         model.set_stage(stage)
     model.micro_batch_size = micro_batch_size

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import vlzoo
-from backend_utils import shared_subprocess
+from backend_utils import EAGER_REFERENCE, shared_subprocess
 from conftest import tiny_batch
 
 from margins import assert_decision_margin, margin_batch, tiny_family_model
@@ -62,15 +62,10 @@ def launches(tmp_path_factory):
     return {name: [dict(np.load(path)) for path in paths] for name, paths in result.items()}
 
 
-# The reference step runs eagerly on TensorFlow: tracing a tiny model's step there takes seconds, an eager step a
-# fraction of one (the launches' steps stay traced, under their strategies). JAX compiles it (its eager ops compile
-# one by one); PyTorch's step is eager anyway.
-EAGER_REFERENCE = keras.backend.backend() == "tensorflow"
-
-
 def single_process_step(family):
-    """The worker's step in this process, on the whole global batch, from rank 0's weights: `(loss, gradients,
-    weights after the step, the loss of the batch's first half before it)`."""
+    """The worker's step in this process, on the whole global batch, from rank 0's weights (eager on TensorFlow:
+    `EAGER_REFERENCE`; the launches' steps are traced): `(loss, gradients, weights after the step, the loss of the
+    batch's first half before it)`."""
     if family == parallel_worker.MODEL_PARALLEL:
         model = parallel_worker.build_g14(1000)
     else:

@@ -207,8 +207,8 @@ def float32_presets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bfloat16_models(float32_presets):
-    """`load(family, policy)`: the family's saved float32 preset loaded under `policy`, once per module (the
-    tests below only read it, or run it without training)."""
+    """`load(family, policy)`: the family's saved float32 preset loaded under `policy`, once per module (the tests
+    below compare its weights, encode and score with it, and take a loss; none trains it)."""
     models = {}
 
     def load(family, policy):
