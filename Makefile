@@ -21,7 +21,10 @@ JAX_CACHE := JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 # Temporary files (pytest's, TensorFlow's autograph sources, the processes the tests start) go to the same
 # directory, removed when the run ends.
-PYTEST_RUN := JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) TMPDIR=$$cache $(PY) -m pytest -p no:cacheprovider \
+# Python writes its bytecode caches even where the environment says not to (`PYTHONDONTWRITEBYTECODE`, set on
+# some CI hosts): pytest then keeps each test module with its asserts rewritten (tests/__pycache__, ignored by
+# git), so that the six workers of a run and the processes the tests start compile it once, not each.
+PYTEST_RUN := PYTHONDONTWRITEBYTECODE= JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CACHE) TMPDIR=$$cache $(PY) -m pytest -p no:cacheprovider \
 	-n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 # One OpenMP thread per worker (PyTorch's and numpy's pools): with PyTorch's default of a thread per core,
 # the two workers' pools spin against each other on CI's two cores, and the torch pass ran half as fast

@@ -3,6 +3,7 @@ that import only downwards, no import hidden in a function but the CLI's, Keras 
 behind one module, backend switches in one package, no module over 800 lines."""
 
 import ast
+import functools
 import pathlib
 import subprocess
 import sys
@@ -85,8 +86,10 @@ def _resolve(module, node, path):
     return found
 
 
+@functools.cache
 def _imports():
-    """`(module, imported module, line, inside a function)` for every vlzoo import in the package."""
+    """`(module, imported module, line, inside a function)` for every vlzoo import in the package (read when a test
+    asks: the file is collected on every pass, and runs on one)."""
     rows = []
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
@@ -97,8 +100,6 @@ def _imports():
                 rows += [(module, target, node.lineno, id(node) in nested) for target in _resolve(module, node, path)]
     return rows
 
-
-IMPORTS = _imports()
 
 
 def _cycles(edges):
@@ -136,7 +137,7 @@ def test_the_analysis_sees_the_package():
     # Guards the guard: the parser finds the modules and the edges it must.
     assert {"vlzoo.models.base", "vlzoo.presets", "vlzoo.presets.catalogue", "vlzoo.cli", "vlzoo.tokenizers"} <= set(
         MODULES)
-    edges = {(a, b) for a, b, _, _ in IMPORTS}
+    edges = {(a, b) for a, b, _, _ in _imports()}
     assert ("vlzoo.models.base", "vlzoo.presets.saving") in edges
     assert ("vlzoo.distribution", "vlzoo.presets.catalogue") in edges
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
@@ -145,14 +146,14 @@ def test_the_analysis_sees_the_package():
 def test_no_import_cycle():
     """Counting imports inside functions too: a cycle held by a late import is still a cycle."""
     edges = {}
-    for module, target, _, _ in IMPORTS:
+    for module, target, _, _ in _imports():
         edges.setdefault(module, set()).add(target)
     assert _cycles(edges) == []
 
 
 @pytest.mark.parametrize("lower", sorted(FORBIDDEN))
 def test_lower_layers_do_not_import_higher_ones(lower):
-    wrong = [f"{m} -> {t} (line {line})" for m, t, line, _ in IMPORTS
+    wrong = [f"{m} -> {t} (line {line})" for m, t, line, _ in _imports()
              if (m == lower or m.startswith(lower + ".")) and t.startswith(FORBIDDEN[lower])]
     assert wrong == []
 
@@ -160,7 +161,7 @@ def test_lower_layers_do_not_import_higher_ones(lower):
 def test_imports_inside_functions_only_in_the_cli():
     """The CLI imports a command's backend-heavy modules when the command runs (so `--help` stays
     light); nowhere else does an import of vlzoo hide inside a function."""
-    hidden = [f"{m} -> {t} (line {line})" for m, t, line, nested in IMPORTS
+    hidden = [f"{m} -> {t} (line {line})" for m, t, line, nested in _imports()
               if nested and not (m == "vlzoo.cli" or m.startswith("vlzoo.cli."))]
     assert hidden == []
 
@@ -171,7 +172,7 @@ def test_keras_free_modules_do_not_import_keras():
         names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         assert not any(name.split(".")[0] in ("keras", "jax", "tensorflow", "torch") for name in names), module
-        assert not [t for m, t, _, _ in IMPORTS if m == module and t not in KERAS_FREE], module
+        assert not [t for m, t, _, _ in _imports() if m == module and t not in KERAS_FREE], module
 
 
 # Outside the fenced package, the places that read the backend's name without choosing a code path by it: the
