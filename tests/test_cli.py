@@ -50,6 +50,13 @@ def preset_dir(tmp_path_factory):
     return str(directory)
 
 
+@pytest.fixture(scope="module")
+def preset_model(preset_dir):
+    """The preset, loaded once: the reference side of the comparisons and the weights a run starts from. Read,
+    never changed (a test that locks, trains or loads adapters into the preset's model loads its own)."""
+    return vlzoo.from_preset(preset_dir)
+
+
 def draw(path, color, shape, size=(40, 36), seed=0):
     """A small picture: a coloured shape on a grey background, with a little noise."""
     rng = np.random.default_rng(seed)
@@ -126,7 +133,7 @@ def run(capsys, *argv):
 # ----------------------------------------------------------------------------- zeroshot
 
 
-def test_zeroshot_folder_equals_zero_shot_accuracy(preset_dir, image_folder, tmp_path, capsys):
+def test_zeroshot_folder_equals_zero_shot_accuracy(preset_dir, preset_model, image_folder, tmp_path, capsys):
     out_json = tmp_path / "out" / "acc.json"
     status, out, err = run(capsys, "zeroshot", "--preset", preset_dir, "--images", image_folder,
                            "--templates", "simple", "--top-k", "1", "2", "--batch-size", BATCH, "--json", out_json)
@@ -135,9 +142,8 @@ def test_zeroshot_folder_equals_zero_shot_accuracy(preset_dir, image_folder, tmp
     assert report["classes"] == ["blue", "green", "light red"]  # folder names, underscores as spaces
     assert report["num_images"] == 7 and report["num_templates"] == len(SIMPLE_TEMPLATES)
 
-    model = vlzoo.from_preset(preset_dir)
-    pixels, labels = folder_pixels(model, image_folder, ["blue", "green", "light_red"])
-    expected = zero_shot_accuracy(model, pixels, labels, ["blue", "green", "light red"], SIMPLE_TEMPLATES,
+    pixels, labels = folder_pixels(preset_model, image_folder, ["blue", "green", "light_red"])
+    expected = zero_shot_accuracy(preset_model, pixels, labels, ["blue", "green", "light red"], SIMPLE_TEMPLATES,
                                   top_k=(1, 2), batch_size=BATCH)
     assert report["metrics"] == pytest.approx(expected, abs=1e-12)
     assert f"top1: {expected['top1']:.4f}" in out and f"top2: {expected['top2']:.4f}" in out
@@ -156,7 +162,8 @@ def spy_on(monkeypatch, name):
     return calls
 
 
-def test_zeroshot_passes_labels_classes_and_pixels(preset_dir, image_folder, tmp_path, capsys, monkeypatch):
+def test_zeroshot_passes_labels_classes_and_pixels(preset_dir, preset_model, image_folder, tmp_path, capsys,
+                                                  monkeypatch):
     """Explicit class names, in another order than the folders: labels follow the names."""
     calls = spy_on(monkeypatch, "zero_shot_accuracy")
     templates = tmp_path / "templates.txt"
@@ -169,8 +176,7 @@ def test_zeroshot_passes_labels_classes_and_pixels(preset_dir, image_folder, tmp
     assert class_names == ["light_red", "green", "blue"]
     assert used_templates == ("a picture of a {}.", "itap of a {}")
     assert call["kwargs"]["top_k"] == [1, 5]
-    model = vlzoo.from_preset(preset_dir)
-    pixels, folder_labels = folder_pixels(model, image_folder, ["blue", "green", "light_red"])
+    pixels, folder_labels = folder_pixels(preset_model, image_folder, ["blue", "green", "light_red"])
     np.testing.assert_array_equal(labels, np.array([2, 1, 0])[folder_labels])
     np.testing.assert_allclose(call["images"], pixels, rtol=0, atol=1e-6)
 
@@ -212,7 +218,7 @@ def test_zeroshot_caption_file_labels(preset_dir, tmp_path, capsys, monkeypatch)
 # ----------------------------------------------------------------------------- retrieve
 
 
-def test_retrieve_equals_retrieval_recall(preset_dir, caption_file, tmp_path, capsys):
+def test_retrieve_equals_retrieval_recall(preset_dir, preset_model, caption_file, tmp_path, capsys):
     path, captions, image_ids = caption_file
     out_json = tmp_path / "recall.json"
     status, out, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", path, "--ks", "1", "2", "5",
@@ -221,9 +227,8 @@ def test_retrieve_equals_retrieval_recall(preset_dir, caption_file, tmp_path, ca
     report = json.loads(out_json.read_text())
     assert report["num_images"] == 5 and report["num_captions"] == 7
 
-    model = vlzoo.from_preset(preset_dir)
-    pixels = caption_pixels(model, tmp_path, 5)
-    expected = retrieval_recall(model, pixels, captions, image_ids=image_ids, ks=(1, 2, 5), batch_size=BATCH,
+    pixels = caption_pixels(preset_model, tmp_path, 5)
+    expected = retrieval_recall(preset_model, pixels, captions, image_ids=image_ids, ks=(1, 2, 5), batch_size=BATCH,
                                 ties="expected")
     assert report["metrics"] == pytest.approx(expected, abs=1e-12) and report["ties"] == "expected"
     assert set(expected) == {f"{d}_r@{k}" for d in ("i2t", "t2i") for k in (1, 2, 5)}
@@ -231,7 +236,7 @@ def test_retrieve_equals_retrieval_recall(preset_dir, caption_file, tmp_path, ca
         assert f"{name}: {value:.4f}" in out
 
 
-def test_retrieve_tar_shards(preset_dir, caption_file, tmp_path, capsys):
+def test_retrieve_tar_shards(preset_dir, preset_model, caption_file, tmp_path, capsys):
     """webdataset shards (KEY.png + KEY.txt), one caption per image, read through a brace range."""
     del caption_file  # used for its images in tmp_path/img
     texts = ["a red square", "a green circle", "a blue square", "a green square"]
@@ -245,9 +250,8 @@ def test_retrieve_tar_shards(preset_dir, caption_file, tmp_path, capsys):
     status, _, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", tmp_path / "shard-{00..01}.tar",
                          "--ks", "1", "3", "--batch-size", BATCH, "--json", out_json)
     assert status == 0, err
-    model = vlzoo.from_preset(preset_dir)
-    expected = retrieval_recall(model, caption_pixels(model, tmp_path, 4), texts, ks=(1, 3), batch_size=BATCH,
-                                ties="expected")
+    expected = retrieval_recall(preset_model, caption_pixels(preset_model, tmp_path, 4), texts, ks=(1, 3),
+                                batch_size=BATCH, ties="expected")
     assert json.loads(out_json.read_text())["metrics"] == pytest.approx(expected, abs=1e-12)
 
 
@@ -268,14 +272,14 @@ def test_retrieve_counts_repeated_captions_expected_by_default(preset_dir, capti
     assert [results["pessimistic"][f"i2t_r@{k}"] for k in (1, 2, 3)] == [0.0, 0.0, 0.0]
 
 
-def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_path, capsys):
+def test_retrieve_query_prints_the_best_images(preset_dir, preset_model, caption_file, tmp_path, capsys):
     path, _, _ = caption_file
     query = "a green circle"
     out_json = tmp_path / "query.json"
     status, out, err = run(capsys, "retrieve", "--preset", preset_dir, "--data", path, "--query", query,
                            "--top", "3", "--batch-size", BATCH, "--json", out_json)
     assert status == 0, err
-    model = vlzoo.from_preset(preset_dir)
+    model = preset_model
     pixels, text = caption_pixels(model, tmp_path, 5), model.encode_text(model.tokenizer([query]))
     scores = np.concatenate([
         keras.ops.convert_to_numpy(model.score(model.encode_image(pixels[i:i + BATCH]), text))[:, 0]
@@ -293,7 +297,8 @@ def test_retrieve_query_prints_the_best_images(preset_dir, caption_file, tmp_pat
 # ----------------------------------------------------------------------------- train
 
 
-def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_file, tmp_path, capsys):
+def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, preset_model, caption_file, tmp_path,
+                                                            capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "trained"
     status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--epochs", "2",
@@ -303,7 +308,7 @@ def test_train_writes_a_preset_that_loads_with_new_weights(preset_dir, caption_f
     assert status == 0, err
     assert "2 epoch(s) x 2 steps, batch 4" in out and "final loss:" in out and f"saved to {out_dir}" in out
     assert "Epoch 2/2" in out  # Keras's fit log
-    start = vlzoo.from_preset(preset_dir)
+    start = preset_model
     trained = vlzoo.from_preset(str(out_dir))
     assert type(trained) is type(start)
     changed = [
@@ -353,13 +358,14 @@ def test_train_runs_stairs_stages_as_told(caption_file, tmp_path, capsys):
     assert vlzoo.from_preset(str(tmp_path / "again")).stage == 3
 
 
-def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_file, tmp_path, capsys):
+def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, preset_model, caption_file, tmp_path,
+                                                            capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "lit"
     status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--steps-per-epoch", "2",
                            "--batch-size", "4", "--learning-rate", "0.01", "--lock-image", "--out", out_dir)
     assert status == 0, err
-    start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    start, trained = preset_model, vlzoo.from_preset(str(out_dir))
     assert f"{sum(int(np.prod(v.shape)) for v in start.vision.weights):,} parameters locked" in out
     for a, b in zip(start.vision.weights, trained.vision.weights, strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
@@ -370,14 +376,15 @@ def test_train_lock_image_leaves_the_image_tower_as_it_was(preset_dir, caption_f
     assert status == 2 and "--lock-text-unlocked-groups: needs --lock-text" in err
 
 
-def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_dir, caption_file, tmp_path, capsys):
+def test_train_cache_locked_trains_on_the_towers_outputs_computed_once(preset_dir, preset_model, caption_file,
+                                                                        tmp_path, capsys):
     path, _, _ = caption_file
     common = ["train", "--preset", preset_dir, "--data", path, "--batch-size", "2", "--epochs", "2",
               "--learning-rate", "0.01", "--seed", "4"]
     status, out, err = run(capsys, *common, "--lock-image", "--cache-locked", "--out", tmp_path / "lit")
     assert status == 0, err
     assert "cached the locked image tower outputs of 7 pairs" in out and "2 epoch(s) x 3 steps" in out
-    start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(tmp_path / "lit"))
+    start, trained = preset_model, vlzoo.from_preset(str(tmp_path / "lit"))
     for a, b in zip(start.vision.weights, trained.vision.weights, strict=True):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
     # The API's recipe on the same pairs: an unaugmented pass, the image tower's outputs cached, 3 whole
@@ -423,14 +430,15 @@ def test_train_micro_batches_give_the_whole_batchs_model(preset_dir, caption_fil
     assert status == 2 and "--micro-batch-size: 3 does not divide --batch-size 4" in err
 
 
-def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_file, tmp_path, capsys):
+def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, preset_model, caption_file, tmp_path,
+                                                             capsys):
     path, _, _ = caption_file
     out_dir, adapters = tmp_path / "lora", tmp_path / "adapters.npz"
     status, out, err = run(capsys, "train", "--preset", preset_dir, "--data", path, "--steps-per-epoch", "2",
                            "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "2",
                            "--save-adapters", adapters, "--out", out_dir)
     assert status == 0, err
-    start, merged = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    start, merged = preset_model, vlzoo.from_preset(str(out_dir))
     assert f"{sum(int(np.prod(v.shape)) for v in merged.weights):,} parameters locked" in out  # all but adapters
     base = vlzoo.from_preset(preset_dir)
     vlzoo.training.load_lora_weights(base, str(adapters))
@@ -458,7 +466,8 @@ def test_train_lora_saves_the_merged_model_and_the_adapters(preset_dir, caption_
 
 
 @pytest.mark.slow
-def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, caption_file, tmp_path, capsys):
+def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, preset_model, caption_file, tmp_path,
+                                                                     capsys):
     path, _, _ = caption_file
     out_dir = tmp_path / "sparc"
     status, out, err = run(capsys, "train", "--preset", preset_dir, "--family", "sparc", "--data", path,
@@ -466,14 +475,14 @@ def test_train_family_trains_that_family_on_the_clip_presets_towers(preset_dir, 
                            "--new-params-steps", "1", "--out", out_dir)
     assert status == 0, err
     assert "sparc from CLIP:" in out and f"saved to {out_dir}" in out
-    start, trained = vlzoo.from_preset(preset_dir), vlzoo.from_preset(str(out_dir))
+    start, trained = preset_model, vlzoo.from_preset(str(out_dir))
     assert trained.family == "sparc" and trained.vision.num_prefix_tokens == start.vision.num_prefix_tokens
     before = keras.ops.convert_to_numpy(start.vision.patch_embedding.conv.kernel)
     assert not np.array_equal(keras.ops.convert_to_numpy(trained.vision.patch_embedding.conv.kernel), before)
 
 
-def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_dir, caption_file, tmp_path,
-                                                                         capsys):
+def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_dir, preset_model, caption_file,
+                                                                         tmp_path, capsys):
     """SPARC's h_v (new) trains alone first; a main phase at lr 1e-12 then leaves every weight where it was:
     the towers are CLIP's, and h_v differs from the same run's without the first phase."""
     path, _, _ = caption_file
@@ -484,13 +493,13 @@ def test_train_family_trains_the_new_parameters_first_with_the_rest_held(preset_
                                "--steps-per-epoch", "1", "--batch-size", "4", "--learning-rate", "1e-12",
                                "--new-params-steps", steps, "--out", out_dir)
         assert status == 0, err
-        width = vlzoo.from_preset(preset_dir).vision_config["hidden_dim"]  # h_v: a Dense(width) on the pooled patches
+        width = preset_model.vision_config["hidden_dim"]  # h_v: a Dense(width) on the pooled patches
         assert (f"training the {width * width + width:,} new parameters first: 2 steps" in out) == (steps == 2), out
         trained = vlzoo.from_preset(str(out_dir))
         heads[steps] = keras.ops.convert_to_numpy(trained.vision_head.kernel)
         origin = json.loads((out_dir / "metadata.json").read_text())["base_preset"]
         assert (origin["preset"], origin["family"], origin["from_family"]) == (str(preset_dir), "sparc", "clip")
-    start = vlzoo.from_preset(preset_dir)
+    start = preset_model
     for ours, clips in ((trained.vision.patch_embedding.conv.kernel, start.vision.patch_embedding.conv.kernel),
                         (trained.image_projection.kernel, start.vision.projection.kernel)):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(clips), atol=1e-9)
@@ -539,12 +548,11 @@ def test_train_counts_the_warm_up_in_optimizer_updates(preset_dir, caption_file,
 # ----------------------------------------------------------------------------- convert
 
 
-def _open_clip_checkpoint(preset, directory):
-    """`(checkpoint, config)` files of `preset` as open_clip writes them, for `vlzoo convert`."""
+def _open_clip_checkpoint(model, directory):
+    """`(checkpoint, config)` files of `model` as open_clip writes them, for `vlzoo convert`."""
     safetensors = pytest.importorskip("safetensors.numpy")
     import vlzoo.convert as vc
 
-    model = vlzoo.from_preset(preset)
     state_dict = vc.to_open_clip_state_dict(model)
     assert any(key.startswith("visual.") for key in state_dict)
     checkpoint, config = directory / "tiny_open_clip.safetensors", directory / "tiny.json"
@@ -553,12 +561,12 @@ def _open_clip_checkpoint(preset, directory):
     return checkpoint, config
 
 
-def test_convert_round_trips_an_open_clip_state_dict(preset_dir, tmp_path, capsys):
+def test_convert_round_trips_an_open_clip_state_dict(preset_model, tmp_path, capsys):
     """vlzoo -> open_clip state dict (+ its model config JSON) on disk -> `vlzoo convert` -> same model."""
     import vlzoo.convert as vc
 
-    model = vlzoo.from_preset(preset_dir)
-    checkpoint, config = _open_clip_checkpoint(preset_dir, tmp_path)
+    model = preset_model
+    checkpoint, config = _open_clip_checkpoint(model, tmp_path)
     out_dir = tmp_path / "converted"
     status, out, err = run(capsys, "convert", "--from", "open_clip", "--checkpoint", checkpoint,
                            "--config", config, "--out", out_dir, "--no-peer-check", "--quiet",
@@ -656,14 +664,14 @@ FRESH_ELSEWHERE = {"demo", "upload", "download"}
 
 
 @pytest.mark.slow
-def test_every_command_runs_in_a_fresh_process_quietly(preset_dir, caption_file, tmp_path):
+def test_every_command_runs_in_a_fresh_process_quietly(preset_dir, preset_model, caption_file, tmp_path):
     """Each command as a user runs it: a new process whose first vlzoo call it is (the backends taken in
     turn), a real call that succeeds and prints its result, and nothing on stderr: TensorFlow's load-time
     lines ("oneDNN custom operations are on", "Could not find cuda drivers"), which TensorFlow 2.20+ writes
     before TF_CPP_MIN_LOG_LEVEL applies, are filtered out. With VLZOO_VERBOSE=1 they show."""
     path, _, _ = caption_file
     tuned, mixed = tmp_path / "tuned", tmp_path / "mixed"
-    checkpoint, config = _open_clip_checkpoint(preset_dir, tmp_path)
+    checkpoint, config = _open_clip_checkpoint(preset_model, tmp_path)
     commands = [
         ["list"],
         ["info", "clip_shapes"],

@@ -1,6 +1,7 @@
 """Grounding: the pointing game and mass inside (hand-checked), the word maps' wiring (token positions, patch
 order, word kinds) through models whose answer is known, and `vlzoo eval --benchmark shapes_grounding`."""
 
+import functools
 import json
 
 import keras
@@ -116,6 +117,13 @@ def test_object_masks_are_the_drawn_objects():
 # ----------------------------------------------------------------------------- models whose answer is known
 
 
+@pytest.fixture(scope="module")
+def bundled():
+    """`bundled(name)`: `vlzoo.from_preset(name)`, loaded once per module (the tests below only read the models;
+    `_Oracle` wraps one without changing it)."""
+    return functools.cache(vlzoo.from_preset)
+
+
 class _Oracle:
     """Wraps a SPARC model: its token maps are, for each grounded word's tokens, the word's target coverage
     (`"truth"`) or constant (`"blind"`), read from the same scenes `evaluate` draws."""
@@ -143,8 +151,8 @@ class _Oracle:
 
 
 @pytest.mark.parametrize("kind", ["truth", "blind"])
-def test_evaluate_scores_a_model_whose_answer_is_known(kind):
-    model = vlzoo.from_preset("sparc_shapes")
+def test_evaluate_scores_a_model_whose_answer_is_known(bundled, kind):
+    model = bundled("sparc_shapes")
     size, patch = model.vision.image_size, model.vision.patch_size
     scenes = shapes.generate("test", 24, image_size=size, seed=5)
     record = shapes_grounding.evaluate(_Oracle(model, scenes, kind), num_scenes=24, seed=5, batch_size=10)
@@ -190,10 +198,10 @@ def test_evaluate_scores_a_model_whose_answer_is_known(kind):
 @pytest.mark.parametrize("name, method", [("sparc_shapes", "token_alignment"), ("filip_shapes", "token_alignment"),
                                           ("clip_shapes", "patch_text_cosine"), ("flair_shapes", "text_attention"),
                                           ("pe_core_tiny", "patch_text_cosine"), ("tipsv2_tiny", "patch_text_cosine")])
-def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
+def test_bundled_models_get_scores_in_range_and_the_same_chance(bundled, name, method):
     """The pointing game of every kind of map: the trained shapes presets', and the patch features of the families
     that have them without a shapes preset (PE-Core, TIPSv2: random weights)."""
-    model = vlzoo.from_preset(name)
+    model = bundled(name)
     record = shapes_grounding.evaluate(model, num_scenes=32, seed=1)
     metrics = record["metrics"]
     assert record["method"] == method
@@ -207,10 +215,10 @@ def test_bundled_models_get_scores_in_range_and_the_same_chance(name, method):
 
 
 @pytest.mark.parametrize("method", ["text_attention", "patch_text_cosine"])
-def test_flair_word_maps_are_each_word_alone_against_its_own_image(method):
+def test_flair_word_maps_are_each_word_alone_against_its_own_image(bundled, method):
     """FLAIR's own map (its pooling's attention) and the cosine baseline both read each word encoded alone
     as a text, against the caption's own image."""
-    model = vlzoo.from_preset("flair_shapes")
+    model = bundled("flair_shapes")
     scenes = shapes.generate("test", 3, image_size=32, seed=4)
     pixels = model.preprocessor(scenes["images"])
     maps, used = grounding.word_maps(model, pixels, scenes["captions"], batch_size=2, method=method)
@@ -270,13 +278,13 @@ def test_families_without_a_word_map_are_refused_with_the_reason(name):
 
 
 @run_once  # the command's wiring; the scores are checked on every backend above
-def test_eval_shapes_grounding_prints_and_writes_the_record(tmp_path, capsys):
+def test_eval_shapes_grounding_prints_and_writes_the_record(bundled, tmp_path, capsys):
     path = tmp_path / "grounding.json"
     assert cli.main(["eval", "--preset", "sparc_shapes", "--benchmark", "shapes_grounding", "--seed", "2",
                      "--json", str(path)]) == 0
     out = capsys.readouterr().out
     (record,) = json.loads(path.read_text())
-    expected = shapes_grounding.evaluate(vlzoo.from_preset("sparc_shapes"), seed=2)["metrics"]
+    expected = shapes_grounding.evaluate(bundled("sparc_shapes"), seed=2)["metrics"]
     assert record["dataset"] == "shapes/grounding" and record["metrics"] == pytest.approx(expected, abs=1e-12)
     assert "words mapped by token_alignment" in out and "pointing_noun" in out
     assert cli.main(["eval", "--preset", "siglip_shapes", "--benchmark", "shapes_grounding"]) == 2

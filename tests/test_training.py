@@ -198,31 +198,47 @@ def test_torch_step_releases_its_gradients():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras defers the optimizer's build on TensorFlow")
-def test_tensorflow_fit_traces_its_step_once_and_trains_as_keras():
+@pytest.mark.parametrize("method", ["fit", "train_on_batch"])
+def test_tensorflow_training_traces_its_step_once_and_trains_as_keras(method):
     # Keras' TensorFlow trainer would create the optimizer's variables inside the first traced step, which
     # `tf.function` then traces a second time; vlzoo builds them first. `train_step` runs once per trace.
     model, reference, batch = _twin_clips()
     traces = []
     step = model.train_step
     model.train_step = lambda data: (traces.append(1), step(data))[1]
-    model.fit(batch, batch_size=2, epochs=2, verbose=0, shuffle=False)
+    if method == "fit":
+        model.fit(batch, batch_size=2, epochs=2, verbose=0, shuffle=False)
+        keras.Model.fit(reference, batch, batch_size=2, epochs=2, verbose=0, shuffle=False)  # built in the trace
+    else:
+        for _ in range(2):
+            model.train_on_batch(batch)
+            keras.Model.train_on_batch(reference, batch)
     assert len(traces) == 1
-    keras.Model.fit(reference, batch, batch_size=2, epochs=2, verbose=0, shuffle=False)  # built in the trace
     _assert_same_weights(model, reference)
 
 
 # ----------------------------------------------------- gradient accumulation
 
 
-def test_accumulation_updates_every_n_steps_with_the_mean_gradient():
-    hyper = dict(learning_rate=1e-3, total_steps=20, warmup_steps=3, weight_decay=0.2)
+@pytest.fixture(scope="module")
+def micro_gradients():
+    """A tiny CLIP's initial weights (`get_weights`), two micro-batches of 4 and the SGD gradient of each at those
+    weights (`sgd_gradients`): the reference both accumulation tests compare with, computed once."""
+    keras.utils.set_random_seed(1234)
     model = tiny_model("clip", logit_scale_max=None)
     micro = [tiny_batch(4, seed=1), tiny_batch(4, seed=2)]
+    return model.get_weights(), micro, sgd_gradients(model, *micro)
+
+
+def test_accumulation_updates_every_n_steps_with_the_mean_gradient(micro_gradients):
+    hyper = dict(learning_rate=1e-3, total_steps=20, warmup_steps=3, weight_decay=0.2)
+    initial, micro, grads = micro_gradients
+    model = tiny_model("clip", logit_scale_max=None)
+    model.set_weights(initial)
     start = weights(model)
-    grads = sgd_gradients(model, *micro)
 
     reference = tiny_model("clip", logit_scale_max=None)
-    reference.set_weights(model.get_weights())
+    reference.set_weights(initial)
     training.configure(reference, **hyper)
     mean = [keras.ops.convert_to_tensor((a + b) / 2) for a, b in zip(*grads)]
     reference.optimizer.apply(mean, reference.trainable_variables)
@@ -255,13 +271,14 @@ def test_accumulation_updates_every_n_steps_with_the_mean_gradient():
     assert float(to_numpy(model.optimizer.learning_rate)) == pytest.approx(numpy_warmup_cosine(1, 1e-3, 20, 3, 0.0))
 
 
-def test_accumulated_micro_batches_are_not_one_big_contrastive_batch():
+def test_accumulated_micro_batches_are_not_one_big_contrastive_batch(micro_gradients):
     # Documented limitation: the contrastive loss couples the samples of a batch, so the
     # mean of micro-batch gradients is not the big batch's gradient.
+    initial, micro, grads = micro_gradients
     model = tiny_model("clip", logit_scale_max=None)
-    micro = [tiny_batch(4, seed=1), tiny_batch(4, seed=2)]
+    model.set_weights(initial)
     big = {k: np.concatenate([micro[0][k], micro[1][k]]) for k in micro[0]}
-    mean = [(a + b) / 2 for a, b in zip(*sgd_gradients(model, *micro))]
+    mean = [(a + b) / 2 for a, b in zip(*grads)]
     (full,) = sgd_gradients(model, big)
     assert max(np.abs(a - b).max() for a, b in zip(mean, full)) > 1e-3
 

@@ -19,6 +19,7 @@ import sys
 import warnings
 
 import huggingface_hub
+import kagglehub.clients
 import keras
 import numpy as np
 import pytest
@@ -85,6 +86,11 @@ def kaggle_env(monkeypatch, tmp_path):
         monkeypatch.setenv("KAGGLE_USERNAME", "me")
         monkeypatch.setenv("KAGGLE_KEY", "loopback-test-key")
         monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "kaggle-config"))
+        # kagglehub names the library that calls it in its User-Agent by reading the whole call stack
+        # (`inspect.stack()`: each frame's module, found among every loaded one, and source) for each client it
+        # builds, 14 per upload: seconds per upload in a test process (pytest's deep stack, thousands of modules).
+        # The loopback server reads no User-Agent; the protocol's requests are unchanged.
+        monkeypatch.setattr(kagglehub.clients, "get_user_agent", lambda: f"kagglehub/{kagglehub.__version__}")
         yield server
 
 
@@ -134,34 +140,31 @@ def test_an_upload_loads_back_bit_identical_in_a_fresh_process(saved, hub_env, t
     assert loaded[2].get("weights") == digest, loaded[2]
 
 
-@run_once  # starts its own processes (on torch, the backend of the pass)
-def test_the_command_uploads_in_a_fresh_process_and_sends_nothing_for_a_truncated_preset(saved, tmp_path):
+@run_once  # starts its own process (on torch, the backend of the pass)
+def test_the_command_uploads_in_a_fresh_process_and_sends_nothing_for_a_truncated_preset(saved, hub_env, tmp_path,
+                                                                                        capsys):
     """`vlzoo upload` as a user runs it, a new process whose first vlzoo call it is: the preset is checked
     (its model class found without anything imported before) and committed. A preset whose weights file
-    was cut short is refused naming that file, before any request reaches the Hub."""
+    was cut short is refused by the command naming that file, before any request reaches the Hub: `main`,
+    what that process runs, called here (the first call's model class lookup is the new process's to check)."""
     directory, _ = saved
     truncated = tmp_path / "truncated"
     shutil.copytree(directory, truncated)
     weights = (truncated / "model.weights.h5").read_bytes()
     (truncated / "model.weights.h5").write_bytes(weights[: len(weights) // 2])
-    with HubServer({}) as server:
-        env = {key: value for key, value in os.environ.items() if key.lower() not in (
-            "http_proxy", "https_proxy", "all_proxy", "hf_hub_offline")}
-        env.update(HF_ENDPOINT=server.endpoint, HF_TOKEN="hf_loopback_test_token", HF_HUB_DISABLE_XET="1",
-                   HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HOME=str(tmp_path / "hf-home"), KERAS_BACKEND="torch")
-
-        def upload(preset):
-            return subprocess.run([sys.executable, "-m", "vlzoo.cli", "upload", "hf://me/fresh", str(preset)],
-                                  env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-
-        refused = upload(truncated)
-        assert refused.returncode == 2 and "model.weights.h5" in refused.stderr, refused.stderr[-2000:]
-        assert "Nothing was uploaded" in refused.stderr and "Traceback" not in refused.stderr
-        assert server.requests == []
-        done = upload(directory)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert server.commits["me/fresh"] in done.stdout
-        assert server.repos["me/fresh"]["model.weights.h5"] == weights
+    assert main(["upload", "hf://me/fresh", str(truncated)]) == 2
+    err = capsys.readouterr().err
+    assert "model.weights.h5" in err and "Nothing was uploaded" in err and "Traceback" not in err, err
+    assert hub_env.requests == []
+    env = {key: value for key, value in os.environ.items() if key.lower() not in (
+        "http_proxy", "https_proxy", "all_proxy", "hf_hub_offline")}
+    env.update(HF_ENDPOINT=hub_env.endpoint, HF_TOKEN="hf_loopback_test_token", HF_HUB_DISABLE_XET="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HOME=str(tmp_path / "hf-home"), KERAS_BACKEND="torch")
+    done = subprocess.run([sys.executable, "-m", "vlzoo.cli", "upload", "hf://me/fresh", str(directory)],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert hub_env.commits["me/fresh"] in done.stdout
+    assert hub_env.repos["me/fresh"]["model.weights.h5"] == weights
 
 
 @pytest.mark.parametrize("damage, named", [

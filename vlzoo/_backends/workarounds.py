@@ -20,8 +20,9 @@ of their own.
 - `frozen_gc()`: Keras runs a full garbage collection each time a quantized layer drops its float
   kernel. Delete when `Model.quantize` no longer collects per layer.
 - `build_optimizer_before_tracing(model)`: Keras' TensorFlow trainer without a `tf.distribute` strategy
-  (its private `_distribute_strategy`) builds the optimizer inside the first traced step, and
-  `tf.function` then traces the step twice. Delete when that trainer builds the optimizer before tracing.
+  (its private `_distribute_strategy`) builds the optimizer inside the first traced step of `fit` or
+  `train_on_batch`, and `tf.function` then traces the step twice. Delete when that trainer builds the optimizer
+  before tracing.
 
 Example:
 >>> with frozen_gc():
@@ -101,7 +102,8 @@ def frozen_gc():
 
 
 def build_optimizer_before_tracing(model):
-    """Builds `model`'s optimizer for its trainable variables where Keras would build it inside `fit`'s trace.
+    """Builds `model`'s optimizer for its trainable variables where Keras would build it inside the trace of
+    `fit` or `train_on_batch`.
 
     Keras' TensorFlow trainer without a `tf.distribute` strategy defers the optimizer's variables to the
     first traced training step; `tf.function` then traces the step twice (one trace creates the

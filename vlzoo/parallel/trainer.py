@@ -98,6 +98,10 @@ class Trainer(workarounds.OneReplicaSymbolicBuild):
         workarounds.build_optimizer_before_tracing(self)
         return super().fit(x, y, *args, **kwargs)
 
+    def train_on_batch(self, x=None, y=None, *args, **kwargs):
+        workarounds.build_optimizer_before_tracing(self)
+        return super().train_on_batch(x, y, *args, **kwargs)
+
     def evaluate(self, x=None, y=None, *args, **kwargs):
         check_paired_arrays(x, "evaluate")
         parallel.check_launch()
