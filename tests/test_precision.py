@@ -157,34 +157,31 @@ def rounded_weights_outputs(model_32, encode, inputs):
             v.assign(value)
 
 
-def assert_embeddings_agree(model_32, models_16, images, texts):
-    """Each of `models_16` (`{label: model}`) agrees with float32's embeddings: pooled ones to MIN_COSINE, tokens
-    to `token_bounds`. The float32 outputs and those of its rounded weights are computed once for all of them.
+def assert_embeddings_agree(model_32, model_16, images, texts, label):
+    """`model_16`'s embeddings agree with float32's: pooled ones to MIN_COSINE, tokens to `token_bounds`.
 
     Returns the smallest cosine of a pooled embedding.
     """
     worst = 1.0
     for encode, inputs, tower in (("encode_image", images, model_32.vision), ("encode_text", texts, model_32.text)):
         want = floating_outputs(getattr(model_32, encode)(inputs))
+        got = floating_outputs(getattr(model_16, encode)(inputs))
+        assert got.keys() == want.keys(), (label, encode)
         probe = rounded_weights_outputs(model_32, encode, inputs) if set(want) & set(TOKEN_KEYS) else {}
-        for label, model_16 in models_16.items():
-            got = floating_outputs(getattr(model_16, encode)(inputs))
-            assert got.keys() == want.keys(), (label, encode)
-            for key in want:
-                error = 1 - cosines(got[key], want[key])
-                name = f"{label} {encode}[{key}]"
-                assert error.size, name
-                if key in TOKEN_KEYS:
-                    weight_error = float(np.mean(1 - cosines(probe[key], want[key])))
-                    mean, worst_token = token_bounds(tower.num_layers, want[key].shape[-1], error.size, weight_error)
-                    print(f"{name}: 1 - cosine mean {error.mean():.3g} (bound {mean:.3g}), worst {error.max():.3g} "
-                          f"(bound {worst_token:.3g}); weights rounded alone: {weight_error:.3g}")
-                    assert error.mean() <= mean, f"{name}: mean 1 - cosine {error.mean():.3g} > {mean:.3g}"
-                    assert error.max() <= worst_token, \
-                        f"{name}: worst token 1 - cosine {error.max():.3g} > {worst_token:.3g}"
-                else:
-                    assert error.max() <= 1 - MIN_COSINE, f"{name}: min cosine {1 - error.max():.6f}"
-                    worst = min(worst, 1 - float(error.max()))
+        for key in want:
+            error = 1 - cosines(got[key], want[key])
+            name = f"{label} {encode}[{key}]"
+            assert error.size, name
+            if key in TOKEN_KEYS:
+                weight_error = float(np.mean(1 - cosines(probe[key], want[key])))
+                mean, worst_token = token_bounds(tower.num_layers, want[key].shape[-1], error.size, weight_error)
+                print(f"{name}: 1 - cosine mean {error.mean():.3g} (bound {mean:.3g}), "
+                      f"worst {error.max():.3g} (bound {worst_token:.3g}); weights rounded alone: {weight_error:.3g}")
+                assert error.mean() <= mean, f"{name}: mean 1 - cosine {error.mean():.3g} > {mean:.3g}"
+                assert error.max() <= worst_token, f"{name}: worst token 1 - cosine {error.max():.3g} > {worst_token:.3g}"
+            else:
+                assert error.max() <= 1 - MIN_COSINE, f"{name}: min cosine {1 - error.max():.6f}"
+                worst = min(worst, 1 - float(error.max()))
     return worst
 
 
@@ -210,8 +207,8 @@ def float32_presets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bfloat16_models(float32_presets):
-    """`load(family, policy)`: the family's saved float32 preset loaded under `policy`, once per module (the tests
-    below compare its weights, encode and score with it, and take a loss; none trains it)."""
+    """`load(family, policy)`: the family's saved float32 preset loaded under `policy`, once per module (the
+    tests below only read it, or run it without training)."""
     models = {}
 
     def load(family, policy):
@@ -220,22 +217,6 @@ def bfloat16_models(float32_presets):
         return models[family, policy]
 
     return load
-
-
-@pytest.fixture(scope="module")
-def float32_losses(float32_presets):
-    """`loss(family)`: the float32 model's loss on `inputs_for`'s batch, once per module (the reference of both
-    policies' losses)."""
-    losses = {}
-
-    def loss(family):
-        if family not in losses:
-            model_32 = float32_presets[family][1]
-            *_, batch = inputs_for(model_32)
-            losses[family] = float(to_numpy(model_32.compute_loss(y_pred=model_32(batch))))
-        return losses[family]
-
-    return loss
 
 
 def inputs_for(model, batch_size=4):  # one batch size throughout: JAX compiles each new shape
@@ -271,7 +252,8 @@ def test_float32_preset_loads_exactly_up_to_bfloat16_rounding(float32_presets, b
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(bfloat16_models, float32_losses, family, policy):
+def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets, bfloat16_models, family, policy):
+    _, model_32 = float32_presets[family]
     model = bfloat16_models(family, policy)
     images, texts, batch = inputs_for(model)
     # A tower output: bfloat16 (STAIR's pooled log1p(relu) vocabulary vectors are float32 by design).
@@ -293,7 +275,7 @@ def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(bfloat16_models
     assert dtype_of(scores) == "float32" and np.isfinite(to_numpy(scores)).all()
     loss = model.compute_loss(y_pred=model(batch))
     assert dtype_of(loss) == "float32" and np.isfinite(to_numpy(loss))
-    want = float32_losses(family)
+    want = float(to_numpy(model_32.compute_loss(y_pred=model_32(batch))))
     assert abs(float(to_numpy(loss)) - want) <= 0.02 * max(1.0, abs(want)), (family, float(to_numpy(loss)), want)
 
 
@@ -301,8 +283,9 @@ def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(bfloat16_models
 def test_bfloat16_embeddings_agree_with_float32(float32_presets, bfloat16_models, family):
     _, model_32 = float32_presets[family]
     images, texts, _ = inputs_for(model_32)
-    assert_embeddings_agree(model_32, {f"{family} {policy}": bfloat16_models(family, policy) for policy in POLICIES},
-                            images, texts)
+    for policy in POLICIES:
+        assert_embeddings_agree(model_32, bfloat16_models(family, policy), images, texts,
+                                f"{family} {policy}")
 
 
 @pytest.mark.slow  # a train step per family; CLIP and SigLIP fit under mixed_bfloat16 on every backend
@@ -449,7 +432,7 @@ def test_zero_shot_decisions_survive_bfloat16(family, shapes_queries):
     # The embeddings of the classifier's own batches and prompts (shapes already compiled on JAX).
     images = models["float32"].preprocessor(data["images"][:120])
     texts = models["float32"].tokenizer(build_prompts(data["class_names"], ("a {}",)))
-    assert_embeddings_agree(models["float32"], {f"{family}_shapes": models["bfloat16"]}, images, texts)
+    assert_embeddings_agree(models["float32"], models["bfloat16"], images, texts, f"{family}_shapes")
 
     want, got = scores["float32"], scores["bfloat16"]
     scale = float(to_numpy(models["float32"].logit_scale_value()))
@@ -484,5 +467,5 @@ def test_converted_clip_b16_embeddings_agree_in_bfloat16():
     rng = np.random.default_rng(0)
     images = rng.normal(size=(2, 224, 224, 3)).astype("float32")
     texts = model_32.tokenizer(["a photo of a dog on the grass", "a diagram of a transformer block"])
-    worst = assert_embeddings_agree(model_32, {"CLIP-B/16": model_16}, images, texts)
+    worst = assert_embeddings_agree(model_32, model_16, images, texts, "CLIP-B/16")
     print(f"CLIP-B/16 bfloat16: min cosine to float32 {worst:.6f}")
