@@ -197,41 +197,6 @@ def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
     assert max(shares) - min(shares) > 1e-3 * abs(whole)  # the rows' own shares, not the whole loss four times
 
 
-def test_families_written_against_the_former_loss_interface_keep_their_loss_with_a_warning():
-    # `contrastive_loss(outputs, training)` alone: the whole loss on every replica, every output gathered
-    # (SigLIP's images too). With `replica_loss(outputs, start, count, training)`: that is the share.
-    with pytest.warns(DeprecationWarning, match="rows=None"):
-        class Doubled(vlzoo.SigLIP):
-            def contrastive_loss(self, outputs, training=False):
-                return 2.0 * super().contrastive_loss(outputs, training=training)
-
-    with pytest.warns(DeprecationWarning, match="replica_loss"):
-        class Shared(vlzoo.CLIP):
-            def contrastive_loss(self, outputs, training=False):
-                return self.replica_loss(outputs, 0, keras.ops.shape(outputs["image_embeds"])[0], training=training)
-
-            def replica_loss(self, outputs, start, count, training=False):
-                return 3.0 * vlzoo.CLIP.contrastive_loss(self, outputs, rows=(start, count))
-
-    assert Doubled.replica_local_outputs == () and vlzoo.SigLIP.replica_local_outputs == ("image_embeds",)
-    keras.utils.set_random_seed(0)
-    siglip = tiny_family_model("siglip")
-    outputs = siglip(margin_batch(siglip, 4), training=True)
-    doubled = Doubled.from_config(siglip.get_config())
-    whole = float(keras.ops.convert_to_numpy(siglip.contrastive_loss(outputs)))
-    for rows in (None, (2, 2)):
-        got = float(keras.ops.convert_to_numpy(doubled.contrastive_loss(outputs, rows=rows)))
-        assert got == pytest.approx(2.0 * whole, rel=1e-6)
-    clip = tiny_family_model("clip")
-    outputs = clip(margin_batch(clip, 4), training=True)
-    shared = Shared.from_config(clip.get_config())
-    for rows in ((0, 4), (2, 2)):
-        want = 3.0 * float(keras.ops.convert_to_numpy(clip.contrastive_loss(outputs, rows=rows)))
-        assert float(keras.ops.convert_to_numpy(shared.contrastive_loss(outputs, rows=rows))) == pytest.approx(want)
-        with pytest.warns(DeprecationWarning, match="rows=\\(start, count\\)"):
-            assert float(keras.ops.convert_to_numpy(shared.replica_loss(outputs, *rows))) == pytest.approx(want)
-
-
 def caption_folder(root, pairs=8):
     """`root/captions.csv` naming `pairs` small PNGs."""
     from PIL import Image
