@@ -7,14 +7,15 @@
     VLZOO_TEST_PROCESS=i VLZOO_TEST_COORDINATOR=127.0.0.1:PORT XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
         python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes x 4 devices)
 
-Every process builds each family's tiny model from a seed of its own (`1000 + process index`: the launch
+Every process builds the tiny model of each run of `LAUNCHED` (a family, or a family with a training feature
+set) from a seed of its own (`1000 + process index`: the launch
 must make the weights equal, as rank 0's broadcast does; JAX's processes share the seed 1000, since JAX
 requires every process to give a replicated weight the same value) and fits one step on a global batch of
 `GLOBAL_BATCH` pairs (`margins.margin_batch`): torchrun's ranks and the JAX processes each feed their own
 rows (process `r`: rows `r * B .. (r + 1) * B - 1`); under TensorFlow's strategies,
 `distribute_datasets_from_function` gives each replica its rows in the same order. One AdamW step;
 `test_parallel.py` compares the step with the same step of one process on the whole batch. Process `r`
-writes `OUT_DIR/rank{r}.npz`: per family the loss, the gradients (from AdamW's first moment) and the
+writes `OUT_DIR/rank{r}.npz`: per run the loss, the gradients (from AdamW's first moment) and the
 weights after the step. The JAX launch
 also trains a Llip of G/14's layout under ModelParallel (`G14_REDUCED`, a 2 x 4 mesh over both processes).
 """
@@ -50,6 +51,17 @@ from margins import margin_batch, tiny_family_model  # noqa: E402
 # 2 (image tower frozen, text decoder against its snapshot) and 3; TIPSv2 on both caption kinds, `(B, 2, T)`.
 VARIANTS = ("clip:lit-lora-micro", "stair:stage2", "stair:stage3", "tipsv2:both-captions")
 RUNS = FAMILIES + VARIANTS
+# What the launches train. The launch machinery meets a family only through `compute_loss`: it gathers every
+# output not in `replica_local_outputs` over the batch axis (whatever its name: by rank and dtype), passes the
+# replica's rows to `contrastive_loss(rows=...)`, adds the family's own losses (`model.losses`), and averages
+# the gradients of the trainable variables; FLAIR draws from seed state. Whether each family's shares add up
+# to its whole loss is checked for every run in one process (`test_replica_shares_of_every_run_average_to_the_
+# whole_loss`); the processes then only have to move each kind of tensor and state the same way. These runs,
+# one per kind of loss (softmax and sigmoid over embeddings, FILIP's and SPARC's over tokens, Llip's, FLAIR's,
+# STAIR's, TIPSv2's two caption kinds), hold every kind (`launch_kinds`) that any run of `RUNS` has, which
+# `test_parallel` asserts: a family that brings a new kind fails there until a run of it is launched.
+LAUNCHED = ("clip", "clip:lit-lora-micro", "filip", "flair", "llip", "siglip", "sparc", "stair:stage2",
+            "tipsv2:both-captions")
 # G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test; the
 # JAX launch trains it under ModelParallel on a (2 batch x 4 model) mesh over its 2 processes x 4 CPU devices.
 G14_REDUCED = dict(
@@ -83,6 +95,19 @@ def build(run, seed, run_eagerly=False):
         model.set_stage(int(variant[len("stage"):]))
     model.compile(optimizer=keras.optimizers.AdamW(**ADAMW), run_eagerly=run_eagerly)
     return model
+
+
+def launch_kinds(run):
+    """What a launch of `run` moves between processes, as a set: `("gathered" | "local", rank, dtype)` of each
+    output of its training call, `"non-trainable"` if it holds variables that do not train (seed state, step
+    counters, a frozen tower), `"regularized"` if it adds losses of its own, `"micro-batches"` if it sets them."""
+    model = build(run, 0)
+    outputs = model(run_batch(run, model), training=True)
+    kinds = {("local" if key in model.replica_local_outputs else "gathered", len(value.shape),
+              keras.backend.standardize_dtype(value.dtype)) for key, value in outputs.items()}
+    flags = {"non-trainable": model.non_trainable_variables, "regularized": model.losses,
+             "micro-batches": model.micro_batch_size is not None}
+    return kinds | {flag for flag, present in flags.items() if present}
 
 
 def run_batch(run, model):
@@ -169,7 +194,7 @@ class Launch:
 def main(name, out_dir):
     launch = Launch(name)
     record = {}
-    for family in RUNS:
+    for family in LAUNCHED:
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
         model = launch.build(family)
         record[f"{family}/loss"] = fit_one_step(model, launch.rows(run_batch(family, model)), launch.strategy)

@@ -4,8 +4,10 @@ Each backend's pass starts its launches once, in the background (`tests/parallel
 processes on 127.0.0.1, 2 torchrun ranks with gloo on PyTorch; MirroredStrategy over 2 logical CPUs and 2
 workers from `TF_CONFIG` on TensorFlow; 2 JAX processes of 4 CPU devices each. Each process holds its part of
 a global batch of 8 pairs; the tests check the loss, the gradients and the weights after one AdamW step of
-every family (and of LiT + LoRA + gradient caching, STAIR's stages 2 and 3, and TIPSv2 on both caption kinds)
-against the same step of this process on the whole batch.
+each launched run (`parallel_worker.LAUNCHED`: one family per kind of loss, and LiT + LoRA + gradient caching,
+STAIR's stage 2 and TIPSv2 on both caption kinds) against the same step of this process on the whole batch.
+Every family and training feature (`parallel_worker.RUNS`) has its replica shares checked in this process, and
+the launched runs move every kind of output and state that any of them has.
 """
 
 import functools
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 import vlzoo
-from backend_utils import EAGER_REFERENCE, shared_subprocess
+from backend_utils import EAGER_REFERENCE, run_once, shared_subprocess
 from conftest import tiny_batch
 
 from margins import assert_decision_margin, margin_batch, tiny_family_model
@@ -115,13 +117,13 @@ def _check_record(record, rank, launch, family, loss, gradients, weights, floor)
 
 
 @TORCH_ONLY
-@pytest.mark.parametrize("family", parallel_worker.RUNS)
+@pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
 def test_torchrun_step_is_the_global_batch_step(launches, family):
     check_against_single_process(launches, family)
 
 
 @TF_ONLY
-@pytest.mark.parametrize("family", parallel_worker.RUNS)
+@pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
 def test_tf_distribute_step_is_the_global_batch_step(launches, family):
     """MirroredStrategy and MultiWorkerMirroredStrategy, each against the one step of this process."""
     assert sorted(launches) == ["tf_mirrored", "tf_multiworker"]
@@ -129,7 +131,7 @@ def test_tf_distribute_step_is_the_global_batch_step(launches, family):
 
 
 @JAX_ONLY
-@pytest.mark.parametrize("family", parallel_worker.RUNS)
+@pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
 def test_two_jax_processes_step_is_the_global_batch_step(launches, family):
     check_against_single_process(launches, family)
 
@@ -169,14 +171,24 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
         model.train_on_batch(batch)
 
 
-@pytest.mark.parametrize("family", parallel_worker.FAMILIES)
-def test_replica_shares_of_every_family_average_to_the_whole_loss(family):
+@run_once  # what each run's training call outputs does not depend on the backend
+def test_the_launched_runs_move_every_kind_of_output_and_state():
+    """Each kind of tensor (gathered or replica-local, by rank and dtype) and of state that a family or training
+    feature of `RUNS` gives the launch machinery is moved by some launched run (`parallel_worker.LAUNCHED`)."""
+    launched = set().union(*(parallel_worker.launch_kinds(run) for run in parallel_worker.LAUNCHED))
+    for run in sorted(set(parallel_worker.RUNS) - set(parallel_worker.LAUNCHED)):
+        assert parallel_worker.launch_kinds(run) <= launched, (run, parallel_worker.launch_kinds(run) - launched)
+
+
+@pytest.mark.parametrize("run", parallel_worker.RUNS)
+def test_replica_shares_of_every_run_average_to_the_whole_loss(run):
     """`contrastive_loss` of each replica's rows, averaged over 2 and 4 replicas, is the whole loss in training
     (FILIP drops tokens; FLAIR, with two captions per image, draws the other images' captions as one process;
-    TIPSv2 with both caption kinds, web and synthetic, sums two InfoNCE terms over the replica's rows)."""
-    keras.utils.set_random_seed(0)
-    model = tiny_family_model(family)
-    batch = margin_batch(model, parallel_worker.GLOBAL_BATCH, captions=2 if family in ("flair", "tipsv2") else 1)
+    TIPSv2 with both caption kinds, web and synthetic, sums two InfoNCE terms over the replica's rows; STAIR in
+    each stage), for every family and training feature, launched or not."""
+    model = parallel_worker.build(run, 0)
+    captions = 2 if run.partition(":")[0] == "flair" or run.endswith(":both-captions") else 1
+    batch = margin_batch(model, parallel_worker.GLOBAL_BATCH, captions=captions)
     outputs = model(batch, training=True)
     state = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]  # FLAIR's seed
 
