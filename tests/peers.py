@@ -20,6 +20,40 @@ def open_clip_or_skip():
 
 # ----------------------------------------------------------------------------- converter tests
 
+# The pass that checks parity at every public geometry of a family. A geometry differs from another only in its
+# sizes (widths, heads, depth, patch, image size) and in the tower switches it sets (activation, class token,
+# pooling head); the conversion maps the peer's arrays in numpy, the same on every backend, and the conformance
+# test (tests/test_conformance.py) holds the three backends to one another, within 1e-5, on every family's
+# tiny model. The other passes therefore check the cheapest geometry of each family and each geometry that sets
+# a switch no tiny preset sets, what the conformance test does not reach on their backend, on images of
+# `REDUCED_GRID` x `REDUCED_GRID` patches (`parity_image_size`): the image size sets only the sequence's length.
+PARITY_BACKEND = "torch"
+REDUCED_GRID = 8
+
+
+def parity_image_size(image_size, patch_size):
+    """The image size a parity test feeds at a geometry of `image_size`: that one in `PARITY_BACKEND`'s pass,
+    `REDUCED_GRID` patches a side in the others."""
+    import keras
+
+    return image_size if keras.backend.backend() == PARITY_BACKEND else REDUCED_GRID * patch_size
+
+
+def geometries(cases, elsewhere):
+    """`cases` (a parity test's parameters) for `pytest.mark.parametrize`: all of them in `PARITY_BACKEND`'s
+    pass; in the others only those of `elsewhere`, each of which the caller gives a reason for."""
+    import keras
+    import pytest
+
+    unknown = set(elsewhere) - set(cases)
+    assert not unknown, unknown
+    skip = pytest.mark.skipif(keras.backend.backend() != PARITY_BACKEND,
+                              reason=f"a geometry of sizes only: every geometry is checked in the {PARITY_BACKEND} "
+                                     "pass, the backends are held together by the conformance test")
+    return [case if case in elsewhere else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=skip)
+            for case in cases]
+
+
 EMBED_TOL, LOGIT_TOL = 1e-4, 1e-3  # normalised embeddings, image-text logits (max abs diff)
 
 

@@ -7,6 +7,7 @@ building open_clip's full models on PyTorch's meta device (no memory) and compar
 """
 
 import copy
+import re
 import importlib
 
 import keras
@@ -42,25 +43,32 @@ DEPTH = 2  # blocks per tower in the parity models
 LOGIT_SCALE = 2.9
 
 
-def _shallow_tower(tower):
-    """Registers (once) `tower` with `DEPTH` blocks under a new timm name, and returns that name."""
+def _shallow_tower(tower, image_size=None):
+    """Registers (once) `tower` with `DEPTH` blocks under a new timm name, and returns that name; with
+    `image_size`, for images of that size, its rotary positions those of their native grid."""
     import timm
     from timm.models import eva
 
-    name = f"{tower}_vlzoo_depth{DEPTH}"
+    sizes = {}
+    if image_size is not None:
+        grid = image_size // int(re.search(r"patch(\d+)", tower).group(1))
+        sizes = dict(img_size=image_size, ref_feat_shape=(grid, grid))
+    name = f"{tower}_vlzoo_depth{DEPTH}" + (f"_{image_size}px" if sizes else "")
     if name not in timm.list_models(name):
         def build(pretrained=False, **kwargs):
-            return getattr(eva, tower)(pretrained=False, depth=DEPTH, **kwargs)
+            return getattr(eva, tower)(pretrained=False, depth=DEPTH, **sizes, **kwargs)
 
         build.__name__ = name
         timm.models.register_model(build)
     return name
 
 
-def _config(open_clip, preset):
+def _config(open_clip, preset, image_size=None):
+    """open_clip's config of `preset`'s model with `DEPTH` blocks per tower (and images of `image_size`)."""
     model_name, tower = GEOMETRIES[preset]
     config = copy.deepcopy(open_clip.get_model_config(model_name))
-    config["vision_cfg"]["timm_model_name"] = _shallow_tower(tower)
+    config["vision_cfg"]["timm_model_name"] = _shallow_tower(tower, image_size)
+    config["vision_cfg"]["image_size"] = image_size or config["vision_cfg"]["image_size"]
     config["text_cfg"]["layers"] = DEPTH
     return config
 
@@ -113,15 +121,17 @@ def test_rotary_angles_are_timms(open_clip, torch):
     assert angles[0, :2].tolist() == [1.0, 1.0] and angles[1, 0] == 2.0 and angles[24, 32] == 2.0  # (x, y) of patch 24
 
 
-@pytest.mark.parametrize("preset", sorted(GEOMETRIES))
+# Checked on every backend: the cheapest geometry, and G/14's tower without a class token and with its own
+# pooling head's width (`num_prefix_tokens=0`, `map_intermediate_dim`), which no tiny preset sets.
+@pytest.mark.parametrize("preset", peers.geometries(sorted(GEOMETRIES), ("pe_core_t16_384", "pe_core_g14_448")))
 def test_parity_with_open_clip_at_every_geometry(open_clip, torch, preset):
-    config = _config(open_clip, preset)
-    peer = _build(open_clip, torch, config)
+    reference = _abstract(preset)
+    image_size = peers.parity_image_size(reference.vision.image_size, reference.vision.patch_size)
+    peer = _build(open_clip, torch, _config(open_clip, preset, image_size))
     model = vc.from_open_clip(peer)
     assert isinstance(model, vlzoo.PECore)
-    reference = _abstract(preset)
-    for ours, theirs in ((model.vision, reference.vision), (model.text, reference.text)):
-        want = {**theirs.get_config(), "num_layers": DEPTH}
+    for ours, theirs, sizes in ((model.vision, reference.vision, {"image_size": image_size}), (model.text, reference.text, {})):
+        want = {**theirs.get_config(), "num_layers": DEPTH, **sizes}
         got = ours.get_config()
         assert {k: got[k] for k in want if k not in ("name", "dtype", "trainable")} == \
             {k: want[k] for k in want if k not in ("name", "dtype", "trainable")}

@@ -73,11 +73,13 @@ def _torch_inputs(torch, images, texts):
                 pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2).copy()))
 
 
-@pytest.mark.parametrize("checkpoint", sorted(GEOMETRIES))
+# Checked on every backend: the cheapest geometry, and g14's SwiGLU image tower, which no tiny preset has.
+@pytest.mark.parametrize("checkpoint", peers.geometries(sorted(GEOMETRIES), ("google/tipsv2-b14", "google/tipsv2-g14")))
 def test_parity_with_transformers_at_every_geometry(hf, torch, checkpoint):
     import keras
 
-    peer = _peer(hf, torch, **GEOMETRIES[checkpoint])
+    image_size = peers.parity_image_size(448, 14)
+    peer = _peer(hf, torch, **GEOMETRIES[checkpoint], image_size=image_size)
     model = vc.from_transformers(peer)
     assert isinstance(model, vlzoo.TIPSv2)
     assert abs(float(model.logit_scale_value()) - 1 / GEOMETRIES[checkpoint]["temperature"]) < 1e-3
@@ -89,12 +91,13 @@ def test_parity_with_transformers_at_every_geometry(hf, torch, checkpoint):
     _, image, _ = peers.assert_relative_parity(model, images, texts, out.image_embeds.numpy(),
                                                out.text_embeds.numpy(), out.logits_per_image.numpy(),
                                                f"transformers Tipsv2Model {checkpoint}")
-    peers.assert_towers_match_preset(model, PRESETS[checkpoint])
+    peers.assert_towers_match_preset(model, PRESETS[checkpoint], differ=("num_layers", "vocabulary_size", "image_size"))
+    assert model.vision.image_size == image_size
     # The register token (TIPS's embedding for synthetic captions) and the patch features.
     synthetic = keras.ops.convert_to_numpy(image["synthetic_embeds"])
     np.testing.assert_allclose(synthetic, hidden[:, 1], rtol=0, atol=1e-4 * np.abs(hidden[:, 1]).max())
     patches = keras.ops.convert_to_numpy(model.dense_image_embeddings(images))
-    assert patches.shape == (2, 32 * 32, GEOMETRIES[checkpoint]["vision"][0])
+    assert patches.shape == (2, (image_size // 14) ** 2, GEOMETRIES[checkpoint]["vision"][0])
     np.testing.assert_allclose(patches, hidden[:, 2:], rtol=0, atol=1e-4 * np.abs(hidden[:, 2:]).max())
 
 
