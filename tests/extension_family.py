@@ -97,13 +97,6 @@ class HeadwiseCLIP(CLIP):
         return {**super().get_config(), "num_heads": self.num_heads}
 
 
-def _configure_from_clip(config, clip):
-    """From CLIP: the towers keep their projections (the family scores CLIP's own embedding)."""
-    config["vision"]["output_dim"] = clip.vision_config["output_dim"]
-    config["text"]["output_dim"] = clip.text_config["output_dim"]
-    config["num_heads"] = 2 if clip.embed_dim % 2 == 0 else 1
-
-
 TOWER = dict(hidden_dim=32, num_layers=2, num_heads=4, intermediate_dim=64, activation="quick_gelu")
 TINY = {
     "family": FAMILY,
@@ -123,7 +116,8 @@ TINY = {
 
 register_family(Family(
     FAMILY, HeadwiseCLIP, score_loss="softmax",
-    from_clip=CLIPTransfer(logit_scale=True, configure=_configure_from_clip),
+    # No `configure`: CLIP's defaults project both towers to `embed_dim`, so a transfer keeps CLIP's projections.
+    from_clip=CLIPTransfer(logit_scale=True),
     presets={f"{FAMILY}_tiny": TINY},
 ))
 

@@ -53,7 +53,8 @@ FORBIDDEN = {
 # Modules that must import without Keras (what listing and checking names reads). The former preset modules
 # (vlzoo.catalogue, vlzoo.registry, vlzoo.pretrained) are deprecated aliases of vlzoo.presets.catalogue.
 KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.presets", "vlzoo.presets.catalogue", "vlzoo.presets.files",
-              "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.formats", "vlzoo._deprecation",
+              "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.formats", "vlzoo.plugins",
+              "vlzoo._deprecation",
               "vlzoo._lazy", "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
 
 

@@ -12,6 +12,7 @@ from conftest import fit_and_measure, tiny_batch, to_numpy
 from families import TRANSFER_FAMILIES
 
 import vlzoo
+from vlzoo.models import get_family
 from vlzoo.transfer import TransferReport
 
 BATCH = dict(batch_size=4, sequence_length=12)
@@ -69,6 +70,23 @@ def test_towers_give_clips_token_features_exactly(clip, family):
     assert scale == SCALE  # softmax InfoNCE on exp(scale) * cos, as CLIP's: the scale keeps its role
     assert type(model.tokenizer) is type(clip.tokenizer) and model.tokenizer(["a dog"])["token_ids"].tolist() == \
         clip.tokenizer(["a dog"])["token_ids"].tolist()
+
+
+def test_a_family_projecting_to_embed_dim_keeps_clips_projections_without_a_hook(clip):
+    """tests/extension_family.py's head-wise CLIP keeps CLIP's tower defaults (`output_dim = embed_dim`) and writes
+    no `configure`: the transfer keeps CLIP's width and both projections, so it starts with CLIP's embeddings."""
+    assert get_family("headwise_clip").from_clip.configure is None
+    batch = tiny_batch(**BATCH)
+    model, report = _transfer(clip, "headwise_clip")
+    assert model.embed_dim == clip.embed_dim
+    for tower in ("vision", "text"):
+        assert report.transferred[f"{tower}/projection/kernel"] == f"{tower}/projection/kernel"
+    assert report.new == ["head_logit_offset"] and report.left_out == []
+    tolerance = dict(rtol=1e-5, atol=1e-6)  # two compiled programs of the same computation (see below)
+    np.testing.assert_allclose(to_numpy(model.encode_image(batch["images"])["embeds"]),
+                               to_numpy(clip.encode_image(batch["images"])["embeds"]), **tolerance)
+    np.testing.assert_allclose(to_numpy(model.encode_text(batch)["embeds"]),
+                               to_numpy(clip.encode_text(batch)["embeds"]), **tolerance)
 
 
 @pytest.mark.parametrize("family", ["filip", "sparc"])

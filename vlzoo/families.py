@@ -6,7 +6,9 @@ presets it defines in code. Everything that enumerates families (the `--family` 
 `vlzoo train`, `vlzoo.transfer`, the dense-feature benchmarks, the test suites) reads this
 registry, so a family defined outside vlzoo is one registration like the built-in ones.
 The built-in families register when `vlzoo.models` is imported, which re-exports this module's
-names: read the registry through `vlzoo.models` and it is complete.
+names: read the registry through `vlzoo.models` and it is complete. A family that an installed
+package declares as a plugin (`vlzoo.plugins`) registers when its module is imported, which
+`get_family` does when it is looked up and `registered_families` when the families are enumerated.
 
 Example:
 >>> from vlzoo.models import get_family, registered_families
@@ -19,6 +21,7 @@ Example:
 import dataclasses
 import types
 
+from vlzoo import plugins
 from vlzoo.presets import catalogue
 
 _FAMILIES = {}
@@ -121,14 +124,19 @@ def _class_name(cls):
 
 
 def get_family(name):
-    """The registered `Family` called `name`; KeyError naming the registered ones otherwise."""
+    """The registered `Family` called `name`, importing the installed plugin that declares it when it is one
+    (`vlzoo.plugins.load_family`); KeyError naming the registered ones otherwise."""
+    if name not in _FAMILIES and plugins.load_family(name) and name not in _FAMILIES:
+        raise KeyError(f"The vlzoo plugin family {name!r} was imported but registered no family of that name.")
     if name not in _FAMILIES:
         raise KeyError(f"{name!r} is not a registered family; registered: {', '.join(registered_families())}.")
     return _FAMILIES[name]
 
 
 def registered_families():
-    """The names of the registered families, sorted."""
+    """The names of the registered families, sorted, the installed plugins' imported first
+    (`vlzoo.plugins.load_families`)."""
+    plugins.load_families()
     return tuple(sorted(_FAMILIES))
 
 

@@ -87,10 +87,14 @@ def new_variables(model, report):
 def transfer_config(clip, family):
     """The constructor arguments of `family` on `clip`'s towers (before any override).
 
-    The towers keep every argument of the CLIP model's towers but their own
-    projection; a family whose `CLIPTransfer` has `embed_dim` keeps CLIP's, and its
-    `configure` edits the rest (Llip's `LLIP_MIXTURE_TOKENS` mixture tokens in place of
-    the CLS token; STAIR leaving CLIP BPE's start and end tokens out of its vectors).
+    The towers keep every argument of the CLIP model's towers. A tower keeps CLIP's projection
+    (its `output_dim`) when the family's own defaults project it to `embed_dim`, as CLIP's do (its
+    `vision_defaults` / `text_defaults` set no `output_dim`); the model then keeps CLIP's
+    `embed_dim`, so that the projection is copied. A family whose defaults set `output_dim`
+    (None: FILIP, SPARC, SPARO, Llip, STAIR, FLAIR project tokens themselves) drops it. A family
+    whose `CLIPTransfer` has `embed_dim` keeps CLIP's, and its `configure` edits the rest (Llip's
+    `LLIP_MIXTURE_TOKENS` mixture tokens in place of the CLS token; STAIR leaving CLIP BPE's start
+    and end tokens out of its vectors).
 
     Args:
         clip: a `vlzoo.CLIP`.
@@ -106,8 +110,12 @@ def transfer_config(clip, family):
     >>> transfer_config(vlzoo.from_preset("clip_tiny"), "sparc")["vision"]["output_dim"]  # doctest: +SKIP
     """
     rules = _rules(family)
-    config = dict(vision={**clip.vision_config, "output_dim": None}, text={**clip.text_config, "output_dim": None})
-    if rules.embed_dim:
+    model_class = families.get_family(family).model_class
+    config = {}
+    for tower, clip_config in (("vision", clip.vision_config), ("text", clip.text_config)):
+        projects = "output_dim" not in getattr(model_class, f"{tower}_defaults")  # to `embed_dim`, as CLIP's
+        config[tower] = {**clip_config, "output_dim": clip_config["output_dim"] if projects else None}
+    if rules.embed_dim or any(config[tower]["output_dim"] is not None for tower in ("vision", "text")):
         config["embed_dim"] = clip.embed_dim
     if rules.configure is not None:
         rules.configure(config, clip)

@@ -2,10 +2,13 @@
 (also `python tools/convert.py`, which runs this command)."""
 
 import argparse
+import collections.abc
 import time
 
 from vlzoo import formats
+from vlzoo import plugins
 from vlzoo.cli._common import UsageError, _add_command, _check_file, _positive_int
+from vlzoo.cli._logs import import_tensorflow_quietly
 
 
 class _Renamed(argparse.Action):
@@ -13,6 +16,23 @@ class _Renamed(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         parser.exit(2, f"{parser.prog}: error: argument --source: renamed; use --from FORMAT --checkpoint PATH\n")
+
+
+class _Formats(collections.abc.Sequence):
+    """The choices of `--from`: the formats `vlzoo convert` reads (`vlzoo.formats.converted_formats()`). A name that
+    is none of them first imports the installed plugins' families, whose modules register their formats."""
+
+    def __getitem__(self, index):
+        return formats.converted_formats()[index]
+
+    def __len__(self):
+        return len(formats.converted_formats())
+
+    def __contains__(self, name):
+        if name not in formats.converted_formats() and plugins.plugin_families():
+            import_tensorflow_quietly()  # a plugin's module imports Keras
+            plugins.load_families()
+        return name in formats.converted_formats()
 
 
 def register(sub):
@@ -45,8 +65,8 @@ def register(sub):
          "vlzoo convert --from flair --checkpoint flair-merged30m.pt --preset flair_vit_b16 --out my_flair",
          "vlzoo convert --from big_vision --checkpoint siglip2_b16_224.npz --preset siglip2_vit_b16 --out my_siglip2"],
     )
-    p.add_argument("--from", dest="from_", required=True,
-                   choices=formats.converted_formats(), help="the checkpoint's library")
+    p.add_argument("--from", dest="from_", required=True, choices=_Formats(),
+                   help="the checkpoint's library or format (or one that an installed plugin registers)")
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="checkpoint file or directory (see above for each library; formerly --source)")
     p.add_argument("--source", nargs="?", action=_Renamed, help=argparse.SUPPRESS)

@@ -5,6 +5,7 @@ import io
 import math
 import os
 
+from vlzoo import plugins
 from vlzoo.cli._common import (
     UsageError, _add_caption_keys, _add_command, _add_preset, _check_preset, _load_preset, _naming,
     _non_negative_float, _non_negative_int, _positive_float, _positive_int,
@@ -29,9 +30,11 @@ def register(sub):
          "--warmup-steps 100 --out runs/tiny"],
     )
     _add_preset(p)
+    installed = plugins.plugin_families()
     p.add_argument("--family", default=None, metavar="FAMILY",
-                   help="train this family (filip, sparc, sparo, llip, stair, flair or another registered with a "
-                   "CLIPTransfer) built on the towers of --preset, a CLIP model "
+                   help="train this family (filip, sparc, sparo, llip, stair, flair"
+                   + (f", an installed plugin's: {', '.join(installed)}," if installed else "")
+                   + " or another registered with a CLIPTransfer) built on the towers of --preset, a CLIP model "
                    "(vlzoo.from_preset(..., family=...); docs/transfer.md)")
     p.add_argument("--new-params-steps", type=_non_negative_int, default=100, metavar="N",
                    help="with --family: first train the parameters the family adds (SPARC's h_v, SPARO's read-outs, "

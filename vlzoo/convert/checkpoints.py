@@ -23,6 +23,7 @@ import sys
 import numpy as np
 
 from vlzoo import formats
+from vlzoo import plugins
 from vlzoo._deprecation import deprecated_constants
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import converter
@@ -220,7 +221,9 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
         source: `"open_clip"`, `"transformers"`, `"keras_hub"`, or the
             authors' code of a family: `"llip"` (facebookresearch/Llip),
             `"sparo"` (ankitkv/sparo-clip), `"flair"` (ExplainableML/flair),
-            `"big_vision"` (SigLIP and SigLIP 2 `.npz` files).
+            `"big_vision"` (SigLIP and SigLIP 2 `.npz` files), or a format an
+            installed plugin registers (`vlzoo.plugins`; imported when `source`
+            is none of the registered formats).
         checkpoint: open_clip, llip, sparo, flair: a `.pt`/`.pth`/`.bin`/`.safetensors`
             state dict or training checkpoint; transformers: a directory
             (`config.json` + `model.safetensors` or `pytorch_model.bin`) or a
@@ -249,6 +252,8 @@ def convert_checkpoint(source, checkpoint, out, *, model_name=None, config=None,
     >>> convert_checkpoint("open_clip", "open_clip_model.safetensors", "my_clip",
     ...                    model_name="ViT-B-32")  # doctest: +SKIP
     """
+    if source not in formats.converted_formats():  # an installed plugin's format registers when it is imported
+        plugins.load_families()
     sources, architectures = formats.converted_formats(), formats.architecture_formats()
     if source not in sources:
         raise ValueError(f"Unknown source {source!r}; expected one of {', '.join(sources)}.")

@@ -9,7 +9,9 @@ Two data files of vlzoo's data folder (`vlzoo._paths.DATA_ROOT`) are the single 
   `tools/build_presets.py` writes each `<name>/` directory from its entry (`--check` fails when
   one has drifted). A family defined in code may also define presets
   (`vlzoo.families.Family.presets`): `register` adds them, and `vlzoo.presets.resolve_preset`
-  writes their directories when they are first loaded.
+  writes their directories when they are first loaded. An installed plugin declares its presets
+  with the same fields (`vlzoo.plugins.plugin_presets`), so they are listed before its family's
+  module is imported.
 - `pretrained.json`, the pretrained presets (real public weights): per name, where the weights
   live (`handle`: an `hf://` repository, a `kaggle://` model version, or a URL with its `sha256`),
   their layout there (`format`), the family and the registered preset of the same geometry
@@ -34,6 +36,7 @@ import os
 import pathlib
 
 from vlzoo import formats
+from vlzoo import plugins
 from vlzoo._deprecation import deprecated_constants
 from vlzoo._paths import DATA_ROOT
 from vlzoo._paths import presets_root
@@ -71,9 +74,20 @@ def _file_definitions():
     return entries
 
 
+@functools.cache
+def _plugin_definitions():
+    entries = plugins.plugin_presets()
+    for name, entry in entries.items():
+        _check_entry(name, entry, f"entry point group {plugins.PRESETS_GROUP!r}")
+        if name in _file_definitions():
+            raise ValueError(f"Preset {name!r} of an installed vlzoo plugin is already defined in {REGISTRY_FILE}.")
+    return entries
+
+
 def definitions():
-    """`{name: entry}` of every registered preset: `registry.json`'s, then those defined in code."""
-    return {**_file_definitions(), **_IN_CODE}
+    """`{name: entry}` of every registered preset: `registry.json`'s, the installed plugins', then those defined
+    in code."""
+    return {**_file_definitions(), **_plugin_definitions(), **_IN_CODE}
 
 
 def register(name, entry):
@@ -89,8 +103,9 @@ def register(name, entry):
 
 
 def defined_in_code(name):
-    """Whether the registered preset `name` was defined in code (its directory is written on first load)."""
-    return name in _IN_CODE
+    """Whether the registered preset `name` was defined in code or by an installed plugin (its directory is
+    written on first load)."""
+    return name in _IN_CODE or name in _plugin_definitions()
 
 
 def definition(name):

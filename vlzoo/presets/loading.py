@@ -39,7 +39,8 @@ def from_preset(preset, load_weights=True, dtype=None, family=None, **config_ove
         dtype: dtype policy (`"float32"`, `"bfloat16"`, `"mixed_bfloat16"`).
         family: build this family instead, on the towers and weights of the
             preset's CLIP model: `"filip"`, `"sparc"`, `"sparo"`, `"llip"`,
-            `"stair"` or `"flair"` (see `vlzoo.transfer`: what transfers, what is new).
+            `"stair"`, `"flair"` or another registered family with a `CLIPTransfer`, an
+            installed plugin's among them (see `vlzoo.transfer`: what transfers, what is new).
             None (default) or the preset's own family: the preset as it is.
         **config_overrides: replace entries of the preset's model config
             (with `family`: of the new family's config).

@@ -30,6 +30,7 @@ import keras
 import numpy as np
 
 from vlzoo import families
+from vlzoo import plugins
 from vlzoo._backends.keras_internals import initialized_for_loading
 from vlzoo._backends.keras_internals import without_weights
 from vlzoo.presets import catalogue
@@ -140,16 +141,28 @@ def _deserialize(config, path):
 
 def _check_family(config, metadata, directory):
     """The config's model class must be a vlzoo family (or a registered subclass) and agree with
-    the metadata's family."""
-    class_name, family = config["class_name"], metadata.get("family")
+    the metadata's family.
+
+    A class that is not registered yet is looked for in the installed plugin of the metadata's family
+    (`vlzoo.plugins.load_family`); the module `config.json` names is never imported unless it is vlzoo's
+    (`import_defining_module`): a file does not choose what code runs. The error names that module.
+    """
+    class_name, family, module = config["class_name"], metadata.get("family"), config.get("module")
     import_defining_module(config)
-    cls = keras.saving.get_registered_object(config.get("registered_name") or class_name)
+    registered_name = config.get("registered_name") or class_name
+    cls = keras.saving.get_registered_object(registered_name)
+    if cls is None and isinstance(family, str) and plugins.load_family(family):
+        cls = keras.saving.get_registered_object(registered_name)
     if cls is None:
+        hint = (f"Import `{module}`, the module {CONFIG_FILE} names (vlzoo does not import it for you: a preset file "
+                "does not choose what code runs), or install the package that provides it as a vlzoo plugin "
+                f"(entry point group {plugins.FAMILIES_GROUP!r}, docs/adding_a_family.md), before calling "
+                "`from_preset`." if isinstance(module, str) and module.split(".")[0] != "vlzoo"
+                else "For your own subclass, import the module that registers it before calling `from_preset`.")
         raise ValueError(
-            f"Preset file {directory / CONFIG_FILE} describes a model of class {class_name!r} (family {family!r} "
-            f"in {METADATA_FILE}), which is neither a vlzoo family model ({', '.join(catalogue.families())}) nor "
-            "a registered Keras class. For your own subclass, import the module that registers it before calling "
-            "`from_preset`."
+            f"Preset file {directory / CONFIG_FILE} describes a model of class {class_name!r} (registered as "
+            f"{registered_name!r}, family {family!r} in {METADATA_FILE}), which is neither a vlzoo family model "
+            f"({', '.join(catalogue.families())}) nor a registered Keras class. {hint}"
         )
     own = getattr(cls, "family", None) if cls.__module__.startswith("vlzoo.") else None
     if family is not None and own is not None and family != own:
