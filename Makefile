@@ -39,7 +39,8 @@ PYTEST := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 XLA_FLAGS=--xla_cpu_use_fus
 # `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (other
 # thread counts than `make test`'s: one for TensorFlow and XLA, four for PyTorch; oneDNN, XLA and ATen capped
 # to AVX2), each on every backend. A comparison that fails only here depends on the summation order, not on
-# the code (tests/margins.py). For contributors; not part of `make test` or CI.
+# the code (tests/margins.py). The property tests draw 30 cases each there (`make test`: 4 on JAX, 10 on the
+# others). For contributors; not part of `make test` or CI.
 NUMERICS_FILES := tests/test_gradient_caching.py tests/test_precision.py tests/test_conformance.py \
 	tests/test_contrastive_losses.py tests/test_filip_loss.py tests/test_sparc_loss.py tests/test_stair.py \
 	tests/test_degenerate.py tests/test_properties.py tests/test_locking.py tests/test_loss_shares.py \
@@ -88,7 +89,7 @@ test-numerics: $(STAMP)
 	  cache=$$base/$$p; echo "=== $$p: KERAS_BACKEND=$$b ==="; \
 	  case $$p in threads) env="$(threads_ENV)";; isa) env="$(isa_ENV)";; esac; \
 	  if [ $$p/$$b = isa/tensorflow ]; then set -- $(isa_tensorflow_ARGS); else set --; fi; \
-	  env $$env KERAS_BACKEND=$$b $(PYTEST_RUN) "$$@" $(NUMERICS_FILES) || failed="$$failed $$p/$$b"; \
+	  env $$env VLZOO_HYPOTHESIS_EXAMPLES=$${VLZOO_HYPOTHESIS_EXAMPLES:-30} KERAS_BACKEND=$$b $(PYTEST_RUN) "$$@" $(NUMERICS_FILES) || failed="$$failed $$p/$$b"; \
 	done; done; if [ -n "$$failed" ]; then echo "test-numerics failed:$$failed"; exit 1; fi
 
 bench: $(STAMP)

@@ -13,9 +13,10 @@ from hypothesis import settings
 
 from vlzoo.host import describe_host
 
-# Property tests (tests/test_properties.py): the same generated cases on every run, none stored.
-# JAX compiles every drawn case (a new shape), so it draws fewer by default.
-_EXAMPLES = os.environ.get("VLZOO_HYPOTHESIS_EXAMPLES", "8" if keras.backend.backend() == "jax" else "20")
+# Property tests (tests/test_properties.py): the same generated cases on every run, none stored, besides the
+# named edge cases. `make test` draws few (JAX compiles every drawn case, a new shape, so it draws fewer);
+# `make test-numerics` sets VLZOO_HYPOTHESIS_EXAMPLES to draw many more, under each of its perturbations.
+_EXAMPLES = os.environ.get("VLZOO_HYPOTHESIS_EXAMPLES", "4" if keras.backend.backend() == "jax" else "10")
 settings.register_profile(
     "vlzoo", max_examples=int(_EXAMPLES), deadline=None,
     derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
