@@ -1,11 +1,12 @@
 """vlzoo as a package: the sdist and the wheel built from the checkout carry everything the library
 reads at run time, and the wheel, installed outside the checkout, works from another directory.
 
-The build calls the PEP 517 hooks of the pinned setuptools (`setuptools.build_meta`), as
+The build calls the PEP 517 hooks of the pinned hatchling (`hatchling.build`), as
 `python -m build --no-isolation` would: the sdist from a copy of the checkout, then the wheel from
 the unpacked sdist, so a file the sdist lacks is a file the wheel lacks. The wheel is installed
 with pip, without dependencies (the venv has them), into a folder of its own that `PYTHONPATH`
-puts first; its console script `vlzoo` is the one that runs.
+puts first; its console script `vlzoo` is the one that runs. The editable wheel (the Makefile's
+`pip install -e`) is built from the checkout itself. No build prints a warning.
 """
 
 import hashlib
@@ -16,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 import zipfile
 
 import keras
@@ -27,6 +27,7 @@ from conftest import shipped_presets
 from test_selection_benchmarks import _winoground
 
 import vlzoo
+from vlzoo import _paths
 from vlzoo.evaluation import benchmarks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,6 +38,8 @@ NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "out", "build", "dist", "*
 # two registered presets with the same tokenizer settings write the same tokenizer.json.
 DUPLICATE_FLOOR = 4096
 CAPTIONS = ["a red circle", "a blue square"]
+# Calls a PEP 517 hook of the build backend (argv: the hook, the output folder) and prints its artefact's name.
+HOOK = "import sys; from hatchling import build; print(getattr(build, sys.argv[1])(sys.argv[2]))"
 
 
 def _images():
@@ -64,36 +67,42 @@ print(json.dumps({{"file": vlzoo.__file__, "scores": keras.ops.convert_to_numpy(
 """
 
 
+def _run_hook(name, source, dist):
+    """The path of the artefact the build hook `name` writes to `dist` from the project in `source`; the build
+    prints nothing but the artefact's name."""
+    done = subprocess.run([sys.executable, "-c", HOOK, name, str(dist)], cwd=source, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    artefact, = done.stdout.split()
+    assert done.stderr == "", done.stderr[-3000:]
+    return pathlib.Path(dist) / artefact
+
+
 def _build(tmp_path):
     """`(sdist, wheel)` built from a copy of the checkout, the wheel from the unpacked sdist."""
     source, dist = tmp_path / "source", tmp_path / "dist"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES, symlinks=True)
-    hook = "import sys; from setuptools import build_meta; print(getattr(build_meta, sys.argv[1])(sys.argv[2]))"
-    done = subprocess.run([sys.executable, "-c", hook, "build_sdist", str(dist)], cwd=source, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sdist = dist / done.stdout.split()[-1]
+    sdist = _run_hook("build_sdist", source, dist)
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path / "unpacked", filter="data")
     unpacked, = (tmp_path / "unpacked").iterdir()
-    done = subprocess.run([sys.executable, "-c", hook, "build_wheel", str(dist)], cwd=unpacked, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return sdist, dist / done.stdout.split()[-1]
+    return sdist, _run_hook("build_wheel", unpacked, dist)
 
 
 def _files(root):
     return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
 
 
-@run_once  # backend-independent: reads pyproject.toml and the source tree
-def test_the_package_list_is_the_source_tree():
-    """pyproject.toml lists the packages (one of them is presets/): every package of vlzoo/ is there."""
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    packages = {path.parent.relative_to(ROOT).as_posix().replace("/", ".") for path in (ROOT / "vlzoo").rglob(
-        "__init__.py")}
-    assert set(setuptools["packages"]) == packages | {"vlzoo._presets"}
-    assert setuptools["package-dir"] == {"vlzoo._presets": "presets"}
+@run_once  # backend-independent: builds the editable wheel from the checkout
+def test_the_editable_install_reads_vlzoo_and_presets_in_the_checkout(tmp_path):
+    """The editable wheel puts the checkout on the path and copies nothing of it, so vlzoo/_paths.py finds no
+    vlzoo/_presets/ and reads the checkout's presets/ (the wheel's mapping is checked in the test below)."""
+    editable = _run_hook("build_editable", ROOT, tmp_path)
+    with zipfile.ZipFile(editable) as archive:
+        names = [name for name in archive.namelist() if ".dist-info/" not in name]
+        pth, = names
+        assert pth.endswith(".pth") and archive.read(pth).decode().split() == [str(ROOT)]
+    assert _paths.PACKAGE_ROOT == ROOT / "vlzoo" and _paths.DATA_ROOT == ROOT / "presets"
 
 
 @run_once  # builds and installs once; the commands run on torch, the backend of the pass
