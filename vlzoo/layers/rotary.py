@@ -33,7 +33,8 @@ def rotary_angles_2d(grid_size, head_dim, theta=10000.0, offset=0.0):
         raise ValueError(f"2D rotary embedding needs `head_dim` divisible by 4; received {head_dim}.")
     quarter = head_dim // 4
     frequencies = 1.0 / theta ** (np.arange(quarter, dtype=np.float64) / quarter)
-    rows, cols = np.meshgrid(np.arange(grid_size[0]) + offset, np.arange(grid_size[1]) + offset, indexing="ij")
+    rows, cols = (int(n) for n in grid_size)  # Python ints also where traced shapes are tensors (PyTorch's tracer)
+    rows, cols = np.meshgrid(np.arange(rows) + offset, np.arange(cols) + offset, indexing="ij")
     angles = np.concatenate([cols.reshape(-1, 1) * frequencies, rows.reshape(-1, 1) * frequencies], axis=1)
     return np.repeat(angles, 2, axis=1)
 
