@@ -1,10 +1,12 @@
 """The contract every registered family keeps: the structure its encoders return and what `score` and
-`predict` make of it; a saved preset that reloads exactly; `fit` on the family's own loss (the replica
+`predict` make of it; inference calls that hold no autograd graph (PyTorch) unless an input asks for a
+gradient; a saved preset that reloads exactly; `fit` on the family's own loss (the replica
 shares that average to the whole loss are test_parallel's, for every family too). Families come from the
 registry (`families.py`), the one defined in the tests included: a new family is covered by registering
 it."""
 
 import functools
+import inspect
 
 import extension_family
 import keras
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 from backend_utils import run_once
 from backend_utils import to_numpy
+from backend_utils import value_and_grad
 from conftest import tiny_batch
 from families import EXTENSION_FAMILY
 from families import FAMILIES
@@ -156,6 +159,62 @@ def test_dense_embeddings_are_one_per_patch_where_declared(preset):
         model.dense_image_embeddings(images[:, :-1])
     if preset == "filip_shapes" and not model.interaction_include_cls:
         np.testing.assert_allclose(dense.mean(axis=1), to_numpy(model.encode_image(images)["embeds"]), atol=1e-5)
+
+
+def _untracked_inference_calls(model):
+    """`{name: outputs}` of every public method of `model` that takes images, texts, class prompts or encodings
+    (found by its arguments' names, so that a family's own inference method is called too), each method once,
+    and of its prompt ensembling; the family's encoders three times first (their traced program is made on
+    the third call)."""
+    images, texts = _inputs(model)
+    prompts = model.tokenizer(["a red circle", "a photo of a red circle", "a blue square", "a photo of a blue square"])
+    class_texts = {key: keras.ops.reshape(value, (2, 2, -1)) for key, value in prompts.items()}
+    outputs = {f"{name} {k}": getattr(model, name)(inputs) for k in range(3)
+               for name, inputs in (("encode_image", images), ("encode_text", texts))}
+    arguments = {"images": images, "texts": texts, "class_texts": class_texts,
+                 "image_embeds": outputs["encode_image 0"], "text_embeds": outputs["encode_text 0"]}
+    for name in dir(type(model)):
+        method = getattr(type(model), name)
+        if name.startswith("_") or not inspect.isfunction(method):
+            continue
+        required = [p.name for p in list(inspect.signature(method).parameters.values())[1:]
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if required and set(required) <= set(arguments):
+            try:
+                outputs[name] = getattr(model, name)(**{key: arguments[key] for key in required})
+            except NotImplementedError:  # a contract method the family does not provide
+                continue
+    ensembling = model.prompt_ensembling
+    classes = outputs["encode_classes"] = ensembling.encode_classes(model, class_texts)
+    outputs["prompt_ensembling.score"] = ensembling.score(model, images, classes)
+    return outputs
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_inference_calls_record_no_gradient_graph(preset):
+    # PyTorch's autograd records eager calls on weights that require a gradient: an inference call's outputs would
+    # hold a graph of its activations (a loop's kept embeddings keep every batch's), and numpy refuses them. On
+    # JAX and TensorFlow the outputs are concrete arrays outside a transform or tape: numpy reads them all.
+    model = _preset(preset)
+    outputs = _untracked_inference_calls(model)
+    called = {name.split()[0] for name in outputs}
+    assert {"encode_image", "encode_text", "similarity", "score"} <= called, sorted(called)
+    assert ("dense_image_embeddings" in called) == model.has_dense_embeddings
+    assert ("token_patch_alignment" in called) == model.has_token_alignment
+    for name, output in outputs.items():
+        for leaf in keras.tree.flatten(output):
+            assert getattr(leaf, "grad_fn", None) is None and not getattr(leaf, "requires_grad", False), name
+            np.asarray(leaf)  # PyTorch refuses a tensor that requires a gradient
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_inference_calls_differentiate_inputs_that_ask_for_it(preset):
+    # The documented way to a gradient through an inference call: inputs that require one (on PyTorch; under
+    # `jax.grad` or a `tf.GradientTape` elsewhere). The gradient also reaches the weights on PyTorch.
+    model = _preset(preset)
+    images, texts = _inputs(model)
+    value, (grad,) = value_and_grad(lambda x: keras.ops.sum(keras.ops.square(model.similarity(x, texts))), images)
+    assert np.isfinite(value) and np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
 
 
 def _loaded_weights_and_scores(model, images, texts):

@@ -13,6 +13,7 @@ can be deleted (docs/workarounds.md has the figures):
 - `steps_run_eagerly()`: Keras' train and test steps run eagerly (PyTorch).
 - `hides_gpus_from_tf_data()`: tf.data under another backend needs no GPU.
 - `one_intra_op_thread()`: PyTorch's intra-op threads for small models on a busy CPU.
+- `untracked_inference(method)`: PyTorch's autograd records eager calls unless told not to.
 
 Example:
 >>> scans_blocks_by_default(training=False)
@@ -20,6 +21,7 @@ False
 """
 
 import contextlib
+import functools
 
 import keras
 from keras import ops
@@ -208,3 +210,42 @@ def one_intra_op_thread():
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def untracked_inference(method):
+    """`method`, a model's inference method, run without PyTorch's autograd recording it, unless one of its
+    arguments is a tensor that requires a gradient.
+
+    PyTorch: autograd records every eager operation on a weight that requires a gradient (every trainable
+    weight does), so an inference call's outputs hold a graph of its activations: embeddings kept from a
+    loop keep every batch's activations alive, and `np.asarray` refuses them. Keras' `predict` runs under
+    `torch.no_grad()` for that reason; decorated, `method` does too. An argument with `requires_grad` asks
+    for a gradient: then `method` runs as it is, and autograd records it (gradients flow to that argument
+    and to the weights). An enclosing `torch.no_grad()` keeps its effect either way. JAX and TensorFlow
+    record gradients only inside a transform (`jax.grad`) or a `tf.GradientTape`: `method` runs as it is.
+
+    Nothing to delete: PyTorch's autograd records by default, by design. The decorated method is marked
+    (`untracked_inference` True), and a marked method is returned as it is.
+
+    Args:
+        method: a function whose first argument is `self` and whose other arguments are tensors, arrays,
+            nested structures of them, or other values.
+
+    Returns:
+        The method, wrapped.
+    """
+    if getattr(method, "untracked_inference", False):
+        return method
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if keras.backend.backend() != "torch" or any(
+                getattr(leaf, "requires_grad", False) is True for leaf in keras.tree.flatten((args, kwargs))):
+            return method(self, *args, **kwargs)
+        import torch  # already imported by Keras's torch backend
+
+        with torch.no_grad():
+            return method(self, *args, **kwargs)
+
+    call.untracked_inference = True
+    return call

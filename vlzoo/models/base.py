@@ -10,7 +10,7 @@ from keras import ops
 
 import vlzoo
 from vlzoo import compiled, parallel
-from vlzoo._backends import workarounds
+from vlzoo._backends import switches, workarounds
 from vlzoo.layers import TextTransformer, VisionTransformer
 from vlzoo.layers.vision import is_patch_batch
 from vlzoo.losses import l2_normalize
@@ -158,6 +158,12 @@ class ContrastiveModel(Trainer):
             return self.tokenizer(list(texts) if not isinstance(texts, str) else [texts])
         return texts
 
+    # The methods that run the model for inference (`encode_image`, `encode_text`, `similarity`, `score`,
+    # `dense_image_embeddings`, `token_patch_alignment` and a family's own, such as Llip's `contextualize`) carry
+    # `switches.untracked_inference`: on PyTorch they record no autograd graph, unless an argument is a tensor
+    # that requires a gradient.
+
+    @switches.untracked_inference
     def encode_image(self, images, normalize=False):
         """Image embeddings: a dict with the global embedding under `"embeds"`.
 
@@ -165,6 +171,16 @@ class ContrastiveModel(Trainer):
         `"embeds"` `(B, D)` is the image's global embedding, and the family's
         extras sit beside it under fixed names (FILIP and SPARC `"tokens"`
         `(B, P, D)`; Llip `"keys"` and `"values"`). `score` takes the dict.
+
+        An inference call, as `predict`: on PyTorch it records no autograd
+        graph, so its outputs hold no activations and `np.asarray` reads
+        them. To differentiate through it, pass `images` as a tensor with
+        `requires_grad=True` (autograd then records the call, and gradients
+        reach the weights too), or call the model (`model(inputs)`), the
+        training path. On JAX and TensorFlow it is differentiable under
+        `jax.grad` or a `tf.GradientTape`. The other inference methods
+        (`encode_text`, `similarity`, `score`, `dense_image_embeddings`,
+        `token_patch_alignment` and the families' own) do the same.
 
         Args:
             images: float `(B, H, W, 3)` preprocessed pixels; for the families
@@ -185,12 +201,16 @@ class ContrastiveModel(Trainer):
         self._check_image_inputs(images)
         return self._inference_function("image", normalize)(images)
 
+    @switches.untracked_inference
     def encode_text(self, texts, normalize=False):
         """Text embeddings: a dict with the global embedding under `"embeds"`.
 
         The structure is `text_embedding_keys`: `"embeds"` `(B, D)` plus the
         family's extras (FILIP and SPARC `"tokens"` `(B, T, D)` and `"mask"`
         `(B, T)`; Llip `"queries"`).
+
+        An inference call: on PyTorch no autograd graph, unless an argument
+        requires a gradient (see `encode_image`).
 
         Args:
             texts: the tokenizer's dict (`token_ids`, `padding_mask`, each
@@ -230,8 +250,8 @@ class ContrastiveModel(Trainer):
         `call` uses: `{"image_embeds": ...}` for CLIP, with `image_tokens`
         for FILIP and SPARC) as numpy, `model.predict(tokens)` (the
         tokenizer's dict) those of `encode_text` prefixed with `text_`, both
-        when both inputs are given. `encode_image` / `encode_text` remain the per-call,
-        differentiable calls.
+        when both inputs are given. `encode_image` / `encode_text` remain the per-call
+        ones, differentiable on request (see `encode_image`).
 
         Keras' JAX trainer calls `predict_step(state, data)` with the
         variables' values as `state`; the other backends `predict_step(data)`.
@@ -260,8 +280,13 @@ class ContrastiveModel(Trainer):
             outputs.update(_prefixed("text", text))
         return outputs
 
+    @switches.untracked_inference
     def similarity(self, images, texts):
-        """Scores of every image against every text, `(N_images, N_texts)` float32."""
+        """Scores of every image against every text, `(N_images, N_texts)` float32.
+
+        An inference call: on PyTorch no autograd graph, unless an argument requires a gradient (see
+        `encode_image`).
+        """
         return self.score(self.encode_image(images), self.encode_text(texts))
 
     # --------------------------------------------------------------- training
@@ -489,11 +514,14 @@ class ContrastiveModel(Trainer):
     # alike. False for FILIP, whose two directions differ (`direction=`).
     symmetric_score = True
 
+    @switches.untracked_inference
     def score(self, image_embeds, text_embeds, **options):
         """Scores `(N_images, N_texts)` of `encode_image` against `encode_text` outputs, on the loss's scale.
 
         Both arguments are the dicts the encoders return (normalised or not;
-        `check_embeds` says what is missing).
+        `check_embeds` says what is missing). An inference call: on PyTorch
+        no autograd graph, unless an argument requires a gradient (see
+        `encode_image`); a family's override is wrapped alike.
 
         Options per family (none for CLIP, SigLIP, SPARC, STAIR):
         FILIP `direction="i2t"|"t2i"` (its two late-interaction similarities),
@@ -512,6 +540,7 @@ class ContrastiveModel(Trainer):
 
     has_dense_embeddings = False
 
+    @switches.untracked_inference
     def dense_image_embeddings(self, images):
         """Per-patch embeddings `(B, P, D)` in the text embeddings' space, the image's `P` patches in
         row-major order (no prefix tokens): what zero-shot segmentation compares with class prompts.
@@ -519,7 +548,8 @@ class ContrastiveModel(Trainer):
         Families with patch features in the joint space (SPARC's `g_v(h_v(F_v[p]))`, FILIP's
         projected patch tokens, TIPSv2's and PE-Core's final patch tokens) set
         `has_dense_embeddings` and implement `_dense_image_features(images)`, which this runs as one
-        compiled program (as `encode_image` runs the towers).
+        compiled program (as `encode_image` runs the towers). An inference call: on PyTorch no autograd
+        graph, unless `images` requires a gradient (see `encode_image`).
 
         Raises:
             NotImplementedError: the family has no per-patch embeddings.
@@ -541,12 +571,14 @@ class ContrastiveModel(Trainer):
 
     has_token_alignment = False
 
+    @switches.untracked_inference
     def token_patch_alignment(self, images, texts):
         """Weights `(B, T, P)` of each caption token over its image's `P` patches, pair by pair.
 
         Families whose tokens align with patches (SPARC's sparse weights,
         FILIP's best matches) set `has_token_alignment` and implement this;
-        `vlzoo.viz` draws it.
+        `vlzoo.viz` draws it. An inference call: on PyTorch no autograd graph,
+        unless an argument requires a gradient (see `encode_image`).
         """
         raise NotImplementedError(
             f"{type(self).__name__} has no token-to-patch alignment; SPARC and FILIP models have one."
@@ -582,8 +614,14 @@ class ContrastiveModel(Trainer):
     def __init_subclass__(cls, **kwargs):
         """A family written against the earlier interface (`contrastive_loss(outputs, training)` for the
         whole batch, `replica_loss(outputs, start, count, training)` for a share) keeps working, with a
-        DeprecationWarning; delete once no such family is in use."""
+        DeprecationWarning; delete once no such family is in use. Also wraps a subclass's overrides of
+        inference methods (`switches.untracked_inference`) alike, so that a family's `score`, or a family
+        defined outside vlzoo, needs no decorator of its own."""
         super().__init_subclass__(**kwargs)
+        for name, value in list(cls.__dict__.items()):
+            inherited = getattr(super(cls, cls), name, None)
+            if inspect.isfunction(value) and getattr(inherited, "untracked_inference", False):
+                setattr(cls, name, switches.untracked_inference(value))
         loss = cls.__dict__.get("contrastive_loss")
         own_rows = cls.__dict__.get("replica_loss")
         whole_only = loss is not None and "rows" not in inspect.signature(loss).parameters

@@ -22,6 +22,7 @@ Example:
 
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.losses import filip_ensemble_scores
 
 __all__ = ["ClassTextsMethod", "EmbeddingMean", "EnsembleScoresMethod", "Ensembling", "TokenSimilarityMean"]
@@ -53,8 +54,13 @@ class Ensembling:
         """
         raise NotImplementedError
 
+    @switches.untracked_inference
     def score(self, model, images, classes, **score_kwargs):
-        """Scores `(B, C)` of float `(B, H, W, 3)` images against `encode_classes`' output."""
+        """Scores `(B, C)` of float `(B, H, W, 3)` images against `encode_classes`' output.
+
+        An inference call, as the model's: on PyTorch no autograd graph, unless an argument requires a
+        gradient (`ContrastiveModel.encode_image`). Subclasses' overrides carry the decorator too.
+        """
         return model.score(model.encode_image(images), classes, **score_kwargs)
 
 
@@ -88,6 +94,7 @@ class TokenSimilarityMean(Ensembling):
         text = model.encode_text(_flatten_prompts(class_texts))
         return {"tokens": ops.reshape(text["tokens"], (c, k, t, -1)), "mask": ops.reshape(text["mask"], (c, k, t))}
 
+    @switches.untracked_inference
     def score(self, model, images, classes):
         scores = filip_ensemble_scores(model.encode_image(images)["tokens"], classes["tokens"], classes["mask"],
                                        **model._chunks())
@@ -107,5 +114,6 @@ class EnsembleScoresMethod(Ensembling):
     def encode_classes(self, model, class_texts):
         return class_texts
 
+    @switches.untracked_inference
     def score(self, model, images, classes, **score_kwargs):
         return model.ensemble_scores(images, classes, **score_kwargs)

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
 from vlzoo.losses._chunking import check_chunks, chunk_arguments
@@ -146,6 +147,7 @@ class FILIP(TokenContrastiveModel):
         """Late-interaction scores `(N_images, N_texts)`; see `score`."""
         return self.score(self.encode_image(images), self.encode_text(texts), direction=direction)
 
+    @switches.untracked_inference
     def ensemble_scores(self, images, class_texts):
         """Prompt-ensembled zero-shot scores `(B, N)` (FILIP averages S_I over templates).
 
@@ -182,6 +184,7 @@ class FILIP(TokenContrastiveModel):
         offset = self.vision.num_prefix_tokens if self.interaction_include_cls else 0
         return filip_match_weights(pairs, (self.vision.image_size // self.vision.patch_size) ** 2, offset)
 
+    @switches.untracked_inference
     def token_alignment(self, images, texts):
         """Word-patch alignment `(patch_to_token, token_to_patch)`; see
         `vlzoo.losses.filip_token_alignment`."""

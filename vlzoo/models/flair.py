@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
@@ -241,12 +242,14 @@ class FLAIR(ContrastiveModel):
         tokens, texts = self.encode_image(images)["tokens"], self.encode_text(texts)["embeds"]
         return tokens, ops.broadcast_to(texts[None], (ops.shape(tokens)[0],) + tuple(texts.shape))
 
+    @switches.untracked_inference
     def contextualize(self, images, texts, normalize=False):
         """Image embeddings conditioned on each text, `(N_images, N_texts, D)` float32 (not chunked)."""
         tokens, pairs = self._image_text_pairs(images, texts)
         z = ops.cast(self.text_pooling(pairs, tokens), "float32")
         return self.normalize_vectors(z) if normalize else z
 
+    @switches.untracked_inference
     def text_attention_maps(self, images, texts):
         """Where each text looks in each image: the pooling's attention over the patches, mean over heads.
 

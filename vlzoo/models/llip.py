@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, TEXT_PROJECTION, register_family
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
@@ -175,6 +176,7 @@ class Llip(ContrastiveModel):
         """Scores `(N_images, N_texts)`, each pair with its own contextualised image embedding."""
         return self.score(self.encode_image(images), self.encode_text(texts), temperature=temperature)
 
+    @switches.untracked_inference
     def contextualize(self, images, texts, temperature=None, normalize=False):
         """Image embeddings conditioned on each text, `(N_images, N_texts, D)` float32.
 
@@ -191,6 +193,7 @@ class Llip(ContrastiveModel):
         """Llip's own template averaging of queries and targets (`encode_class_texts`)."""
         return ClassTextsMethod()
 
+    @switches.untracked_inference
     def encode_class_texts(self, class_texts):
         """Template-averaged text side of zero-shot classification.
 
@@ -231,6 +234,7 @@ class Llip(ContrastiveModel):
         queries, embeds = llip_template_average(queries, ops.reshape(text["embeds"], (c, p, self.embed_dim)))
         return {"queries": queries, "embeds": embeds}
 
+    @switches.untracked_inference
     def ensemble_scores(self, images, class_texts, temperature=None):
         """Zero-shot class scores `(B, C)` with template-averaged queries and targets.
 

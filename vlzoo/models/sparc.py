@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import clip_logits, sparc_alignment_weights, sparc_loss
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -129,6 +130,7 @@ class SPARC(TokenContrastiveModel):
         """SPARC's sparse weights `(B, T, P)` (`alignment_weights`)."""
         return self.alignment_weights(images, texts)
 
+    @switches.untracked_inference
     def alignment_weights(self, images, texts):
         """Sparse token-to-patch weights `(B, T, P)` of each (image, caption) pair."""
         text = self.encode_text(texts)

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparo import SPAROReadout
 from vlzoo.layers.text import end_token_index
@@ -234,6 +235,7 @@ class SPARO(ContrastiveModel):
         """Text encodings `{"embeds": (B, L * V)}`; arguments as `encode_image` (texts: tokenizer dict or strings)."""
         return self._finish(super().encode_text(texts), normalize, slots)
 
+    @switches.untracked_inference
     def image_attention(self, images):
         """Attention of every slot over the image tokens, float32 `(B, L, 1 + P)`.
 
@@ -242,6 +244,7 @@ class SPARO(ContrastiveModel):
         self._check_image_inputs(images)
         return self._image_readout(images)["attention"]
 
+    @switches.untracked_inference
     def text_attention(self, texts):
         """Attention of every slot over the text positions, float32 `(B, L, T)`; 0 after the end token."""
         inputs = self._tokenize(texts)

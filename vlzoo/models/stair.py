@@ -6,6 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, register_family
 from vlzoo.layers.sparse_vocab import SparseVocabHead
 from vlzoo.losses import l2_normalize
@@ -368,11 +369,13 @@ class STAIR(ContrastiveModel):
         tokens = self._text_tower(inputs, training=training, mask=mask)["tokens"]
         return {"embeds": self._restrict(self.text_head(tokens, self.token_embeddings, mask))}
 
+    @switches.untracked_inference
     def image_token_logits(self, images):
         """Per-position vocabulary logits of the image head `(B, P_total, V)` (materialised; App. E.1 maps)."""
         self._check_image_inputs(images)
         return self.image_head.logits(self.vision(images)["tokens"], self._image_table())
 
+    @switches.untracked_inference
     def text_token_logits(self, texts):
         """Per-position vocabulary logits of the text head `(B, T, V)` (materialised; padded positions included,
         the pooling leaves them out).
