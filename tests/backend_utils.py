@@ -116,23 +116,6 @@ def full_precision_matmul():
         yield
 
 
-def check_deprecated_chunk_size(deprecated, current, batch):
-    """A model built with the deprecated `chunk_size` against the same weights built with the equivalent
-    `num_chunks`: its config keeps `chunk_size` and round-trips (warning again), it warns when it passes the
-    setting on to the loss functions, and its scores and loss equal the current model's to the bit."""
-    current.set_weights(deprecated.get_weights())
-    config = deprecated.get_config()
-    assert config["chunk_size"] is not None and config["num_chunks"] is None
-    assert "chunk_size" not in current.get_config()
-    with pytest.warns(DeprecationWarning, match="num_chunks"):
-        assert type(deprecated).from_config(config).get_config() == config
-    with pytest.warns(DeprecationWarning, match="num_chunks"):  # the model passes it on to the functions
-        scores = deprecated.similarity(batch["images"], batch)
-        loss = deprecated.compute_loss(y_pred=deprecated(batch))
-    np.testing.assert_array_equal(to_numpy(scores), to_numpy(current.similarity(batch["images"], batch)))
-    np.testing.assert_array_equal(to_numpy(loss), to_numpy(current.compute_loss(y_pred=current(batch))))
-
-
 def finite_difference(f, args, i, h=1e-6):
     """Central-difference gradient of scalar `f(*args)` with respect to `args[i]` (float64)."""
     args = [np.array(a, dtype=np.float64) for a in args]

@@ -17,7 +17,6 @@ from vlzoo.losses import clip_loss
 from vlzoo.losses import l2_normalize
 from vlzoo.losses import siglip_logits
 from vlzoo.losses import siglip_loss
-from vlzoo import losses
 
 BACKEND = keras.backend.backend()
 # (8, 6) is the common shape of the other tests: eager JAX compiles every
@@ -333,19 +332,6 @@ def test_chunked_argument_errors():
         siglip_loss(img, txt[:3], 1.0, 0.0, num_chunks=2)
 
 
-def test_the_former_chunked_function_warns_and_keeps_chunk_size():
-    img, txt = _embeds(8, 6, seed=9)
-    expected = float(to_numpy(siglip_loss(img, txt, 12.0, -6.0)))
-    for kwargs in (dict(chunk_size=3), dict(num_chunks=3)):
-        with pytest.warns(DeprecationWarning, match="`siglip_loss_chunked` is deprecated"):
-            value = float(to_numpy(losses.siglip_loss_chunked(img, txt, 12.0, -6.0, **kwargs)))
-        np.testing.assert_allclose(value, expected, rtol=1e-6)
-    for kwargs, match in ((dict(), "num_chunks"), (dict(num_chunks=2, chunk_size=2), "num_chunks"),
-                          (dict(chunk_size=0), "chunk_size")):
-        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=match):
-            losses.siglip_loss_chunked(img, txt, 1.0, 0.0, **kwargs)
-
-
 # ------------------------------------------------------------- invariances
 
 
@@ -513,10 +499,6 @@ def test_traced_function():
             for x, y in zip(g1, g0):
                 np.testing.assert_allclose(to_numpy(x), to_numpy(y),
                                            rtol=1e-5, atol=1e-6)
-        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="num_chunks"):
-            tf.function(
-                lambda i, t: losses.siglip_loss_chunked(i, t, 1.0, 0.0, chunk_size=2),
-                input_signature=[spec, spec]).get_concrete_function()
     else:
         pytest.skip("torch runs eagerly; covered by the other tests")
     out = [to_numpy(o) for o in out]
@@ -598,10 +580,3 @@ def test_row_shares_check_their_arguments():
         siglip_loss(img, img, 5.0, -3.0, rows=(0, 4), num_chunks=0)
     with pytest.raises(ValueError, match="holds the replica's 2 images; received 4 rows"):
         siglip_loss(img, img, 5.0, -3.0, rows=(0, 2))
-    for former, current in ((lambda: losses.clip_loss_rows(img, img, 5.0, 2, 2),
-                             lambda: clip_loss(img, img, 5.0, rows=(2, 2))),
-                            (lambda: losses.siglip_loss_rows(img[2:], img, 5.0, -3.0, 2),
-                             lambda: siglip_loss(img[2:], img, 5.0, -3.0, rows=(2, 2)))):
-        with pytest.warns(DeprecationWarning, match="_loss_rows"):
-            value = former()
-        assert float(to_numpy(value)) == float(to_numpy(current()))

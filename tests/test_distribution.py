@@ -61,9 +61,3 @@ def test_a_model_gives_its_own_layout_map():
     with pytest.raises(ValueError, match="`model_axis` 'tensor'"):
         model.get_layout_map(mesh, model_axis="tensor")
 
-
-def test_layout_rules_is_deprecated_for_get_layout_map():
-    model = vlzoo.from_preset("sparc_tiny")
-    with pytest.warns(DeprecationWarning, match=r"model\.get_layout_map\(mesh\)"):
-        rules = model.layout_rules()
-    assert rules == layout.TOWER_RULES + model.extra_layout_rules

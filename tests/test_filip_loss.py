@@ -6,7 +6,6 @@ cases are compared with the float64 loops of reference_token_losses.py.
 
 import math
 import re
-import warnings
 
 import keras
 import numpy as np
@@ -307,44 +306,6 @@ def test_chunked_matches_unchunked(chunks, axis, remat):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_deprecated_chunk_size_warns_and_gives_the_num_chunks_values():
-    """`chunk_size=C`, the former setting (positional in `filip_similarity`, `filip_loss` and
-    `filip_ensemble_scores`), warns at the caller, naming `num_chunks`, and still plans blocks of `C`
-    rows: on 8 rows, `chunk_size=4` is `num_chunks=2`, the same values to the bit."""
-    img, txt, mask = _inputs(seed=20, lengths=[2, 6, 3, 1, 4, 5, 6, 2])
-
-    def arrays(out):  # a tensor, a tuple or a dict (by key) as numpy arrays
-        out = [out[key] for key in sorted(out)] if isinstance(out, dict) else out
-        return [to_numpy(x) for x in (out if isinstance(out, (tuple, list)) else [out])]
-
-    def same(deprecated, current):
-        with pytest.warns(DeprecationWarning, match=re.escape("use `num_chunks=ceil(B / C)`")) as record:
-            old = arrays(deprecated())
-        assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
-        for a, b in zip(old, arrays(current()), strict=True):
-            np.testing.assert_array_equal(a, b)
-
-    same(lambda: filip_similarity(img, txt, mask, None, 4), lambda: filip_similarity(img, txt, mask, num_chunks=2))
-    same(lambda: filip_similarity(img, txt, mask, chunk_size=4, chunk_axis="image"),
-         lambda: filip_similarity(img, txt, mask, num_chunks=2, chunk_axis="image"))
-    same(lambda: filip_loss(img, txt, mask, 10.0, None, 4), lambda: filip_loss(img, txt, mask, 10.0, num_chunks=2))
-    same(lambda: filip_loss(img, txt, mask, 10.0, chunk_size=4, keep_ratio=0.5, rows=(4, 4)),
-         lambda: filip_loss(img, txt, mask, 10.0, num_chunks=2, keep_ratio=0.5, rows=(4, 4)))
-    classes, class_mask = txt.reshape(4, 2, T, D), mask.reshape(4, 2, T)
-    same(lambda: filip_ensemble_scores(img, classes, class_mask, None, 4),
-         lambda: filip_ensemble_scores(img, classes, class_mask, num_chunks=2))
-    same(lambda: filip_select_tokens(img, txt, mask, 0.5, chunk_size=4),
-         lambda: filip_select_tokens(img, txt, mask, 0.5, num_chunks=2))
-    # `chunk_size=None`, its default, does not warn.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
-        filip_loss(img, txt, mask, 10.0, None, None)
-        filip_similarity(img, txt, mask, chunk_size=None, num_chunks=2)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`chunk_size` must be a python int"):
-        filip_loss(img, txt, mask, 1.0, chunk_size=0)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
-        filip_loss(img, txt, mask, 1.0, chunk_size=2, num_chunks=2)
-
 
 # ------------------------------------------------------------- degenerate
 
@@ -589,8 +550,6 @@ def test_traced_function():
         np.testing.assert_allclose(
             to_numpy(v2), tref.filip_loss_dropped(img, txt, mask, s, 0.5),
             **TOL)
-        with pytest.raises(ValueError, match="num_chunks"):
-            grads(chunk_size=2)  # the deprecated setting needs a static batch size
     else:
         pytest.skip("torch runs eagerly; covered by the other tests")
 

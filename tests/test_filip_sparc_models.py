@@ -8,7 +8,6 @@ import pytest
 import reference
 import reference_token_losses as ref_tok
 import reference_towers as ref
-from backend_utils import check_deprecated_chunk_size
 from conftest import fit_and_measure, tiny_batch, to_numpy
 from margins import assert_decision_margin
 
@@ -204,18 +203,6 @@ def test_filip_options_change_the_computation():
     assert tuple(image["tokens"].shape) == (4, 16, 16)
     np.testing.assert_allclose(to_numpy(image["tokens"]), img_tokens, atol=2e-5)
     np.testing.assert_allclose(to_numpy(image["embeds"]), img_global, atol=2e-5)
-
-
-def test_filip_deprecated_chunk_size_warns_round_trips_and_gives_the_num_chunks_values():
-    """FILIP's former `chunk_size` warns, stays in the config (a saved model round-trips) and plans blocks of
-    that many texts: 4 of a batch of 8 is `num_chunks=2`, the same scores and loss to the bit."""
-    batch = tiny_batch(**{**BATCH, "batch_size": 8})
-    with pytest.warns(DeprecationWarning, match="num_chunks"):
-        deprecated = _model("filip", chunk_size=4)
-    assert deprecated.get_config()["chunk_size"] == 4
-    check_deprecated_chunk_size(deprecated, _model("filip", num_chunks=2), batch)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
-        _model("filip", chunk_size=4, num_chunks=2)
 
 
 # Published geometry: FILIP counts of the paper (CLS and LNs kept).

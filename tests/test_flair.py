@@ -10,7 +10,6 @@ numpy reference written in this file.
 import itertools
 import json
 import pathlib
-import warnings
 
 import keras
 import numpy as np
@@ -128,27 +127,17 @@ def _copy(model, **config):
     return copy
 
 
-def test_deprecated_chunk_size_warns_round_trips_and_scores_as_num_chunks(fixture, converted):
-    """The former `chunk_size` warns, naming `num_chunks`, stays in the config (a saved model round-trips) and
-    scores blocks of that many texts: 4 and 2 (padded) of the 6 captions give the authors' scores; 4 of 8 texts
-    are `num_chunks=2`'s blocks, the same scores to the bit."""
-    _, _, inputs, outputs = fixture
-    images, texts = vlzoo_inputs(inputs)
-    with pytest.warns(DeprecationWarning, match="num_chunks"):
-        deprecated = _copy(converted, chunk_size=4)
-    config = deprecated.get_config()
-    assert (config["chunk_size"], config["num_chunks"]) == (4, None) and "chunk_size" not in converted.get_config()
-    with pytest.warns(DeprecationWarning, match="num_chunks"):
-        assert vlzoo.FLAIR.from_config(config).get_config() == config
+def test_num_chunks_with_a_padded_last_block_scores_as_one_block_and_round_trips(fixture, converted):
+    """`num_chunks=3` over 8 texts plans blocks of 3, the last one padded: the scores of one block. The
+    setting round-trips through the config (a saved model)."""
+    _, _, inputs, _ = fixture
+    images, _ = vlzoo_inputs(inputs)
+    chunked = _copy(converted, num_chunks=3)
+    assert vlzoo.FLAIR.from_config(chunked.get_config()).get_config() == chunked.get_config()
     image = converted.encode_image(images)
-    np.testing.assert_allclose(to_numpy(deprecated.score(image, converted.encode_text(texts))),
-                               outputs["conditioned_logits"], atol=ATOL, rtol=0)
     eight = {"embeds": np.random.default_rng(0).normal(size=(8, converted.embed_dim)).astype("float32")}
-    np.testing.assert_array_equal(to_numpy(deprecated.score(image, eight)),
-                                  to_numpy(_copy(converted, num_chunks=2).score(image, eight)))
-    with warnings.catch_warnings():  # a config written before `num_chunks` replaced it: `"chunk_size": null`
-        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
-        vlzoo.FLAIR.from_config({**converted.get_config(), "chunk_size": None})
+    np.testing.assert_allclose(to_numpy(chunked.score(image, eight)), to_numpy(converted.score(image, eight)),
+                               atol=ATOL, rtol=0)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a number of texts unknown while tracing")

@@ -13,9 +13,8 @@ from backend_utils import run_once
 from families import EXTENSION_FAMILY
 
 import vlzoo
-from vlzoo import cli, formats, pretrained  # pretrained: the deprecated alias, for its former constant
-from vlzoo.convert import checkpoints, converters, repository
-from vlzoo.evaluation import segmentation
+from vlzoo import cli, formats
+from vlzoo.convert import checkpoints, converters
 from vlzoo.presets import catalogue
 
 pytestmark = run_once
@@ -64,18 +63,6 @@ def test_registration_refusals_name_what_is_wrong():
         converters.register_converter("open_clip", lambda weights, preset: None)
     with pytest.raises(ValueError, match="No converter is registered for the checkpoint format 'vlzoo'"):
         converters.converter("vlzoo")
-
-
-def test_the_former_constants_warn_and_read_the_registries():
-    for module, name, value in ((checkpoints, "SOURCES", formats.converted_formats()),
-                                (checkpoints, "AUTHOR_SOURCES", formats.architecture_formats()),
-                                (pretrained, "FORMATS", formats.catalogue_formats()),
-                                (repository, "FORMATS", formats.repository_formats()),
-                                (segmentation, "PATCH_FAMILIES", segmentation.patch_families())):
-        with pytest.warns(DeprecationWarning, match=f"`{name}` is deprecated"):
-            assert getattr(module, name) == value
-    with pytest.raises(AttributeError, match="has no attribute 'SOURCE'"):
-        checkpoints.SOURCE  # noqa: B018
 
 
 def test_a_format_registered_outside_vlzoo_converts_through_the_command(tmp_path, capsys):

@@ -7,15 +7,13 @@ into the values), no head biases, no `1/sqrt(d_h)`, float64 throughout.
 """
 
 import math
-import re
 import resource
-import warnings
 
 import keras
 import numpy as np
 import pytest
 import reference_towers as ref
-from backend_utils import check_deprecated_chunk_size, value_and_grad
+from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, fit_and_measure, tiny_batch, to_numpy
 
 from vlzoo.layers.llip import LlipCrossAttention
@@ -497,37 +495,6 @@ def test_serialization_round_trips(tmp_path):
     rebuilt.load_weights(str(tmp_path / "llip.weights.h5"))
     np.testing.assert_array_equal(to_numpy(rebuilt.similarity(batch["images"], batch)),
                                   to_numpy(model.similarity(batch["images"], batch)))
-
-
-def test_deprecated_chunk_size_warns_round_trips_and_gives_the_num_chunks_values():
-    """`chunk_size=C`, the former setting of `llip_logits`, `llip_loss` (positional there too) and the model,
-    warns at the caller, naming `num_chunks`, and still plans blocks of `C` texts: on 8 texts, `chunk_size=4`
-    is `num_chunks=2`, the same values to the bit. The model keeps it in its config and round-trips."""
-    queries, keys, values, t = random_pairs(n=8)
-    args = (queries, keys, values, t, 4.0, -2.0, 0.7)
-    for function in (llip_logits, llip_loss):
-        with pytest.warns(DeprecationWarning, match=re.escape("use `num_chunks=ceil(B / C)`")) as record:
-            old = function(*args, 4)
-        assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
-        np.testing.assert_array_equal(to_numpy(old), to_numpy(function(*args, num_chunks=2)))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
-        llip_loss(*args, None, num_chunks=2)  # `chunk_size=None`, its default, does not warn
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`chunk_size` must be a python int"):
-        llip_loss(*args, chunk_size=0)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
-        llip_logits(*args, chunk_size=2, num_chunks=2)
-
-    batch = tiny_batch(batch_size=8)
-    with pytest.warns(DeprecationWarning, match="num_chunks") as record:
-        deprecated = tiny_llip(chunk_size=4)
-    assert [w.filename for w in record if "num_chunks" in str(w.message)] == [__file__]
-    assert deprecated.get_config()["chunk_size"] == 4
-    current = tiny_llip(num_chunks=2)
-    check_deprecated_chunk_size(deprecated, current, batch)
-    with warnings.catch_warnings():  # a config written before `num_chunks` replaced it: `"chunk_size": null`
-        warnings.filterwarnings("error", "`chunk_size", DeprecationWarning)
-        Llip.from_config({**current.get_config(), "chunk_size": None})
 
 
 # ------------------------------------------------------------------ presets

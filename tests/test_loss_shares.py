@@ -10,7 +10,6 @@ import pytest
 
 from backend_utils import value_and_grad
 from conftest import to_numpy
-from vlzoo import losses
 from vlzoo.losses import filip_loss
 from vlzoo.losses import flair_loss
 from vlzoo.losses import llip_loss
@@ -105,33 +104,3 @@ def test_shares_check_their_row_count():
         stair_contrastive_loss(np.ones((4, 8)), np.ones((4, 8)), 5.0, rows=2)
     with pytest.raises(ValueError, match="`image_ids` .* cannot be combined with `rows`"):
         filip_loss(img, img, np.ones((4, 3), bool), 5.0, image_ids=np.arange(4), rows=(0, 2))
-
-
-def _former_calls():
-    """`name -> (the former share function's call, the same share through rows=)`."""
-    rng = np.random.default_rng(0)
-    normal = lambda *shape: rng.normal(size=shape).astype("float32")  # noqa: E731
-    tokens, mask, embeds = normal(4, 3, 8), np.ones((4, 3), bool), normal(4, 8)
-    conditioned, overall = normal(2, 5), normal(2, 8)
-    queries, keys, values = normal(4, 2, 4), normal(2, 3, 2, 4), normal(2, 3, 2, 8)
-    return {
-        "filip_loss_rows": (lambda: losses.filip_loss_rows(tokens, tokens, mask, 5.0, 2, 2),
-                            lambda: filip_loss(tokens, tokens, mask, 5.0, rows=(2, 2))),
-        "flair_loss_rows": (lambda: losses.flair_loss_rows(conditioned, 2, 2, overall),
-                            lambda: flair_loss(conditioned, 2, overall, rows=(2, 2))),
-        "llip_loss_rows": (lambda: losses.llip_loss_rows(queries, keys, values, embeds, 4.0, -2.0, 0.5, 2),
-                           lambda: llip_loss(queries, keys, values, embeds, 4.0, -2.0, 0.5, rows=(2, 2))),
-        "sparc_loss_rows": (lambda: losses.sparc_loss_rows(embeds, embeds, tokens[2:], tokens[2:], mask, 5.0, 2, 2),
-                            lambda: sparc_loss(embeds, embeds, tokens[2:], tokens[2:], mask, 5.0, rows=(2, 2))),
-        "stair_contrastive_loss_rows": (
-            lambda: losses.stair_contrastive_loss_rows(np.abs(embeds), np.abs(embeds), 6.0, 2, 2),
-            lambda: stair_contrastive_loss(np.abs(embeds), np.abs(embeds), 6.0, rows=(2, 2))),
-    }
-
-
-@pytest.mark.parametrize("name", sorted(_former_calls()))
-def test_the_former_share_functions_warn_and_give_the_rows_share(name):
-    former, current = _former_calls()[name]
-    with pytest.warns(DeprecationWarning, match=f"`{name}"):
-        value = former()
-    assert float(to_numpy(value)) == float(to_numpy(current()))

@@ -1,7 +1,6 @@
 """CLIP and SigLIP models: forward against numpy, training, optimizer wiring, input errors."""
 
 import math
-import warnings
 
 import keras
 import numpy as np
@@ -135,29 +134,9 @@ def test_siglip_chunked_loss_equals_unchunked():
     assert abs(a - b) < 1e-5
 
 
-def test_siglip_deprecated_loss_num_chunks_warns_and_saves_num_chunks():
-    """`loss_num_chunks`, the model's former name of `num_chunks`, warns naming it and means the same:
-    the same loss to the bit, and the config (a saved preset) holds `num_chunks` only."""
-    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated; use `num_chunks`"):
-        deprecated = tiny_model("siglip", loss_num_chunks=3)
-    current = tiny_model("siglip", num_chunks=3)
-    current.set_weights(deprecated.get_weights())
-    batch = tiny_batch(batch_size=5)
-    np.testing.assert_array_equal(to_numpy(deprecated.compute_loss(y_pred=deprecated(batch))),
-                                  to_numpy(current.compute_loss(y_pred=current(batch))))
-    assert deprecated.get_config() == {**current.get_config(), "name": deprecated.name}
-    assert deprecated.get_config()["num_chunks"] == 3 and "loss_num_chunks" not in deprecated.get_config()
-    with warnings.catch_warnings():  # a config written before the rename: `"loss_num_chunks": null`
-        warnings.filterwarnings("error", "`loss_num_chunks", DeprecationWarning)
-        assert type(current).from_config({**current.get_config(), "loss_num_chunks": None}).num_chunks == 3
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="at most one of `num_chunks`"):
-        tiny_model("siglip", num_chunks=2, loss_num_chunks=2)
+def test_siglip_num_chunks_must_be_a_positive_int():
     with pytest.raises(ValueError, match="`num_chunks` must be a python int >= 1"):
         tiny_model("siglip", num_chunks=0)
-    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated"):  # its former 0: one block
-        assert tiny_model("siglip", loss_num_chunks=0).num_chunks is None
-    with pytest.warns(DeprecationWarning, match="`loss_num_chunks` is deprecated; use `num_chunks`"):
-        assert current.loss_num_chunks == 3  # the attribute, read
 
 
 def test_compile_rejects_a_loss_argument():

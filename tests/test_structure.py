@@ -50,12 +50,9 @@ FORBIDDEN = {
                         "vlzoo.families", "vlzoo.transfer", "vlzoo.distribution", "vlzoo.serving", "vlzoo.compiled",
                         "vlzoo.parallel", "vlzoo.optimizers", "vlzoo.kernels"),
 }
-# Modules that must import without Keras (what listing and checking names reads). The former preset modules
-# (vlzoo.catalogue, vlzoo.registry, vlzoo.pretrained) are deprecated aliases of vlzoo.presets.catalogue.
+# Modules that must import without Keras (what listing and checking names reads).
 KERAS_FREE = ("vlzoo", "vlzoo.version", "vlzoo.presets", "vlzoo.presets.catalogue", "vlzoo.presets.files",
-              "vlzoo.catalogue", "vlzoo.registry", "vlzoo.families", "vlzoo.formats", "vlzoo.plugins",
-              "vlzoo._deprecation",
-              "vlzoo._lazy", "vlzoo.pretrained", "vlzoo._paths", "vlzoo._arrays")
+              "vlzoo.families", "vlzoo.formats", "vlzoo.plugins", "vlzoo._lazy", "vlzoo._paths", "vlzoo._arrays")
 
 
 def _module_name(path):

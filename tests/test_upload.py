@@ -1,4 +1,4 @@
-"""`vlzoo.upload_preset`, `model.upload_preset` and `vlzoo upload`, against loopback servers that speak the
+"""`vlzoo.upload_preset` and `vlzoo upload`, against loopback servers that speak the
 Hub's and Kaggle's upload protocols (tests/hub_server.py): what was uploaded loads back, in a fresh
 process, with bit-identical weights; an incomplete preset is refused before any request; a failed
 commit leaves the repository as it was.
@@ -244,10 +244,6 @@ def test_a_model_uploads_through_a_temporary_preset(hub_env):
     assert commit == hub_env.commits["me/from-the-model"]
     assert {"config.json", "metadata.json", "model.weights.h5", "tokenizer.json", "README.md"} <= set(files)
     assert "# from-the-model" in files["README.md"].decode()
-    # The model's own method, deprecated: the same upload.
-    with pytest.warns(DeprecationWarning, match=r"call `vlzoo.upload_preset\(handle, model\)`"):
-        assert model.upload_preset("hf://me/from-the-method") == hub_env.commits["me/from-the-method"]
-    assert set(hub_env.repos["me/from-the-method"]) == set(files)
 
 
 @run_once

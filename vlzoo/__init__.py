@@ -33,12 +33,10 @@ _NAMES = {
     "save_to_preset": "vlzoo.presets.saving",
     "upload_preset": "vlzoo.presets.upload",
 }
-# The former preset modules (registry, pretrained, catalogue, preset_files, loading, hub, kaggle, upload)
-# are deprecated aliases of `vlzoo.presets`' modules.
 _SUBMODULES = (
-    "catalogue", "convert", "data", "distribution", "evaluation", "families", "formats", "host", "hub", "kaggle",
-    "layers", "loading", "losses", "models", "optimizers", "parallel", "preprocessing", "preset_files", "presets",
-    "pretrained", "registry", "retrieval", "serving", "tokenizers", "training", "transfer", "upload", "viz",
+    "convert", "data", "distribution", "evaluation", "families", "formats", "host", "layers", "losses", "models",
+    "optimizers", "parallel", "preprocessing", "presets", "retrieval", "serving", "tokenizers", "training",
+    "transfer", "viz",
 )
 __getattr__, __dir__, __all__ = _lazy_names(__name__, globals(), _NAMES, _SUBMODULES)
 __all__ = [*__all__, "__version__"]

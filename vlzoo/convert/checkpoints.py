@@ -24,7 +24,6 @@ import numpy as np
 
 from vlzoo import formats
 from vlzoo import plugins
-from vlzoo._deprecation import deprecated_constants
 from vlzoo.convert import _common as C
 from vlzoo.convert.converters import converter
 from vlzoo.convert.keras_hub import from_keras_hub
@@ -41,13 +40,6 @@ __all__ = [
     "TOLERANCES", "convert_checkpoint", "open_clip_model_config", "open_clip_peer", "transformers_files",
     "transformers_peer",
 ]
-
-# `SOURCES`, `AUTHOR_SOURCES`: deprecated (2026-11-28) aliases of `vlzoo.formats`' lists, with a warning.
-__getattr__ = deprecated_constants(__name__, {
-    "SOURCES": ("vlzoo.formats.converted_formats()", formats.converted_formats),
-    "AUTHOR_SOURCES": ("vlzoo.formats.architecture_formats()", formats.architecture_formats),
-})
-
 
 # ----------------------------------------------------------------------------- reading files
 

@@ -27,8 +27,6 @@ import pathlib
 
 import numpy as np
 
-from vlzoo import formats
-from vlzoo._deprecation import deprecated_constants
 from vlzoo.convert.keras_hub import from_keras_hub
 from vlzoo.convert.open_clip import from_open_clip_state_dict
 from vlzoo.convert.converters import architecture
@@ -42,9 +40,6 @@ from vlzoo.presets.files import read_json
 from vlzoo.tokenizers import SentencePieceTokenizer
 
 
-# `FORMATS`: deprecated (2026-11-28) alias of `vlzoo.formats.repository_formats()`, with a warning.
-__getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.repository_formats()",
-                                                          formats.repository_formats)})
 _TRANSFORMERS_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 # PIL's resampling filters as transformers' `resample` numbers them.

@@ -30,12 +30,10 @@ Example:
 import dataclasses
 import os
 
-import keras
 import numpy as np
 from keras import ops
 from PIL import Image
 
-from vlzoo._deprecation import deprecated_constants
 from vlzoo.data.labels import ImageFiles
 from vlzoo.evaluation._common import batches, finite_numpy
 from vlzoo.evaluation.templates import DEFAULT_TEMPLATES
@@ -214,10 +212,6 @@ def patch_families():
     ('filip', 'pe_core', 'sparc', 'tipsv2')
     """
     return tuple(name for name in registered_families() if get_family(name).model_class.has_dense_embeddings)
-
-
-# `PATCH_FAMILIES`: deprecated (2026-11-28) alias of `patch_families()`, with a warning.
-__getattr__ = deprecated_constants(__name__, {"PATCH_FAMILIES": ("patch_families()", patch_families)})
 
 
 def check_family(model):

@@ -6,8 +6,7 @@ and a loop with a static trip count reduces one block of `size` rows at a
 time, each block wrapped in `keras.remat` so that the backward pass
 recomputes it instead of storing it.
 
-* `check_positive_int`, `check_chunks`, `check_rows`: argument validation;
-  `chunk_arguments`: a model's chunking as config entries and call keywords.
+* `check_positive_int`, `check_rows`: argument validation.
 * `chunking`: how many blocks of how many rows (`Chunks`), or None: at most
   `num_chunks` blocks, the one chunking setting of every chunked loss and
   model (static, so it holds when the batch size is unknown at trace time).
@@ -32,7 +31,6 @@ import keras
 from keras import ops
 
 from vlzoo._backends import switches
-from vlzoo._deprecation import warn_argument
 
 # ------------------------------------------------------------ validation
 
@@ -64,38 +62,6 @@ def check_rows(rows):
     return start, count
 
 
-def check_chunks(num_chunks, chunk_size):
-    """The chunking of a function's or a model's arguments, checked: the planner's pair
-    `(num_chunks, chunk_size)` (see `chunking`).
-
-    `num_chunks` is the setting. `chunk_size`, the former one (blocks of that many rows, a static batch
-    size only), still plans its blocks when set, with a `DeprecationWarning` at the caller of the
-    function or constructor that calls this.
-
-    Raises:
-        ValueError: either is not None or a python int >= 1, or both are set.
-    """
-    if chunk_size is not None:
-        warn_argument("chunk_size=C", "num_chunks=ceil(B / C)", depth=1)
-    check_positive_int(num_chunks, "num_chunks")
-    check_positive_int(chunk_size, "chunk_size")
-    if chunk_size is not None and num_chunks is not None:
-        raise ValueError(
-            "Pass at most one of `num_chunks` or `chunk_size` (deprecated); received "
-            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
-        )
-    return num_chunks, chunk_size
-
-
-def chunk_arguments(num_chunks, chunk_size):
-    """`{"num_chunks": num_chunks}`, with the deprecated `chunk_size` only when it is set: a model's config
-    entries of its chunking (a model built with `chunk_size` round-trips; one without writes no such entry)
-    and the keyword arguments of its calls of the chunked functions."""
-    if chunk_size is None:
-        return {"num_chunks": num_chunks}
-    return {"num_chunks": num_chunks, "chunk_size": chunk_size}
-
-
 # -------------------------------------------------------------- chunking
 
 
@@ -115,41 +81,27 @@ class Chunks(collections.namedtuple("Chunks", ["count", "size", "n"])):
         return self.count * self.size - self.n
 
 
-def chunking(x, chunks, name):
+def chunking(x, num_chunks):
     """The chunks over the batch (first axis) of `x`.
 
     Args:
         x: tensor whose first axis is chunked.
-        chunks: `(num_chunks, chunk_size)` from `check_chunks`.
-        name: argument name of `x`, for the error message.
+        num_chunks: None or a python int >= 1 (checked by `check_positive_int`): at most this many
+            blocks.
 
     Returns:
-        None when there is nothing to chunk (both None, or a single block);
-        otherwise `Chunks(count, size, n)`: with `num_chunks = K`, blocks of
-        `ceil(n / min(K, n))` rows (so at most `K` blocks); with the
-        deprecated `chunk_size`, `size = min(chunk_size, n)`. With a batch
-        size unknown at trace time (only `num_chunks` works then),
-        `count = K` and `size`, `n` are tensors.
-
-    Raises:
-        ValueError: `chunk_size` with a batch size unknown at trace time.
+        None when there is nothing to chunk (`num_chunks` None, or a single block);
+        otherwise `Chunks(count, size, n)`: blocks of `ceil(n / min(K, n))` rows
+        (so at most `K = num_chunks` blocks). With a batch size unknown at
+        trace time, `count = K` and `size`, `n` are tensors.
     """
-    num_chunks, chunk_size = chunks
-    if chunk_size is None and num_chunks is None:
+    if num_chunks is None:
         return None
     n = x.shape[0]
     if n is None:
-        if num_chunks is None:
-            raise ValueError(
-                f"`chunk_size` needs a static batch size; the batch size of "
-                f"`{name}` is unknown at trace time. Pass `num_chunks`."
-            )
         n = ops.shape(x)[0]
         return Chunks(num_chunks, (n + num_chunks - 1) // num_chunks, n)
-    if chunk_size is not None:
-        size = min(chunk_size, n)
-    else:
-        size = -(-n // min(num_chunks, n))
+    size = -(-n // min(num_chunks, n))
     count = -(-n // size)
     return None if count == 1 else Chunks(count, size, n)
 

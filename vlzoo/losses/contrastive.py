@@ -22,7 +22,6 @@ the positive pair):
 import keras
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
 from vlzoo.losses._chunking import check_positive_int
@@ -245,22 +244,22 @@ def siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=None, n
                 f"With `rows=(start, count)`, `image_embeds` holds the replica's {count} images; received "
                 f"{image_embeds.shape[0]} rows."
             )
-    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (num_chunks, None), remat, start)
+    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, num_chunks, remat, start)
 
 
-def _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, chunks, remat, row_start):
-    """The loss of the images (the batch's rows `row_start ..`) against every text, the texts taken in the blocks
-    `chunks = (num_chunks, chunk_size)` plans (one block when both are None; remat only for several)."""
+def _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, num_chunks, remat, row_start):
+    """The loss of the images (the batch's rows `row_start ..`) against every text, the texts taken in at most
+    `num_chunks` blocks (one block when None; remat only for several)."""
     logit_scale = check_scalar(logit_scale, "logit_scale")
     logit_bias = check_scalar(logit_bias, "logit_bias")
-    plan = chunking(text_embeds, chunks, "text_embeds")
+    plan = chunking(text_embeds, num_chunks)
     if plan is None:
         n = ops.shape(text_embeds)[0]
         plan, pad = (1, n, n), 0
     else:
         pad = plan.pad
     total = _siglip_chunked_sum(l2_normalize(image_embeds), l2_normalize(text_embeds), logit_scale, logit_bias,
-                                tuple(plan), pad, remat and chunks != (None, None), row_start=row_start)
+                                tuple(plan), pad, remat and num_chunks is not None, row_start=row_start)
     return -total / ops.cast(ops.shape(image_embeds)[0], "float32")
 
 
@@ -297,38 +296,3 @@ def _siglip_chunk_sum(img, txt_chunk, logit_scale, logit_bias, start, n, row_sta
     labels, mask = block_labels(ops.shape(img)[0], start,
                                 ops.shape(txt_chunk)[0], n, row_start)
     return ops.sum(ops.log_sigmoid(labels * logits) * mask)
-
-
-# ------------------------------------------------ deprecated entry points
-
-
-def siglip_loss_chunked(image_embeds, text_embeds, logit_scale, logit_bias, num_chunks=None, chunk_size=None,
-                        remat=True):
-    """Deprecated: `siglip_loss(..., num_chunks=K)`. `chunk_size=C` (`K = ceil(B / C)` blocks) still works
-    here, with the warning. Exactly one of `num_chunks` and `chunk_size`."""
-    warn_renamed("siglip_loss_chunked", "siglip_loss(..., num_chunks=K)")
-    if (num_chunks is None) == (chunk_size is None):
-        raise ValueError(
-            "Pass exactly one of `num_chunks` or `chunk_size`; received "
-            f"num_chunks={num_chunks}, chunk_size={chunk_size}."
-        )
-    for name, value in (("num_chunks", num_chunks), ("chunk_size", chunk_size)):
-        if value is not None:
-            check_positive_int(value, name, allow_none=False)
-    image_embeds, text_embeds = check_pair(image_embeds, text_embeds)
-    return _siglip_blocks_loss(image_embeds, text_embeds, logit_scale, logit_bias, (num_chunks, chunk_size), remat, 0)
-
-
-def clip_loss_rows(image_embeds, text_embeds, logit_scale, start, count):
-    """Deprecated: `clip_loss(image_embeds, text_embeds, logit_scale, rows=(start, count))`."""
-    warn_renamed("clip_loss_rows(..., start, count)", "clip_loss(..., rows=(start, count))")
-    return clip_loss(image_embeds, text_embeds, logit_scale, rows=(start, count))
-
-
-def siglip_loss_rows(image_embeds, text_embeds, logit_scale, logit_bias, start, num_chunks=None, remat=True):
-    """Deprecated: `siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, R), ...)` with
-    `R` the rows of `image_embeds`."""
-    warn_renamed("siglip_loss_rows(..., start)", "siglip_loss(..., rows=(start, count))")
-    count = ops.shape(image_embeds)[0]
-    return siglip_loss(image_embeds, text_embeds, logit_scale, logit_bias, rows=(start, count),
-                       num_chunks=num_chunks, remat=remat)

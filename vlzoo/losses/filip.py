@@ -16,8 +16,6 @@ import math
 
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
-from vlzoo.losses._chunking import check_chunks
 from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
@@ -43,7 +41,6 @@ def filip_loss(
     text_mask,
     logit_scale,
     image_mask=None,
-    chunk_size=None,
     *,
     num_chunks=None,
     keep_ratio=1.0,
@@ -89,7 +86,6 @@ def filip_loss(
         logit_scale: scalar multiplier `s` (`exp` of the learned log-scale,
             `1 / 0.07` at FILIP's initialisation); shared by both directions.
         image_mask: optional `(B, P)` bool, True = real patch.
-        chunk_size: deprecated, use `num_chunks` (see `filip_similarity`).
         keep_ratio: fraction of tokens kept per sample, in `(0, 1]`;
             1.0 (default) keeps everything and skips the selection.
         selection_group_size: None scores tokens against the whole batch;
@@ -137,19 +133,19 @@ def filip_loss(
     ...                   keep_ratio=0.25)
     >>> share = filip_loss(img, txt, mask, 1 / 0.07, num_chunks=4, rows=(4, 4))
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     if rows is not None:
         if image_ids is not None:
             raise ValueError("`image_ids` (several captions per image) cannot be combined with `rows`.")
         start, count = check_rows(rows)
-        return _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, chunks,
+        return _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, num_chunks,
                             keep_ratio, selection_group_size, keep_mode, similarity_dtype, remat)
     img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
-        image_tokens, text_tokens, text_mask, image_mask, chunks, chunk_axis,
+        image_tokens, text_tokens, text_mask, image_mask, num_chunks, chunk_axis,
         keep_ratio, selection_group_size, keep_mode, similarity_dtype)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     sim_dtype = similarity_dtype or "float32"
-    s_i, s_t = _similarity(img, img_valid, txt, txt_valid, chunks,
+    s_i, s_t = _similarity(img, img_valid, txt, txt_valid, num_chunks,
                            chunk_axis, sim_dtype, mask_img, remat)
     logits_i2t = logit_scale * s_i
     logits_t2i = logit_scale * ops.transpose(s_t)
@@ -163,33 +159,24 @@ def filip_loss(
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
 
 
-def _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, chunks, keep_ratio,
+def _filip_share(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask, num_chunks, keep_ratio,
                  selection_group_size, keep_mode, similarity_dtype, remat):
     """`filip_loss(..., rows=(start, count))`."""
     img, img_valid, txt, txt_valid, mask_img = _kept_tokens(
-        image_tokens, text_tokens, text_mask, image_mask, chunks, "text",
+        image_tokens, text_tokens, text_mask, image_mask, num_chunks, "text",
         keep_ratio, selection_group_size, keep_mode, similarity_dtype)
     logit_scale = check_scalar(logit_scale, "logit_scale")
     sim_dtype = similarity_dtype or "float32"
     s_i, _ = _similarity(take_rows(img, start, count), take_rows(img_valid, start, count), txt, txt_valid,
-                         chunks, "text", sim_dtype, mask_img, remat)
+                         num_chunks, "text", sim_dtype, mask_img, remat)
     _, s_t = _similarity(img, img_valid, take_rows(txt, start, count), take_rows(txt_valid, start, count),
-                         chunks, "image", sim_dtype, mask_img, remat)
+                         num_chunks, "image", sim_dtype, mask_img, remat)
     i2t = own_log_likelihood(logit_scale * s_i, start)
     t2i = own_log_likelihood(logit_scale * ops.transpose(s_t), start)
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
 
-def filip_loss_rows(image_tokens, text_tokens, text_mask, logit_scale, start, count, image_mask=None,
-                    chunk_size=None, *, num_chunks=None, keep_ratio=1.0, selection_group_size=None,
-                    keep_mode="static", similarity_dtype=None, remat=True):
-    """Deprecated: `filip_loss(..., rows=(start, count))`."""
-    warn_renamed("filip_loss_rows(..., start, count)", "filip_loss(..., rows=(start, count))")
-    return filip_loss(image_tokens, text_tokens, text_mask, logit_scale, image_mask, chunk_size,
-                      num_chunks=num_chunks, keep_ratio=keep_ratio, selection_group_size=selection_group_size,
-                      keep_mode=keep_mode, similarity_dtype=similarity_dtype, remat=remat, rows=(start, count))
 
-
-def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, chunks,
+def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, num_chunks,
                  chunk_axis, keep_ratio, selection_group_size, keep_mode,
                  similarity_dtype):
     """The loss's normalised tokens, float masks and image-mask flag, after
@@ -201,7 +188,7 @@ def _kept_tokens(image_tokens, text_tokens, text_mask, image_mask, chunks,
     if keep_ratio == 1.0:
         return img, img_valid, txt, txt_valid, mask_img
     kept = _select(img, img_valid, txt, txt_valid, keep_ratio,
-                   selection_group_size, keep_mode, chunks,
+                   selection_group_size, keep_mode, num_chunks,
                    similarity_dtype or "float32")
     (img, img_valid, _), (txt, txt_valid, _) = kept
     return img, img_valid, txt, txt_valid, mask_img or keep_mode == "per_row"
@@ -256,7 +243,7 @@ def _score_block(x, x_valid, y, y_valid, x_group, y_group, sim_dtype):
             ops.cast(ops.max(sim, axis=(0, 2)), "float32"))
 
 
-def _selection_scores(img, img_valid, txt, txt_valid, group_size, chunks,
+def _selection_scores(img, img_valid, txt, txt_valid, group_size, num_chunks,
                       sim_dtype):
     """`(B, P)` patch and `(B, T)` token scores, chunked over texts like the
     similarity (forward only: the inputs carry no gradient)."""
@@ -264,7 +251,7 @@ def _selection_scores(img, img_valid, txt, txt_valid, group_size, chunks,
     ids = ops.arange(ops.shape(img)[0], dtype="int32")
     # Contiguous blocks of `group_size` samples; None: one group.
     group = ops.zeros_like(ids) if group_size is None else ids // group_size
-    plan = chunking(txt, chunks, "text_tokens")
+    plan = chunking(txt, num_chunks)
     if plan is None:
         return _score_block(img, img_valid, txt, txt_valid, group, group,
                             sim_dtype)
@@ -310,9 +297,9 @@ def _keep_top(tokens, valid, score, keep_ratio, keep_mode):
 
 
 def _select(img, img_valid, txt, txt_valid, keep_ratio, group_size,
-            keep_mode, chunks, sim_dtype):
+            keep_mode, num_chunks, sim_dtype):
     best_img, best_txt = _selection_scores(img, img_valid, txt, txt_valid,
-                                           group_size, chunks, sim_dtype)
+                                           group_size, num_chunks, sim_dtype)
     return (_keep_top(img, img_valid, best_img, keep_ratio, keep_mode),
             _keep_top(txt, txt_valid, best_txt, keep_ratio, keep_mode))
 
@@ -327,7 +314,6 @@ def filip_select_tokens(
     selection_group_size=None,
     keep_mode="static",
     num_chunks=None,
-    chunk_size=None,
 ):
     """FILIP's token dropping on its own (what `filip_loss` does with
     `keep_ratio < 1`; training only).
@@ -343,7 +329,6 @@ def filip_select_tokens(
         image_mask: optional `(B, P)` bool.
         selection_group_size, keep_mode, num_chunks: see `filip_loss` (the
             scores are computed in at most `num_chunks` blocks of texts).
-        chunk_size: deprecated, use `num_chunks`.
 
     Returns:
         dict with `image_tokens` `(B, k_P, D)` and `text_tokens`
@@ -352,7 +337,7 @@ def filip_select_tokens(
         `text_mask` `(B, k_T)` (bool, False for kept padding) and
         `image_indices` / `text_indices` (int32 positions in the input).
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     _check_keep(keep_ratio, selection_group_size, keep_mode)
     image_tokens, text_tokens = check_token_pair(
         image_tokens, text_tokens, "image_tokens", "text_tokens")
@@ -360,7 +345,7 @@ def filip_select_tokens(
         image_tokens, text_tokens, text_mask, image_mask, True, "text", None)
     (_, iv, ii), (_, tv, ti) = _select(
         img, img_valid, txt, txt_valid, keep_ratio, selection_group_size,
-        keep_mode, chunks, "float32")
+        keep_mode, num_chunks, "float32")
     ii, ti = ops.cast(ii, "int32"), ops.cast(ti, "int32")
     return {
         "image_tokens": ops.take_along_axis(

@@ -22,7 +22,6 @@ number of pairs). `keras.ops` only; float32 whatever the input dtype.
 
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._utils import check_float_tensor, check_scalar, format_shape, static_shape, to_float32
 from vlzoo.losses.contrastive import l2_normalize
@@ -179,11 +178,3 @@ def flair_loss(conditioned_logits, num_captions, global_logits=None, *, rows=Non
     mps = None if global_logits is None else _check_global(global_logits, tcs, k, f"(R, B * {k})")
     batch = ops.shape(tcs)[1] - k + 1
     return _loss_of_rows(tcs, k, start, mps) * (ops.cast(batch, "float32") / ops.cast(ops.shape(tcs)[0], "float32"))
-
-
-def flair_loss_rows(conditioned_logits, num_captions, start, global_logits=None):
-    """Deprecated: `flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, R))`, `R` the rows
-    of `conditioned_logits`."""
-    warn_renamed("flair_loss_rows(..., start)", "flair_loss(..., rows=(start, count))")
-    count = ops.shape(conditioned_logits)[0]
-    return flair_loss(conditioned_logits, num_captions, global_logits, rows=(start, count))

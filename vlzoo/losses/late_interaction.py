@@ -32,7 +32,7 @@ loss and token selection are in `filip.py`.
 from keras import ops
 
 from vlzoo.losses._chunking import cached_remat
-from vlzoo.losses._chunking import check_chunks
+from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
 from vlzoo.losses._chunking import put
@@ -122,10 +122,10 @@ def _block_fn(sim_dtype, mask_x, remat):
                         lambda: block)
 
 
-def _similarity_chunked(x, x_valid, y, y_valid, chunks, sim_dtype, mask_x,
-                        remat, y_name):
-    """`_late_interaction` over chunks of the `y` batch; `(Bx, By)` each."""
-    plan = chunking(y, chunks, y_name)
+def _similarity_chunked(x, x_valid, y, y_valid, num_chunks, sim_dtype, mask_x,
+                        remat):
+    """`_late_interaction` over at most `num_chunks` blocks of the `y` batch; `(Bx, By)` each."""
+    plan = chunking(y, num_chunks)
     if plan is None:
         return _late_interaction(x, x_valid, y, y_valid, sim_dtype, mask_x)
     count, size, n = plan
@@ -145,24 +145,24 @@ def _similarity_chunked(x, x_valid, y, y_valid, chunks, sim_dtype, mask_x,
             unstack_columns(s_yx, count, size, n))
 
 
-def _similarity(img, img_valid, txt, txt_valid, chunks=(None, None),
+def _similarity(img, img_valid, txt, txt_valid, num_chunks=None,
                 chunk_axis="text", sim_dtype="float32", mask_img=True,
                 remat=True):
     """`(S_I, S_T)`, each `(B_img, B_txt)`, from normalised tokens and
-    float 0/1 masks; `chunks` is `check_chunks`' `(num_chunks, chunk_size)`."""
+    float 0/1 masks, in at most `num_chunks` blocks (checked) of the `chunk_axis` batch."""
     if chunk_axis == "text":
-        return _similarity_chunked(img, img_valid, txt, txt_valid, chunks,
-                                   sim_dtype, mask_img, remat, "text_tokens")
+        return _similarity_chunked(img, img_valid, txt, txt_valid, num_chunks,
+                                   sim_dtype, mask_img, remat)
     # The two similarities are symmetric in the roles of the sides:
     # with texts as `x`, `mean_x max_y` is `S_T^T` and `mean_y max_x` `S_I^T`.
-    s_t, s_i = _similarity_chunked(txt, txt_valid, img, img_valid, chunks,
-                                   sim_dtype, True, remat, "image_tokens")
+    s_t, s_i = _similarity_chunked(txt, txt_valid, img, img_valid, num_chunks,
+                                   sim_dtype, True, remat)
     return ops.transpose(s_i), ops.transpose(s_t)
 
 
 def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
              chunk_axis, similarity_dtype):
-    """Validates the inputs (the chunking aside: `check_chunks`); returns
+    """Validates the inputs (the chunking aside: `check_positive_int`); returns
     normalised tokens, float masks and whether an image mask is in use."""
     _check_choice(chunk_axis, "chunk_axis", ("text", "image"))
     _check_choice(similarity_dtype, "similarity_dtype", _SIMILARITY_DTYPES)
@@ -181,12 +181,12 @@ def _prepare(image_tokens, text_tokens, text_mask, image_mask, paired,
 
 
 def _filip_similarity(image_tokens, text_tokens, text_mask, image_mask,
-                      chunks, chunk_axis, similarity_dtype, remat):
+                      num_chunks, chunk_axis, similarity_dtype, remat):
     """`filip_similarity` with its chunking already checked."""
     img, img_valid, txt, txt_valid, mask_img = _prepare(
         image_tokens, text_tokens, text_mask, image_mask, False, chunk_axis,
         similarity_dtype)
-    return _similarity(img, img_valid, txt, txt_valid, chunks, chunk_axis,
+    return _similarity(img, img_valid, txt, txt_valid, num_chunks, chunk_axis,
                        similarity_dtype or "float32", mask_img, remat)
 
 
@@ -198,7 +198,6 @@ def filip_similarity(
     text_tokens,
     text_mask,
     image_mask=None,
-    chunk_size=None,
     *,
     num_chunks=None,
     chunk_axis="text",
@@ -217,8 +216,6 @@ def filip_similarity(
         text_tokens: `(B_txt, T, D)` projected token embeddings.
         text_mask: `(B_txt, T)` bool, True = real token (BOS/EOS included).
         image_mask: optional `(B_img, P)` bool, True = real patch; None: all.
-        chunk_size: deprecated, use `num_chunks`: blocks of `chunk_size`
-            texts (a static batch size only), with a `DeprecationWarning`.
         num_chunks: None computes the `(B_img, B_txt, P, T)` interaction at
             once; a python int `K` loops over at most `K` blocks of
             `C = ceil(B_txt / K)` texts (of `ceil(B_img / K)` images with
@@ -239,9 +236,7 @@ def filip_similarity(
 
     Raises:
         ValueError: shapes that do not match (the message names the
-            argument), `num_chunks` or `chunk_size` not None or a python
-            int >= 1, both set, or `chunk_size` with a batch size unknown
-            at trace time.
+            argument), or `num_chunks` not None or a python int >= 1.
 
     Example:
 
@@ -251,9 +246,9 @@ def filip_similarity(
     >>> s_i.shape, s_t.shape
     ((4, 6), (4, 6))
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     return _filip_similarity(image_tokens, text_tokens, text_mask, image_mask,
-                             chunks, chunk_axis, similarity_dtype, remat)
+                             num_chunks, chunk_axis, similarity_dtype, remat)
 
 
 # ------------------------------------------------------------- inference
@@ -264,7 +259,6 @@ def filip_ensemble_scores(
     text_tokens,
     text_mask,
     image_mask=None,
-    chunk_size=None,
     *,
     num_chunks=None,
     similarity_dtype=None,
@@ -284,7 +278,6 @@ def filip_ensemble_scores(
             each of `N` classes.
         text_mask: `(N, K, T)` bool, True = real token.
         image_mask: optional `(B, P)` bool.
-        chunk_size: deprecated, use `num_chunks` (see `filip_similarity`).
         num_chunks: at most this many blocks of the `N * K` prompts (see
             `filip_similarity`); None: all at once.
         similarity_dtype: see `filip_similarity`.
@@ -300,7 +293,7 @@ def filip_ensemble_scores(
     >>> filip_ensemble_scores(img, txt, mask, num_chunks=5).shape
     (2, 10)
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     text_tokens = to_float32(text_tokens)
     shape = static_shape(text_tokens)
     if len(shape) != 4:
@@ -322,7 +315,7 @@ def filip_ensemble_scores(
     flat = ops.reshape(text_tokens, (-1, t, d))
     flat_mask = ops.reshape(mask, (-1, t))
     s_i, _ = _filip_similarity(image_tokens, flat, flat_mask, image_mask,
-                               chunks, "text", similarity_dtype, True)
+                               num_chunks, "text", similarity_dtype, True)
     return ops.mean(ops.reshape(s_i, (-1, n, k)), axis=2)
 
 

@@ -37,10 +37,9 @@ dtype, numpy or backend tensors accepted, `logit_scale` is the multiplier
 
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import block_labels
 from vlzoo.losses._chunking import cached_remat
-from vlzoo.losses._chunking import check_chunks
+from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import chunking
 from vlzoo.losses._chunking import pad_rows
@@ -97,7 +96,7 @@ def _check_values(values, keys):
 
 def _prepare(queries, keys, values, text_embeds, logit_scale, logit_bias,
              temperature, paired):
-    """Validates every input (the chunking aside: `check_chunks`); returns
+    """Validates every input (the chunking aside: `check_positive_int`); returns
     float32 tensors, the text embeddings L2-normalised."""
     queries, keys = _check_heads(queries, keys)
     values = _check_values(values, keys)
@@ -170,11 +169,11 @@ def _block(fn, remat):
     return cached_remat((__name__, fn.__name__), lambda: fn)
 
 
-def _text_chunks(queries, text_embeds, chunks):
-    """`(count, size, n, padded queries, padded text_embeds)`, or None for
-    a single block. Padded texts have zero queries and embeddings: finite
-    scores, removed by the callers."""
-    plan = chunking(queries, chunks, "queries")
+def _text_chunks(queries, text_embeds, num_chunks):
+    """`(count, size, n, padded queries, padded text_embeds)` of at most
+    `num_chunks` blocks, or None for a single block. Padded texts have zero
+    queries and embeddings: finite scores, removed by the callers."""
+    plan = chunking(queries, num_chunks)
     if plan is None:
         return None
     count, size, n = plan
@@ -242,8 +241,7 @@ def llip_contextualize(queries, keys, values, temperature):
 
 
 def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
-                temperature, chunk_size=None, *, num_chunks=None,
-                remat=True):
+                temperature, *, num_chunks=None, remat=True):
     """Scores of every image against every text, each pair with its own
     contextualised image embedding: `a * cos(z_ij, t_j) + b`.
 
@@ -255,8 +253,6 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
         logit_scale: scalar multiplier `a`.
         logit_bias: scalar bias `b`.
         temperature: `tau > 0`.
-        chunk_size: deprecated, use `num_chunks`: blocks of `chunk_size`
-            texts (a static `N_T` only), with a `DeprecationWarning`.
         num_chunks: None scores all texts at once; a python int loops over
             at most `num_chunks` blocks of `C = ceil(N_T / num_chunks)`
             texts (memory `N_I * C * (M * K + D)` per block). It need not
@@ -268,9 +264,8 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
     Raises:
         ValueError: shapes that do not match (the message names the
-            argument), a temperature not > 0, `num_chunks` or `chunk_size`
-            not None or a python int >= 1, both set, or `chunk_size` with
-            `N_T` unknown while tracing.
+            argument), a temperature not > 0, or `num_chunks` not None or a
+            python int >= 1.
 
     Example:
 
@@ -279,11 +274,11 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
     >>> llip_logits(q, k, v, t, 10.0, -10.0, 5.0, num_chunks=2).shape
     (3, 6)
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
         temperature, False)
-    chunking = _text_chunks(q, t, chunks)
+    chunking = _text_chunks(q, t, num_chunks)
     if chunking is None:
         return _block_logits(q, k, v, t, tau, scale, bias)
     count, size, n, q, t = chunking
@@ -299,7 +294,7 @@ def llip_logits(queries, keys, values, text_embeds, logit_scale, logit_bias,
 
 
 def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
-              temperature, chunk_size=None, *, num_chunks=None, remat=True, rows=None):
+              temperature, *, num_chunks=None, remat=True, rows=None):
     """Sigmoid loss of Llip over the contextualised pairs (eq. 3), of the whole batch or of one replica's images.
 
     `-(1/R) sum_ij log_sigmoid(y_ij * (a * S_ij + b))` over the `R` images
@@ -318,7 +313,6 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
             log-scale; Llip starts at `1 / 0.07`).
         logit_bias: scalar bias `b` (Llip starts at -10).
         temperature: `tau > 0` of the cross-attention.
-        chunk_size: deprecated, use `num_chunks`.
         num_chunks, remat: see `llip_logits`; each block of texts is
             reduced to a scalar before the next one.
         rows: None for the loss of the whole batch; `(start, count)` for the
@@ -344,32 +338,23 @@ def llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias,
     >>> loss = llip_loss(q, k, v, t, 1 / 0.07, -10.0, 5.0, num_chunks=2)
     >>> share = llip_loss(q, k[2:], v[2:], t, 1 / 0.07, -10.0, 5.0, rows=(2, 2))
     """
-    chunks = check_chunks(num_chunks, chunk_size)
+    check_positive_int(num_chunks, "num_chunks")
     start = 0
     if rows is not None:
         start, _ = check_rows(rows)
     q, k, v, t, scale, bias, tau = _prepare(
         queries, keys, values, text_embeds, logit_scale, logit_bias,
         temperature, rows is None)
-    total = _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, start)
+    total = _loss_sum(q, k, v, t, tau, scale, bias, num_chunks, remat, start)
     return -total / ops.cast(ops.shape(k)[0], "float32")
 
 
-def llip_loss_rows(queries, keys, values, text_embeds, logit_scale,
-                   logit_bias, temperature, start, chunk_size=None, *,
-                   num_chunks=None, remat=True):
-    """Deprecated: `llip_loss(..., rows=(start, R))`, `R` the images of `keys`."""
-    warn_renamed("llip_loss_rows(..., start)", "llip_loss(..., rows=(start, count))")
-    count = ops.shape(keys)[0]
-    return llip_loss(queries, keys, values, text_embeds, logit_scale, logit_bias, temperature, chunk_size,
-                     num_chunks=num_chunks, remat=remat, rows=(start, count))
-
-
-def _loss_sum(q, k, v, t, tau, scale, bias, chunks, remat, row_start):
+def _loss_sum(q, k, v, t, tau, scale, bias, num_chunks, remat, row_start):
     """`sum_ij log_sigmoid(y_ij * logits_ij)` of the images `k, v` (rows
-    `row_start ..` of the batch) against every caption, by chunks."""
+    `row_start ..` of the batch) against every caption, in at most
+    `num_chunks` blocks of captions."""
     n_images = ops.shape(k)[0]
-    chunking = _text_chunks(q, t, chunks)
+    chunking = _text_chunks(q, t, num_chunks)
     if chunking is None:
         n = ops.shape(q)[0]
         labels, valid = block_labels(n_images, 0, n, n, row_start)

@@ -25,7 +25,6 @@ their content never changes the loss.
 
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import take_rows
 from vlzoo.losses._utils import format_shape
@@ -357,13 +356,3 @@ def _sparc_share(image_global, text_global, patch_embeds, token_embeds, token_ma
         fine = ops.mean(ops.sum(ce, axis=1) / ops.maximum(tokens, 1.0))
     return (check_scalar(lambda_global, "lambda_global") * global_share
             + check_scalar(lambda_fine, "lambda_fine") * fine)
-
-
-def sparc_loss_rows(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale, start, count,
-                    lambda_global=0.5, lambda_fine=1.0, threshold=None, reduction="tokens", *, fine_logit_scale=None,
-                    alignment="threshold", epsilon=1e-5):
-    """Deprecated: `sparc_loss(..., rows=(start, count))`."""
-    warn_renamed("sparc_loss_rows(..., start, count)", "sparc_loss(..., rows=(start, count))")
-    return sparc_loss(image_global, text_global, patch_embeds, token_embeds, token_mask, logit_scale, lambda_global,
-                      lambda_fine, threshold, reduction, fine_logit_scale=fine_logit_scale, alignment=alignment,
-                      epsilon=epsilon, rows=(start, count))

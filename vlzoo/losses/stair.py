@@ -34,7 +34,6 @@ backward pass), so memory grows with `B * S * V / num_chunks`.
 import keras
 from keras import ops
 
-from vlzoo._deprecation import warn_renamed
 from vlzoo.losses._chunking import check_rows
 from vlzoo.losses._chunking import symmetric_rows_loss
 from vlzoo.losses._utils import check_float_tensor
@@ -304,12 +303,6 @@ def stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon=COSIN
     i2t = ops.diagonal(ops.log_softmax(logits, axis=1))
     t2i = ops.diagonal(ops.log_softmax(logits, axis=0))
     return -0.5 * (ops.mean(i2t) + ops.mean(t2i))
-
-
-def stair_contrastive_loss_rows(image_embeds, text_embeds, logit_scale, start, count, epsilon=COSINE_EPSILON):
-    """Deprecated: `stair_contrastive_loss(..., rows=(start, count))`."""
-    warn_renamed("stair_contrastive_loss_rows(..., start, count)", "stair_contrastive_loss(..., rows=(start, count))")
-    return stair_contrastive_loss(image_embeds, text_embeds, logit_scale, epsilon, rows=(start, count))
 
 
 def stair_loss(image_embeds, text_embeds, logit_scale, image_flops_weight=0.0, text_flops_weight=0.0,

@@ -3,12 +3,10 @@
 import functools
 import inspect
 import math
-import warnings
 
 import keras
 from keras import ops
 
-import vlzoo
 from vlzoo import compiled, parallel
 from vlzoo._backends import switches, workarounds
 from vlzoo.layers import TextTransformer, VisionTransformer
@@ -162,6 +160,15 @@ class ContrastiveModel(Trainer):
     # `dense_image_embeddings`, `token_patch_alignment` and a family's own, such as Llip's `contextualize`) carry
     # `switches.untracked_inference`: on PyTorch they record no autograd graph, unless an argument is a tensor
     # that requires a gradient.
+
+    def __init_subclass__(cls, **kwargs):
+        """Wraps a subclass's overrides of inference methods (`switches.untracked_inference`) alike, so that a
+        family's `score`, or a family defined outside vlzoo, needs no decorator of its own."""
+        super().__init_subclass__(**kwargs)
+        for name, value in list(cls.__dict__.items()):
+            inherited = getattr(super(cls, cls), name, None)
+            if inspect.isfunction(value) and getattr(inherited, "untracked_inference", False):
+                setattr(cls, name, switches.untracked_inference(value))
 
     @switches.untracked_inference
     def encode_image(self, images, normalize=False):
@@ -484,16 +491,8 @@ class ContrastiveModel(Trainer):
         >>> model.get_layout_map(mesh)["vision/block_0/mlp/fc1/kernel"].axes
         (None, 'model')
         """
-        return layout.layout_map(self.weights, self._layout_rules(), mesh, model_axis)
-
-    def _layout_rules(self):
-        return layout.TOWER_RULES + tuple(self.extra_layout_rules)
-
-    def layout_rules(self):
-        """Deprecated: `get_layout_map(mesh)` gives the layout map these rules make."""
-        warnings.warn("`model.layout_rules()` is deprecated; call `model.get_layout_map(mesh)`.",
-                      DeprecationWarning, stacklevel=2)
-        return self._layout_rules()
+        rules = layout.TOWER_RULES + tuple(self.extra_layout_rules)
+        return layout.layout_map(self.weights, rules, mesh, model_axis)
 
     # ------------------------------------------------------ family interface
     #
@@ -605,45 +604,6 @@ class ContrastiveModel(Trainer):
     # exchange and memory.
     replica_local_outputs = ()
 
-    def replica_loss(self, outputs, start, count, training=False):
-        """Deprecated: `contrastive_loss(outputs, rows=(start, count))`."""
-        warnings.warn("`replica_loss(outputs, start, count)` is deprecated; call "
-                      "`contrastive_loss(outputs, rows=(start, count))`.", DeprecationWarning, stacklevel=2)
-        return self.contrastive_loss(outputs, rows=(start, count), training=training)
-
-    def __init_subclass__(cls, **kwargs):
-        """A family written against the earlier interface (`contrastive_loss(outputs, training)` for the
-        whole batch, `replica_loss(outputs, start, count, training)` for a share) keeps working, with a
-        DeprecationWarning; delete once no such family is in use. Also wraps a subclass's overrides of
-        inference methods (`switches.untracked_inference`) alike, so that a family's `score`, or a family
-        defined outside vlzoo, needs no decorator of its own."""
-        super().__init_subclass__(**kwargs)
-        for name, value in list(cls.__dict__.items()):
-            inherited = getattr(super(cls, cls), name, None)
-            if inspect.isfunction(value) and getattr(inherited, "untracked_inference", False):
-                setattr(cls, name, switches.untracked_inference(value))
-        loss = cls.__dict__.get("contrastive_loss")
-        own_rows = cls.__dict__.get("replica_loss")
-        whole_only = loss is not None and "rows" not in inspect.signature(loss).parameters
-        if not whole_only and own_rows is None:
-            return
-        former = [name for name, defined in (("`contrastive_loss` without `rows`", whole_only),
-                                             ("`replica_loss`", own_rows is not None)) if defined]
-        warnings.warn(f"{cls.__name__} defines {' and '.join(former)}; define "
-                      "`contrastive_loss(outputs, rows=None, training=False)` instead.", DeprecationWarning, stacklevel=2)
-        whole = loss or cls.contrastive_loss
-        if own_rows is None:  # the former behaviour: the whole loss on every replica, every output gathered
-            cls.replica_local_outputs = ()
-
-        def contrastive_loss(self, outputs, rows=None, training=False):
-            if rows is None or own_rows is None:
-                return whole(self, outputs, training=training)
-            return own_rows(self, outputs, *rows, training=training)
-
-        cls.contrastive_loss = contrastive_loss
-        if own_rows is not None:
-            del cls.replica_loss  # the deprecated alias again, which calls the adapter above
-
     # ---------------------------------------------------------- persistence
 
     # Keras' quantization mode of the weights (`quantize`), None for float weights; recorded in a saved
@@ -680,13 +640,6 @@ class ContrastiveModel(Trainer):
         >>> model.save_to_preset("runs/clip_tiny")
         """
         saving.save_to_preset(self, directory, metadata=metadata)
-
-    def upload_preset(self, handle, message=None):
-        """Deprecated: `vlzoo.upload_preset(handle, model, message)` publishes a model (uploading is not
-        the model's job, so that the model classes import no hub client)."""
-        warnings.warn("`model.upload_preset(handle)` is deprecated; call `vlzoo.upload_preset(handle, model)`.",
-                      DeprecationWarning, stacklevel=2)
-        return vlzoo.upload_preset(handle, self, message=message)
 
     def get_config(self):
         config = super().get_config()

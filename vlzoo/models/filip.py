@@ -8,7 +8,7 @@ from keras import ops
 from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.losses import filip_ensemble_scores, filip_loss, filip_similarity, filip_token_alignment
-from vlzoo.losses._chunking import check_chunks, chunk_arguments
+from vlzoo.losses._chunking import check_positive_int
 from vlzoo.models.clip import CLIP
 from vlzoo.models.ensembling import TokenSimilarityMean
 from vlzoo.models.token_level import TokenContrastiveModel
@@ -53,9 +53,6 @@ class FILIP(TokenContrastiveModel):
         embed_dim: width of the token embeddings, 256 in the paper.
         init_logit_scale: initial log-scale, `ln(1 / 0.07)`.
         interaction_include_cls: use the CLS output as one more image token.
-        chunk_size: deprecated, use `num_chunks`: texts per block of the
-            late interaction (a static batch size only), with a
-            `DeprecationWarning`; kept in the config when set.
         num_chunks: None computes the late interaction of scores and loss
             at once; a python int computes it in at most `num_chunks` blocks
             of texts (memory `B_img * ceil(B_txt / num_chunks) * P * T` per
@@ -70,9 +67,8 @@ class FILIP(TokenContrastiveModel):
         projection_bias: bias in the token projections (CLIP: none).
 
     Raises:
-        ValueError: `keep_ratio` outside `(0, 1]`; `num_chunks` or the
-            deprecated `chunk_size` not None or a python int >= 1, or both
-            set.
+        ValueError: `keep_ratio` outside `(0, 1]`; `num_chunks` not None or
+            a python int >= 1.
 
     `encode_image` returns `{"embeds", "tokens"}` and `encode_text`
     `{"embeds", "tokens", "mask"}`: `tokens` are the projected interaction
@@ -92,7 +88,7 @@ class FILIP(TokenContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=256, init_logit_scale=math.log(1 / 0.07),
-        interaction_include_cls=False, chunk_size=None, num_chunks=None, keep_ratio=1.0,
+        interaction_include_cls=False, num_chunks=None, keep_ratio=1.0,
         selection_group_size=None, keep_mode="static", similarity_dtype=None,
         projection_bias=False, **kwargs,
     ):
@@ -101,7 +97,8 @@ class FILIP(TokenContrastiveModel):
         )
         if not 0.0 < float(keep_ratio) <= 1.0:
             raise ValueError(f"`keep_ratio` must lie in (0, 1]; received {keep_ratio!r}.")
-        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
+        check_positive_int(num_chunks, "num_chunks")
+        self.num_chunks = num_chunks
         self.interaction_include_cls = interaction_include_cls
         self.keep_ratio = keep_ratio
         self.selection_group_size = selection_group_size
@@ -130,7 +127,7 @@ class FILIP(TokenContrastiveModel):
 
     def _chunks(self):
         """The keyword arguments of the similarity functions: the chunking and `similarity_dtype`."""
-        return dict(chunk_arguments(self.num_chunks, self.chunk_size), similarity_dtype=self.similarity_dtype)
+        return {"num_chunks": self.num_chunks, "similarity_dtype": self.similarity_dtype}
 
     def score(self, image_embeds, text_embeds, direction="i2t"):
         """`exp(logit_scale) * S_I` (`direction="i2t"`, default) or `* S_T`
@@ -209,7 +206,7 @@ class FILIP(TokenContrastiveModel):
         config.update(
             interaction_include_cls=self.interaction_include_cls, keep_ratio=self.keep_ratio,
             selection_group_size=self.selection_group_size, keep_mode=self.keep_mode,
-            similarity_dtype=self.similarity_dtype, **chunk_arguments(self.num_chunks, self.chunk_size),
+            similarity_dtype=self.similarity_dtype, num_chunks=self.num_chunks,
         )
         return config
 

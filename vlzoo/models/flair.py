@@ -9,7 +9,7 @@ from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, IMAGE_PROJECTION, TEXT_PROJECTION, register_family
 from vlzoo.layers.flair import TextConditionedPooling
 from vlzoo.losses import siglip_logits
-from vlzoo.losses._chunking import check_chunks, chunk_arguments, chunking, pad_rows, put, slice_chunk, static_loop
+from vlzoo.losses._chunking import check_positive_int, chunking, pad_rows, put, slice_chunk, static_loop
 from vlzoo.losses._chunking import take_rows, unstack_columns
 from vlzoo.losses.flair import flair_caption_indices, flair_loss, flair_pair_logits
 from vlzoo.models.base import ContrastiveModel
@@ -56,9 +56,6 @@ class FLAIR(ContrastiveModel):
         init_logit_bias: initial bias, -10.
         use_global_loss: average the loss with the global multi-positive
             sigmoid loss (True, as every released model).
-        chunk_size: deprecated, use `num_chunks`: texts per block of
-            `score` (a static number of texts only), with a
-            `DeprecationWarning`; kept in the config when set.
         seed: seed of the captions the loss draws from the other images.
         num_chunks: None scores all texts at once; a python int scores them
             in at most `num_chunks` blocks (memory
@@ -67,8 +64,7 @@ class FLAIR(ContrastiveModel):
 
     Raises:
         ValueError: a tower with an `output_dim`, a vision tower without
-            one CLS token; `num_chunks` or the deprecated `chunk_size` not
-            None or a python int >= 1, or both set.
+            one CLS token; `num_chunks` not None or a python int >= 1.
 
     `encode_image` returns `{"embeds": (B, D), "tokens": (B, P, D)}` (the
     global embedding and the projected patch tokens); `encode_text`
@@ -94,7 +90,7 @@ class FLAIR(ContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=512, num_heads=8, init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0,
-        use_global_loss=True, chunk_size=None, seed=None, num_chunks=None, **kwargs,
+        use_global_loss=True, seed=None, num_chunks=None, **kwargs,
     ):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
         for name, tower in (("vision", self.vision), ("text", self.text)):
@@ -105,7 +101,8 @@ class FLAIR(ContrastiveModel):
             if name == "vision" and tower.num_prefix_tokens != 1:
                 raise ValueError("FLAIR's vision tower has one CLS token (the global embedding); received "
                                  f"`num_prefix_tokens={tower.num_prefix_tokens}`.")
-        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
+        check_positive_int(num_chunks, "num_chunks")
+        self.num_chunks = num_chunks
         self.init_logit_bias = init_logit_bias
         self.use_global_loss = bool(use_global_loss)
         self.seed = seed
@@ -205,8 +202,7 @@ class FLAIR(ContrastiveModel):
                 `a * cos(v_i, t_j) + b` of the global embeddings.
 
         Raises:
-            ValueError: an unknown `mode`, or the deprecated `chunk_size`
-                with a number of texts unknown while tracing.
+            ValueError: an unknown `mode`.
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"`mode` must be one of {SCORE_MODES}; received {mode!r}.")
@@ -217,7 +213,7 @@ class FLAIR(ContrastiveModel):
             return siglip_logits(image["embeds"], texts, scale, self.logit_bias)
         keys, values = self.text_pooling.image_keys_values(ops.convert_to_tensor(image["tokens"]))
         texts = ops.convert_to_tensor(texts)
-        plan = chunking(texts, (self.num_chunks, self.chunk_size), "text_embeds")
+        plan = chunking(texts, self.num_chunks)
         if plan is None:
             return self._conditioned_logits(keys, values, texts, scale)
         count, size, n = plan
@@ -279,7 +275,7 @@ class FLAIR(ContrastiveModel):
         config = super().get_config()
         config.update(
             num_heads=self.text_pooling.num_heads, init_logit_bias=self.init_logit_bias,
-            use_global_loss=self.use_global_loss, seed=self.seed, **chunk_arguments(self.num_chunks, self.chunk_size),
+            use_global_loss=self.use_global_loss, seed=self.seed, num_chunks=self.num_chunks,
         )
         return config
 

@@ -9,7 +9,7 @@ from vlzoo._backends import switches
 from vlzoo.families import CLIPTransfer, Family, TEXT_PROJECTION, register_family
 from vlzoo.layers.llip import LlipCrossAttention
 from vlzoo.losses import l2_normalize
-from vlzoo.losses._chunking import check_chunks, chunk_arguments
+from vlzoo.losses._chunking import check_positive_int
 from vlzoo.losses.llip import llip_contextualize, llip_logits, llip_loss, llip_template_average
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.models.clip import CLIP
@@ -48,18 +48,14 @@ class Llip(ContrastiveModel):
         init_logit_scale: initial log-scale, `ln(1 / 0.07)`; clamped to
             `[0, ln 100]` after every training step.
         init_logit_bias: initial bias, -10.
-        chunk_size: deprecated, use `num_chunks`: texts per block (a
-            static batch size only), with a `DeprecationWarning`; kept in
-            the config when set.
         num_chunks: None scores all texts at once; a python int scores and
             computes the loss in at most `num_chunks` blocks of texts
             (memory `N_I * ceil(N_T / num_chunks) * (M * K + D)` per block),
             the batch size possibly unknown while tracing.
 
     Raises:
-        ValueError: a tower with an `output_dim`; `num_chunks` or the
-            deprecated `chunk_size` not None or a python int >= 1, or both
-            set.
+        ValueError: a tower with an `output_dim`; `num_chunks` not None or
+            a python int >= 1.
 
     `encode_image` returns `{"embeds": (B, D), "keys": (B, K, M, d_h),
     "values": (B, K, M, D), "mixture_tokens": (B, K, W_v)}` (values folded
@@ -95,7 +91,7 @@ class Llip(ContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=512, num_heads=8, temperature=5.0, use_qkv_norm=False,
-        init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0, chunk_size=None, num_chunks=None,
+        init_logit_scale=math.log(1 / 0.07), init_logit_bias=-10.0, num_chunks=None,
         **kwargs,
     ):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
@@ -106,7 +102,8 @@ class Llip(ContrastiveModel):
                     f"`text_projection` read the tower features); received `{name}` with "
                     f"`output_dim={tower.output_dim}`. Remove it."
                 )
-        self.num_chunks, self.chunk_size = check_chunks(num_chunks, chunk_size)
+        check_positive_int(num_chunks, "num_chunks")
+        self.num_chunks = num_chunks
         self.init_logit_bias = init_logit_bias
         self.cross_attention = LlipCrossAttention(
             self.vision.num_prefix_tokens, self.vision.hidden_dim, self.text.hidden_dim, embed_dim,
@@ -167,7 +164,7 @@ class Llip(ContrastiveModel):
         return llip_logits(
             text["queries"], image["keys"], image["values"], text["embeds"],
             self.logit_scale_value(), self.logit_bias, self._tau(temperature),
-            **chunk_arguments(self.num_chunks, self.chunk_size),
+            num_chunks=self.num_chunks,
         )
 
     replica_local_outputs = ("image_keys", "image_values", "image_mixture_tokens", "image_embeds")
@@ -250,7 +247,7 @@ class Llip(ContrastiveModel):
         the captions."""
         args = (outputs["text_queries"], outputs["image_keys"], outputs["image_values"], outputs["text_embeds"],
                 outputs["logit_scale"], outputs["logit_bias"], self.temperature)
-        return llip_loss(*args, **chunk_arguments(self.num_chunks, self.chunk_size), rows=rows)
+        return llip_loss(*args, num_chunks=self.num_chunks, rows=rows)
 
     def no_weight_decay_variables(self):
         """LayerNorm parameters, biases and the logit scale/bias: the variables of rank < 2."""
@@ -261,7 +258,7 @@ class Llip(ContrastiveModel):
         head = self.cross_attention
         config.update(
             num_heads=head.num_heads, temperature=head.temperature, use_qkv_norm=head.use_qkv_norm,
-            init_logit_bias=self.init_logit_bias, **chunk_arguments(self.num_chunks, self.chunk_size),
+            init_logit_bias=self.init_logit_bias, num_chunks=self.num_chunks,
         )
         return config
 

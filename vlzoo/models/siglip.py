@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from vlzoo._deprecation import warn_argument
 from vlzoo.families import Family, register_family
 from vlzoo.losses import siglip_logits, siglip_loss
 from vlzoo.losses._chunking import check_positive_int
@@ -31,12 +30,9 @@ class SigLIP(ContrastiveModel):
             python int computes the loss in at most `num_chunks` blocks of
             texts (the same value; `B * ceil(B / num_chunks)` logits per
             block), the batch size possibly unknown while tracing.
-        loss_num_chunks: deprecated name of `num_chunks`, with a
-            `DeprecationWarning`.
 
     Raises:
-        ValueError: `num_chunks` not None or a python int >= 1, or both it
-            and `loss_num_chunks` set.
+        ValueError: `num_chunks` not None or a python int >= 1.
     """
 
     family = "siglip"
@@ -51,15 +47,9 @@ class SigLIP(ContrastiveModel):
 
     def __init__(
         self, vision, text, embed_dim=768, init_logit_scale=math.log(10.0), init_logit_bias=-10.0,
-        num_chunks=None, loss_num_chunks=None, **kwargs,
+        num_chunks=None, **kwargs,
     ):
         super().__init__(vision, text, embed_dim, init_logit_scale=init_logit_scale, **kwargs)
-        if loss_num_chunks is not None:
-            warn_argument("loss_num_chunks", "num_chunks")
-            if num_chunks is not None:
-                raise ValueError("Pass at most one of `num_chunks` or `loss_num_chunks` (deprecated); received "
-                                 f"num_chunks={num_chunks}, loss_num_chunks={loss_num_chunks}.")
-            num_chunks = loss_num_chunks or None  # the former 0 meant one block, as None does
         check_positive_int(num_chunks, "num_chunks")
         self.init_logit_bias = init_logit_bias
         self.num_chunks = num_chunks
@@ -85,12 +75,6 @@ class SigLIP(ContrastiveModel):
         images (the only ones `image_embeds` then holds) against every text."""
         args = (outputs["image_embeds"], outputs["text_embeds"], outputs["logit_scale"], outputs["logit_bias"])
         return siglip_loss(*args, rows=rows, num_chunks=self.num_chunks)
-
-    @property
-    def loss_num_chunks(self):
-        """Deprecated name of `num_chunks`."""
-        warn_argument("loss_num_chunks", "num_chunks")
-        return self.num_chunks
 
     def get_config(self):
         config = super().get_config()

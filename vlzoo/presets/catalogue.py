@@ -37,7 +37,6 @@ import pathlib
 
 from vlzoo import formats
 from vlzoo import plugins
-from vlzoo._deprecation import deprecated_constants
 from vlzoo._paths import DATA_ROOT
 from vlzoo._paths import presets_root
 from vlzoo.presets.files import CONFIG_FILE
@@ -52,11 +51,6 @@ PRETRAINED_FILE = DATA_ROOT / "pretrained.json"
 PRETRAINED_REQUIRED = ("handle", "format", "family", "architecture", "source", "licence", "reference",
                        "description")
 _IN_CODE = {}
-
-# `FORMATS`, the formats' former constant: deprecated, read from `vlzoo.formats`.
-__getattr__ = deprecated_constants(__name__, {"FORMATS": ("vlzoo.formats.catalogue_formats()",
-                                                          formats.catalogue_formats)})
-
 
 # ----------------------------------------------------------------------------- registered presets
 

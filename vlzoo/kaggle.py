@@ -1,8 +1,0 @@
-"""Deprecated: Kaggle Models, now `vlzoo.presets.kaggle`, `vlzoo.presets.remote`.
-
-Each name read here warns (`DeprecationWarning`, naming its new place) and is served from there.
-"""
-
-from vlzoo._deprecation import moved_module
-
-__getattr__, __dir__ = moved_module(__name__, ["vlzoo.presets.kaggle", "vlzoo.presets.remote"])

@@ -1,9 +1,0 @@
-"""Deprecated: publishing presets, now `vlzoo.presets.upload`, `vlzoo.presets.huggingface`, `vlzoo.presets.kaggle`.
-
-Each name read here warns (`DeprecationWarning`, naming its new place) and is served from there.
-"""
-
-from vlzoo._deprecation import moved_module
-
-__getattr__, __dir__ = moved_module(__name__, ["vlzoo.presets.upload", "vlzoo.presets.huggingface",
-                                                "vlzoo.presets.kaggle"])
