@@ -21,16 +21,17 @@ from margins import shallow_towers
 BACKEND = keras.backend.backend()
 # What Keras exports from each backend (vlzoo.serving's table). ONNX from PyTorch goes through the
 # output naming: every family's entries. ONNX from TensorFlow goes through vlzoo's rewrite of
-# TensorFlow-only nodes (GELU's Erfc, STAIR's Log1p) and the SavedModel from JAX traces a symbolic batch
-# through the families' shape checks: CLIP, SPARC, Llip, SPARO and STAIR (SigLIP's and FILIP's towers
-# are CLIP's and SPARC's with other heads). The TensorFlow SavedModel (the format JAX's goes through)
-# takes Llip, the family with the most outputs; LiteRT CLIP, SPARC (tokens and a mask) and STAIR (the
-# vocabulary head, which LiteRT takes in one block).
+# TensorFlow-only nodes (GELU's Erfc, STAIR's Log1p), ONNX from JAX through the naming of jax2onnx's
+# outputs (SPARC's text mask, Llip's four image entries) and jax2onnx's `arange` (SPARO's end token), and
+# both formats from JAX trace a symbolic batch through the families' shape checks: CLIP, SPARC, Llip,
+# SPARO and STAIR (SigLIP's and FILIP's towers are CLIP's and SPARC's with other heads). The TensorFlow
+# SavedModel (the format JAX's goes through) takes Llip, the family with the most outputs; LiteRT CLIP,
+# SPARC (tokens and a mask) and STAIR (the vocabulary head, which LiteRT takes in one block).
 DISTINCT = ("clip", "sparc", "llip", "sparo", "stair")
 CASES = {
     "tensorflow": [*(("onnx", f) for f in DISTINCT), ("tf_saved_model", "llip"),
                    *(("litert", f) for f in ("clip", "sparc", "stair"))],
-    "jax": [("tf_saved_model", f) for f in DISTINCT],
+    "jax": [*(("onnx", f) for f in DISTINCT), *(("tf_saved_model", f) for f in DISTINCT)],
     "torch": [("onnx", f) for f in FAMILIES],
 }[BACKEND]
 # PyTorch's ONNX export takes a fixed batch; the others any batch, checked at two sizes.
@@ -68,6 +69,9 @@ def _assert_serves(got, want):
 def test_each_tower_serves_the_keras_models_embeddings(format, family, tmp_path):
     model = _model(family)
     artefacts = vlzoo.export(model, str(tmp_path), format=format, batch_size=FIXED_BATCH)
+    # One file (a SavedModel: one folder) per tower and the manifest, nothing beside them.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["export.json", *(os.path.basename(path) for path in artefacts.values())])
     manifest = json.loads((tmp_path / "export.json").read_text())
     assert manifest["family"] == type(model).__name__ and manifest["format"] == format
     assert manifest["towers"]["image"]["outputs"] == list(model.image_embedding_keys)

@@ -15,7 +15,7 @@ Which backend exports which format is Keras' decision:
 | format | TensorFlow | JAX | PyTorch |
 |---|---|---|---|
 | `tf_saved_model` | yes | yes (through jax2tf; TensorFlow installed) | no (Keras needs `torch_xla`) |
-| `onnx` | yes (tf2onnx) | with `jax2onnx` installed | a fixed `batch_size` only |
+| `onnx` | yes (tf2onnx) | yes (jax2onnx, the `export` extra) | a fixed `batch_size` only |
 | `litert` | yes | no | with `litert-torch` installed |
 
 `export` refuses the empty cells by name before it writes anything, and
@@ -37,6 +37,7 @@ import warnings
 import keras
 import numpy as np
 
+from vlzoo._backends.keras_internals import arange_with_start
 from vlzoo.layers import SparseVocabHead
 from vlzoo.models.base import ContrastiveModel
 from vlzoo.training._models import blank_copy
@@ -66,7 +67,7 @@ class ImageEncoder(keras.Model):
         self.built = model.built  # no weights of its own
 
     def call(self, images):
-        return self.model.encode_image(images, normalize=True)
+        return _by_name(self.model.encode_image(images, normalize=True))
 
     def input_signature(self, batch_size=None):
         """The export's inputs: `[images (batch_size, H, W, 3) float32]`."""
@@ -93,7 +94,8 @@ class TextEncoder(keras.Model):
         self.built = model.built  # no weights of its own
 
     def call(self, token_ids, padding_mask):
-        return self.model.encode_text({"token_ids": token_ids, "padding_mask": padding_mask}, normalize=True)
+        return _by_name(self.model.encode_text({"token_ids": token_ids, "padding_mask": padding_mask},
+                                               normalize=True))
 
     def input_signature(self, batch_size=None):
         """The export's inputs: `[token_ids (batch_size, T) int32, padding_mask (batch_size, T) bool]`."""
@@ -186,12 +188,13 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
         encoder = ImageEncoder(model) if tower == "image" else TextEncoder(model)
         signature = encoder.input_signature(batch_size)
         target = os.path.join(path, tower + FORMATS[format])
-        with warnings.catch_warnings():  # torch.export's own pytree deprecation, nothing a caller can act on
+        with warnings.catch_warnings(), arange_with_start():
+            # torch.export's own pytree deprecation, nothing a caller can act on
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
             encoder.export(target, format=format, input_signature=signature, verbose=False)
         outputs = list(model.image_embedding_keys if tower == "image" else model.text_embedding_keys)
         if format == "onnx":
-            _fix_onnx(target, outputs)
+            _fix_onnx(target, sorted(outputs))
         artefacts[tower] = target
         manifest["towers"][tower] = {
             "path": os.path.basename(target),
@@ -209,6 +212,13 @@ def export(model, path, format="tf_saved_model", towers=_TOWERS, batch_size=None
 _TF_ONLY_ONNX_OPS = {"Erfc": ("Erf", "Sub"), "Log1p": ("Add", "Log")}
 
 
+def _by_name(outputs):
+    """`outputs`, a dict, with its entries in the order of their names: the order in which the ONNX exporters
+    that do not name their outputs list them (PyTorch's in the dict's order, jax2onnx in a JAX pytree's, by
+    name), so `_fix_onnx` can name them."""
+    return {name: outputs[name] for name in sorted(outputs)}
+
+
 def _unchunked(model):
     """`model` with its vocabulary head in one block (STAIR's `num_chunks=None`), same weights.
 
@@ -221,11 +231,18 @@ def _unchunked(model):
 
 
 def _fix_onnx(path, names):
-    """Makes an exported ONNX file standard and named: the nodes of `_TF_ONLY_ONNX_OPS`, in any subgraph, are
-    rewritten with ONNX's own ops; PyTorch's exporter numbers the outputs, which get the encoder's entry names."""
+    """Makes an exported ONNX file standard, named and whole: the nodes of `_TF_ONLY_ONNX_OPS`, in any subgraph,
+    are rewritten with ONNX's own ops; the outputs PyTorch's exporter numbers and jax2onnx names after internal
+    values get `names`, the encoder's entry names in the order of `_by_name`; the tensors an exporter wrote beside
+    the file (jax2onnx: those over 1 MB, to `NAME.onnx.data`) are written into it, and the files they were in
+    removed."""
     import onnx  # an optional dependency, as for Keras' own ONNX export
 
-    model = onnx.load(path)
+    model = onnx.load(path, load_external_data=False)
+    folder = os.path.dirname(path)
+    beside = {entry.value for graph in _graphs(model.graph) for tensor in graph.initializer
+              for entry in tensor.external_data if entry.key == "location"}
+    onnx.load_external_data_for_model(model, folder)
     _rewrite_tf_only_ops(model.graph, onnx)
     graph = model.graph
     if sorted(output.name for output in graph.output) != sorted(names):
@@ -236,6 +253,17 @@ def _fix_onnx(path, names):
             output.name = name
     onnx.checker.check_model(model)
     onnx.save(model, path)
+    for name in beside:
+        os.remove(os.path.join(folder, name))
+
+
+def _graphs(graph):
+    """`graph` and every subgraph in it (loop bodies, branches), depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
+                yield from _graphs(subgraph)
 
 
 def _rewrite_tf_only_ops(graph, onnx):

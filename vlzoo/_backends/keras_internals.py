@@ -26,6 +26,11 @@ nowhere else in the package:
   the variables' values are the scope's, not their own (a stateless call, or
   Keras' shape inference). `keras.StatelessScope` is public; the question
   whether one is open is asked through `keras.src.backend`.
+- `arange_with_start()`: Keras' JAX `arange(stop)` calls `jnp.arange(stop, None)`,
+  which jax2onnx (0.17.1 and before), the converter of Keras' ONNX export from JAX,
+  reads as start and stop: every `ops.arange(n)` fails there. Within the scope Keras'
+  JAX `arange` passes `(0, stop)`, through its private backend module. Delete when
+  jax2onnx reads `jnp.arange(stop, None)` as `jnp.arange(stop)`.
 - `import_tensorflow_when_used()`: on JAX and PyTorch, Keras imports
   TensorFlow whenever it is installed: its serialiser asks, for every value of
   every `get_config` (so at every layer's construction), whether it is a
@@ -253,6 +258,39 @@ class _SeedAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         seed = global_state.get_global_attribute(rng_utils.GLOBAL_RANDOM_SEED)
         if seed is not None:
             module.random.set_seed(seed)
+
+
+@contextlib.contextmanager
+def arange_with_start():
+    """On JAX, Keras' `arange(stop)` calls `jnp.arange(0, stop)` inside the block instead of
+    `jnp.arange(stop, None)`: the same values, a call jax2onnx converts. Nothing changes elsewhere.
+
+    jax2onnx replaces `jnp.arange` while it converts a function and reads two positional arguments
+    as start and stop, so Keras' ONNX export from JAX fails at the first `ops.arange(n)` (a
+    `None` stop). Keras' JAX `arange` is looked up in its backend module at every call; that
+    module's entry is swapped for the block.
+
+    Example:
+    >>> with arange_with_start():
+    ...     encoder.export("image.onnx", format="onnx")  # doctest: +SKIP
+    """
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    from keras.src.backend.jax import numpy as jax_numpy
+
+    arange = jax_numpy.arange
+
+    def with_start(start, stop=None, step=None, dtype=None):
+        if stop is None:
+            start, stop = 0, start
+        return arange(start, stop, step=step, dtype=dtype)
+
+    jax_numpy.arange = with_start
+    try:
+        yield
+    finally:
+        jax_numpy.arange = arange
 
 
 def import_tensorflow_when_used():

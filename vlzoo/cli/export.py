@@ -14,8 +14,8 @@ def register(sub):
         "its scores read). Each artefact is then run with its format's runtime (ONNX Runtime,\n"
         "TensorFlow, the LiteRT interpreter) on a random batch and its smallest cosine to the\n"
         "Keras model printed. The backend (KERAS_BACKEND) decides what Keras can export: TensorFlow\n"
-        "all three formats; JAX the SavedModel (ONNX with jax2onnx installed); PyTorch ONNX with a\n"
-        "fixed --batch-size.",
+        "all three formats; JAX the SavedModel and ONNX (through jax2onnx, in the `export` extra);\n"
+        "PyTorch ONNX with a fixed --batch-size.",
         ["vlzoo export --preset clip_shapes --format onnx --out serving/clip_shapes",
          "KERAS_BACKEND=tensorflow vlzoo export --preset sparc_shapes --format litert --tower image --out serving/sparc",
          "KERAS_BACKEND=torch vlzoo export --preset clip_shapes --format onnx --batch-size 8 --out serving/clip8"],
