@@ -20,6 +20,7 @@ weights after the step. The JAX launch
 also trains a Llip of G/14's layout under ModelParallel (`G14_REDUCED`, a 2 x 4 mesh over both processes).
 """
 
+import functools
 import json
 import math
 import os
@@ -62,6 +63,15 @@ RUNS = FAMILIES + VARIANTS
 # `test_parallel` asserts: a family that brings a new kind fails there until a run of it is launched.
 LAUNCHED = ("clip", "clip:lit-lora-micro", "filip", "flair", "llip", "siglip", "sparc", "stair:stage2",
             "tipsv2:both-captions")
+# MirroredStrategy runs vlzoo's code of MultiWorkerMirroredStrategy (the replica context, its gathers and
+# reductions); only TensorFlow's collectives differ, and they move tensors by shape and dtype. Its launch trains
+# fewer runs, which also hold every kind of `RUNS`.
+MIRRORED = ("clip:lit-lora-micro", "filip", "flair", "llip")
+
+
+def launched_runs(launch):
+    """The runs `launch` (`"tf_mirrored"`, or any other launch's name) trains."""
+    return MIRRORED if launch == "tf_mirrored" else LAUNCHED
 # G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test; the
 # JAX launch trains it under ModelParallel on a (2 batch x 4 model) mesh over its 2 processes x 4 CPU devices.
 G14_REDUCED = dict(
@@ -97,6 +107,7 @@ def build(run, seed, run_eagerly=False):
     return model
 
 
+@functools.lru_cache(maxsize=None)
 def launch_kinds(run):
     """What a launch of `run` moves between processes, as a set: `("gathered" | "local", rank, dtype)` of each
     output of its training call, `"non-trainable"` if it holds variables that do not train (seed state, step
@@ -194,7 +205,7 @@ class Launch:
 def main(name, out_dir):
     launch = Launch(name)
     record = {}
-    for family in LAUNCHED:
+    for family in launched_runs(name):
         print(f"{name} {launch.index}: {family}", file=sys.stderr, flush=True)
         model = launch.build(family)
         record[f"{family}/loss"] = fit_one_step(model, launch.rows(run_batch(family, model)), launch.strategy)

@@ -95,6 +95,8 @@ def check_against_single_process(launches, family):
         assert abs(half - loss) > 1e-3  # the processes did not train alone: 4 pairs give another loss than 8
     floor = GRADIENT_FLOOR * max(float(np.max(np.abs(g))) for g in gradients.values())
     for launch, records in launches.items():
+        if family not in parallel_worker.launched_runs(launch) and family != parallel_worker.MODEL_PARALLEL:
+            continue
         for rank, record in enumerate(records):
             _check_record(record, rank, launch, family, loss, gradients, weights, floor)
     return loss
@@ -125,7 +127,8 @@ def test_torchrun_step_is_the_global_batch_step(launches, family):
 @TF_ONLY
 @pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
 def test_tf_distribute_step_is_the_global_batch_step(launches, family):
-    """MirroredStrategy and MultiWorkerMirroredStrategy, each against the one step of this process."""
+    """MultiWorkerMirroredStrategy, and MirroredStrategy where it trains the run (`parallel_worker.MIRRORED`),
+    each against the one step of this process."""
     assert sorted(launches) == ["tf_mirrored", "tf_multiworker"]
     check_against_single_process(launches, family)
 
@@ -172,11 +175,14 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
 
 
 @run_once  # what each run's training call outputs does not depend on the backend
-def test_the_launched_runs_move_every_kind_of_output_and_state():
+@pytest.mark.parametrize("launch", ["tf_mirrored", "every other launch"])
+def test_the_launched_runs_move_every_kind_of_output_and_state(launch):
     """Each kind of tensor (gathered or replica-local, by rank and dtype) and of state that a family or training
-    feature of `RUNS` gives the launch machinery is moved by some launched run (`parallel_worker.LAUNCHED`)."""
-    launched = set().union(*(parallel_worker.launch_kinds(run) for run in parallel_worker.LAUNCHED))
-    for run in sorted(set(parallel_worker.RUNS) - set(parallel_worker.LAUNCHED)):
+    feature of `RUNS` gives the launch machinery is moved by some run of each launch (`parallel_worker.LAUNCHED`,
+    `parallel_worker.MIRRORED`)."""
+    runs = parallel_worker.launched_runs(launch)
+    launched = set().union(*(parallel_worker.launch_kinds(run) for run in runs))
+    for run in sorted(set(parallel_worker.RUNS) - set(runs)):
         assert parallel_worker.launch_kinds(run) <= launched, (run, parallel_worker.launch_kinds(run) - launched)
 
 
