@@ -35,7 +35,10 @@ PYTEST_RUN := PYTHONDONTWRITEBYTECODE= JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(JAX_CA
 # XLA's CPU fusions are emitted by its older elemental emitter (`--xla_cpu_use_fusion_emitters=false`): the
 # same fused HLO, compiled about a third faster (docs/benchmarks.md, Quick start); `make test-numerics` keeps
 # XLA's default emitters, so the numerically sensitive files also run on the code users' programs get.
-PYTEST := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 XLA_FLAGS=--xla_cpu_use_fusion_emitters=false $(PYTEST_RUN) tests
+# Each pass ends by checking its share of the test time budget, scaled to this host (tests/budget.py);
+# `VLZOO_TEST_BUDGET=0 make test` leaves the check off (a host shared with other work).
+PYTEST := VLZOO_TEST_BUDGET=$${VLZOO_TEST_BUDGET:-1} OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 \
+	XLA_FLAGS=--xla_cpu_use_fusion_emitters=false $(PYTEST_RUN) tests
 # `make test-numerics`: the numerically sensitive files under arithmetic that another host can produce (other
 # thread counts than `make test`'s: one for TensorFlow and XLA, four for PyTorch; oneDNN, XLA and ATen capped
 # to AVX2), each on every backend. A comparison that fails only here depends on the summation order, not on

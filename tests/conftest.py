@@ -13,6 +13,8 @@ from hypothesis import settings
 
 from vlzoo.host import describe_host
 
+import budget
+
 # Property tests (tests/test_properties.py): the same generated cases on every run, none stored, besides the
 # named edge cases. `make test` draws few (JAX compiles every drawn case, a new shape, so it draws fewer);
 # `make test-numerics` sets VLZOO_HYPOTHESIS_EXAMPLES to draw many more, under each of its perturbations.
@@ -68,6 +70,25 @@ def pytest_collection_modifyitems(config, items):
     seconds = _DURATIONS.get(keras.backend.backend(), {})
     unknown = max(seconds.values(), default=0.0)
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unknown))
+
+
+_CLOCK = budget.PassClock()
+
+
+def pytest_runtest_logreport(report):
+    _CLOCK.add(report)  # in the xdist controller: every worker's reports
+
+
+def pytest_sessionfinish(session):
+    """With `VLZOO_TEST_BUDGET=1` (`make test`), the pass fails when its worker-seconds exceed its share of the
+    test time budget on this host (`tests/budget.py`), naming its slowest files."""
+    if os.environ.get("VLZOO_TEST_BUDGET") != "1" or hasattr(session.config, "workerinput"):
+        return
+    backend = keras.backend.backend()
+    within, message = budget.verdict(_CLOCK.seconds, backend, budget.calibrate(backend))
+    session.config.get_terminal_writer().line(message, red=not within, bold=not within)
+    if not within and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
