@@ -115,17 +115,23 @@ print("transfer:", sorted(report.new), "vision/projection/kernel" in report.tran
 """
 
 
+def _clip_tiny_saved_as(directory, family, class_name, module, registered_name):
+    """`clip_tiny`'s files in `directory`, as a preset of `family`'s class `class_name` from `module` would be
+    saved (its config.json naming them, its metadata.json the family)."""
+    shutil.copytree(catalogue.preset_directory("clip_tiny"), directory)
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    config.update(class_name=class_name, module=module, registered_name=registered_name)
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    metadata = json.loads((directory / METADATA_FILE).read_text())
+    (directory / METADATA_FILE).write_text(json.dumps({**metadata, "family": family}))
+    return directory
+
+
 def test_a_preset_of_a_class_nobody_imported_names_its_module_and_imports_nothing(tmp_path, monkeypatch):
     (tmp_path / "vlzoo_unimported_family.py").write_text("raise AssertionError('a preset file chose what runs')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    preset = tmp_path / "preset"
-    shutil.copytree(catalogue.preset_directory("clip_tiny"), preset)
-    config = json.loads((preset / CONFIG_FILE).read_text())
-    config.update(class_name="ThirdPartyCLIP", module="vlzoo_unimported_family",
-                  registered_name="third_party>ThirdPartyCLIP")
-    (preset / CONFIG_FILE).write_text(json.dumps(config))
-    metadata = json.loads((preset / METADATA_FILE).read_text())
-    (preset / METADATA_FILE).write_text(json.dumps({**metadata, "family": "third_party_clip"}))
+    preset = _clip_tiny_saved_as(tmp_path / "preset", "third_party_clip", "ThirdPartyCLIP", "vlzoo_unimported_family",
+                                 "third_party>ThirdPartyCLIP")
     with pytest.raises(ValueError, match="Import `vlzoo_unimported_family`, the module config.json names") as error:
         vlzoo.from_preset(str(preset))
     assert "'third_party>ThirdPartyCLIP'" in str(error.value) and "vlzoo.families" in str(error.value)
@@ -170,14 +176,8 @@ def test_a_family_installed_from_a_wheel_is_seen_in_a_fresh_process(tmp_path):
     assert imported.strip() == "[]"  # listed and helped without the plugin's module or a backend
 
     # A preset saved from the family, loaded in a fresh process that never imported its module.
-    preset = tmp_path / "saved"
-    shutil.copytree(catalogue.preset_directory("clip_tiny"), preset)
-    config = json.loads((preset / CONFIG_FILE).read_text())
-    config.update(class_name="PluginCLIP", module="vlzoo_plugin_demo.model",
-                  registered_name="vlzoo_plugin_demo>PluginCLIP")
-    (preset / CONFIG_FILE).write_text(json.dumps(config))
-    metadata = json.loads((preset / METADATA_FILE).read_text())
-    (preset / METADATA_FILE).write_text(json.dumps({**metadata, "family": "plugin_clip"}))
+    preset = _clip_tiny_saved_as(tmp_path / "saved", "plugin_clip", "PluginCLIP", "vlzoo_plugin_demo.model",
+                                 "vlzoo_plugin_demo>PluginCLIP")
     out, err = _run(HEAVY, preset, tmp_path / "checkpoint.safetensors", tmp_path / "converted", env=env, cwd=work)
     assert "directory: PluginCLIP vlzoo_plugin_demo.model" in out
     assert "convert: 0" in out and "identical" in out, err[-2000:]
