@@ -60,6 +60,20 @@ def test_accelerator_cases_leave_out_the_cpu_runs(bench):
         assert any(c.get("retain_host_memory") for c in todo) != on_gpu
 
 
+def test_quick_plan_asks_no_device_and_shares_processes(bench):
+    # The smoke run asks no probe process for the device before its cases: its plan is the same everywhere.
+    assert list(bench.cases(bench.ENTRIES, True, False)) == list(bench.cases(bench.ENTRIES, True, True))
+    # One process per backend's run of cases, the retained-memory case's too (set first in that process);
+    # XLA flags keep a process of their own, and a case of several processes (a process group) ends its process.
+    plain, other = dict(entry="filip_loss", backend="torch"), dict(entry="filip_loss", backend="jax")
+    retained = dict(entry="open_clip", backend="torch", retain_host_memory=True)
+    group, flagged = dict(entry="distributed", backend="torch", processes=2), dict(plain, xla_flags="--x")
+    assert bench.shares_process(plain, retained) and bench.shares_process(retained, plain)
+    assert bench.shares_process(plain, group) and not bench.shares_process(group, plain)
+    assert not bench.shares_process(plain, other) and not bench.shares_process(plain, flagged)
+    assert not bench.shares_process(flagged, plain)
+
+
 def check_exchange_counts(rows):
     """The `exchange` entry's counts against the tiny towers' widths: CLIP gathers its two embeddings; Llip
     keeps each image's keys and folded values (K x M x (d_h + D) floats), mixture tokens and embedding local."""
@@ -80,6 +94,10 @@ def check_exchange_counts(rows):
     assert llip["outputs_w2"] == (replicas - 1) * batch * 2 * llip["gathered_per_row"]
 
 
+# Every entry's tiny cases in PyTorch processes of their own, whatever the pass's backend: one pass runs it. What
+# it checks is that each case runs and writes its rows, not its figures: its time is mostly each process's imports
+# (Keras, PyTorch, open_clip), so it runs its cases in one process (and the distributed case's helper), times each
+# step once after its first call, and asks no probe process for the device (tools/bench.py `cases`, `shares_process`).
 @run_once
 def test_bench_quick_run_writes_results(tmp_path, repo_root):
     result = subprocess.run(

@@ -9,7 +9,8 @@
 Each case runs in a fresh process so that its peak memory (the peak resident
 memory of its calls above the resident set once its inputs are built) belongs
 to it alone (a `--quick` smoke run shares one process among consecutive cases of
-a backend, see `shares_process`). Results go to `--out` as JSON and a Markdown table; `--markdown
+a backend, see `shares_process`, times each step once after its first call and asks
+no device before its cases, see `cases`). Results go to `--out` as JSON and a Markdown table; `--markdown
 PATH` also writes them into a Markdown page: between its marked lines when it has them (as
 `docs/benchmarks.md`, whose prose stays), else as a whole page (`tools/bench_report.py`).
 
@@ -18,7 +19,8 @@ vlzoo's and open_clip's inputs and open_clip's model go to the device first, rep
 their results are ready (`wait_for`), and each case also reports its peak accelerator memory
 (`DevicePeakMemory`), shown in place of the host's. The roofline matmul grows to N = 8192, the
 XLA:CPU option and retained-host-memory runs are left out, and the results go to the page's own
-marked section for accelerator runs, leaving the CPU run's in place.
+marked section for accelerator runs, leaving the CPU run's in place (a `--quick` run keeps its one
+retained-host-memory case everywhere: its plan is the same on every device).
 
 Entries:
   open_clip    vlzoo against open_clip on the same weights (open_clip's
@@ -326,6 +328,22 @@ def run_case(case):
     return result
 
 
+def run_planned(case, rows):
+    """Runs a `--quick` run's precision or serving model case that its process plans (`bf16_plan`) from
+    the roofline rows its launcher had (`case["plan_from"]`, `[backend, dtype, GFLOP/s]` each) and `rows`,
+    this process's rows before it: the planned case's result and the plan's note, or `{"skipped": reason}`."""
+    known = {(backend, dtype): gflops for backend, dtype, gflops in case["plan_from"]}
+    planned, note = bf16_plan(without_plan(case), os.environ["KERAS_BACKEND"], {**known, **rooflines(rows)})
+    if planned is None:
+        return {"skipped": note}
+    return dict(run_case(planned), **({"note": note} if note else {}))
+
+
+def without_plan(case):
+    """`case` without the roofline rows it is planned from in its process (`run_planned`)."""
+    return {key: value for key, value in case.items() if key != "plan_from"}
+
+
 def smallest_cosine(got, want):
     """The smallest cosine between matching rows of `got` and `want` `(B, D)`."""
     got, want = (np.asarray(a, np.float64) for a in (got, want))
@@ -367,24 +385,35 @@ def _loss_case(loss, batch_size, quick):
 
 
 def cases(entries, quick, on_accelerator=False):
-    repeats = 2 if quick else 3
+    """The cases of `entries`: tiny ones when `quick`, the accelerator's sizes when `on_accelerator`.
+
+    A `--quick` run checks that every case runs and writes its rows, not its speed: each step is timed once
+    after its first call (no extra repeats, except the roofline matmuls', milliseconds, whose rows plan the
+    bfloat16 runs), and its plan asks no device (its sizes are the same everywhere, and it keeps the
+    retained-host-memory run), so that it needs no probe process before its cases.
+    """
+    repeats = 1 if quick else 3
+
+    def more(extra):  # the extra repeats of a full run's steadier figures
+        return 0 if quick else extra
+
     for entry in entries:
         if entry == "open_clip":
             peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
             for task in PEER_TASKS:
                 common = dict(entry=entry, task=task, peer=peer, batch_size=batch_size)
-                yield dict(common, repeats=repeats + (0 if task == "train_step" else 2))
+                yield dict(common, repeats=repeats + more(0 if task == "train_step" else 2))
                 # Each framework's memory alone: for images (the inference figure) and training; the smoke
                 # run measures it for training only.
                 if task == "train_step" or (task == "encode_image" and not quick):
                     yield dict(common, only="vlzoo", repeats=1)
                     yield dict(common, only="open_clip", repeats=1, once=True)
-                if task == "train_step" and not on_accelerator:  # again, with `retain_host_memory()` in the process
+                if task == "train_step" and (quick or not on_accelerator):  # again, `retain_host_memory()` first
                     yield dict(common, repeats=repeats, retain_host_memory=True)
         elif entry == "host_overhead":
             for task in PEER_TASKS:
                 yield dict(entry=entry, task=task, peer=DEEP_NARROW_CLIP, batch_size=16,
-                           repeats=repeats + (2 if task == "train_step" else 10))
+                           repeats=repeats + more(2 if task == "train_step" else 10))
         elif entry == "precision":
             size = 256 if quick else GPU_MATMUL_SIZE if on_accelerator else 2048
             for dtype in PRECISIONS:
@@ -401,7 +430,7 @@ def cases(entries, quick, on_accelerator=False):
                 for dtype in policies:
                     yield dict(entry=entry, task=task, dtype=dtype, peer=peer, batch_size=batch_size,
                                peer_precisions=list(PRECISIONS), flops=open_clip_flops(config, task, batch_size),
-                               repeats=repeats + (0 if task == "train_step" else 2))
+                               repeats=repeats + more(0 if task == "train_step" else 2))
         elif entry == "serving":
             peer, batch_size = (TINY_OPEN_CLIP, 4) if quick else ("ViT-B-16-quickgelu", 16)
             for path in SERVING_PATHS:
@@ -410,7 +439,7 @@ def cases(entries, quick, on_accelerator=False):
                            "float32", peer=peer, batch_size=batch_size, peer_precisions=list(PRECISIONS),
                            flops=open_clip_flops(_open_clip_config(peer) if isinstance(peer, str) else peer,
                                                  "encode_image", batch_size),
-                           repeats=repeats + 2, **(dict(backends=EXPORTERS, once=True) if exported else {}))
+                           repeats=repeats + more(2), **(dict(backends=EXPORTERS, once=True) if exported else {}))
         elif entry == "filip_loss":
             size = dict(B=8, P=16, T=12, D=32) if quick else dict(B=256, P=196, T=77, D=256)
             for num_chunks in (None, 2) if quick else (None, 16, 32):  # blocks of 4; of 16 and 8 captions
@@ -418,7 +447,7 @@ def cases(entries, quick, on_accelerator=False):
         elif entry == "train_step":
             towers, batch_size = ("clip_tiny", 4) if quick else ("clip_vit_b16", 8)
             for family in STEP_FAMILIES[1:]:
-                yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + 2)
+                yield dict(entry=entry, family=family, towers=towers, batch_size=batch_size, repeats=repeats + more(2))
         elif entry == "loss_memory":
             for loss in MEMORY_LOSSES:
                 for b in (8, 16) if quick else (32, 64, 128, 256):
@@ -479,11 +508,13 @@ def accelerators(backends):
     return found
 
 
-def run_in_subprocess(cases, backend, timeout):
+def run_in_subprocess(cases, backend, timeout, devices=None):
     """Runs `cases` (a list) one after another in one fresh process of `backend`: their results, in order.
 
     `timeout` is per case. A case that fails, and those after it, get `{"error": [line]}`: the
-    exception's line in the process's output, else its last line.
+    exception's line in the process's output, else its last line. With a dict `devices`, the process
+    also says which device it computes on (`accelerator`, as a probe process would), written to
+    `devices[backend]` (a `--quick` run's probe).
     """
     env = _backend_env(backend)
     flags = {case.get("xla_flags") for case in cases} - {None}
@@ -491,9 +522,12 @@ def run_in_subprocess(cases, backend, timeout):
         (flag,) = flags  # process-wide: cases with XLA flags run alone (`shares_process`)
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
     proc = subprocess.run(
-        [sys.executable, __file__, "--cases", json.dumps(cases)],
+        [sys.executable, __file__, "--cases", json.dumps(cases)] + (["--accelerator"] if devices is not None else []),
         env=env, capture_output=True, text=True, timeout=timeout * len(cases),
     )
+    found = [line for line in proc.stdout.splitlines() if line.startswith("ACCELERATOR ")]
+    if devices is not None and found:
+        devices[backend] = json.loads(found[-1][len("ACCELERATOR "):])
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     lines = (proc.stderr or proc.stdout).strip().splitlines()
     # The exception's own line (Keras adds its call context after it), else the last line.
@@ -511,17 +545,22 @@ def case_backends(case, backends):
 
 
 def shares_process(case, other):
-    """Whether a `--quick` run may run `other` in the process that runs `case`.
+    """Whether a `--quick` run may run `other` in the process that runs `case` (the case before it there).
 
     The smoke run starts one process per backend and run of consecutive cases rather than one
-    per case (seconds of imports each); their peak memory is then not theirs alone, which is
-    not what a smoke run checks. Cases with a process-wide setting (XLA flags, retained host
-    memory) still get a process of their own.
+    per case (seconds of imports each); their peak memory and times are then not theirs alone,
+    which is not what a smoke run checks. Cases with XLA flags (process-wide, read at start) still
+    get a process of their own. Retained host memory is set first in a process that runs a case
+    asking for it (before any computation, as its case needs), so the smoke run's other cases in
+    that process run with it too: it changes where freed memory goes, not what they compute. A case
+    of several processes joins a process group that stays for the rest of its process: no case
+    follows it there.
     """
-    def alone(c):
-        return bool(c.get("xla_flags") or c.get("retain_host_memory") or c.get("processes", 1) > 1)
+    def flags(c):
+        return bool(c.get("xla_flags"))
 
-    return case["backend"] == other["backend"] and not alone(case) and not alone(other)
+    return (case["backend"] == other["backend"] and not flags(case) and not flags(other)
+            and case.get("processes", 1) == 1)
 
 
 def write_text(path, text):
@@ -555,7 +594,7 @@ def main(argv=None):
     # This process only plans and reports (each case runs in a process of its own backend), but it imports Keras,
     # whose default backend, TensorFlow, a GPU machine may lack: default to the first backend asked for.
     os.environ.setdefault("KERAS_BACKEND", args.backends[0])
-    if args.accelerator:
+    if args.accelerator and not args.cases:
         import vlzoo  # noqa: F401  (as in a case's process)
 
         print("ACCELERATOR " + json.dumps(accelerator()), flush=True)
@@ -574,54 +613,87 @@ def main(argv=None):
         cases_here = json.loads(args.cases)
         if any(case.get("retain_host_memory") for case in cases_here):  # before the first computation
             vlzoo.training.retain_host_memory()
+        if args.accelerator:  # the probe's answer first (`run_in_subprocess(devices=...)`)
+            print("ACCELERATOR " + json.dumps(accelerator()), flush=True)
+        here = []  # this process's rows so far, whose roofline matmuls the cases planned here read
         for case in cases_here:
-            print("RESULT " + json.dumps(run_case(case)), flush=True)
+            result = run_planned(case, here) if "plan_from" in case else run_case(case)
+            here.append(dict(case, backend=os.environ["KERAS_BACKEND"], result=result))
+            print("RESULT " + json.dumps(result), flush=True)
         return 0
     from vlzoo.host import describe_host  # imports Keras and its backend: not for --from-json
 
-    found = accelerators(args.backends)
-    machine = describe_host()
-    if any(found.values()):
-        on = ", ".join(f"{name} ({backend})" for backend, name in found.items())
-        machine = f"{on}; host: {machine}"
+    # A --quick run's plan asks no device (`cases`): the first process of each backend says which it computes on.
+    found = {} if args.quick else accelerators(args.backends)
+    host = describe_host()
+
+    def machine():
+        if any(found.values()):
+            on = ", ".join(f"{found[b]} ({b})" for b in args.backends if b in found)
+            return f"{on}; host: {host}"
+        return host
+
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     todo = [(case, backend) for case in cases(args.entries, args.quick, any(found.values()))
             for backend in case_backends(case, args.backends)]
-    pending = []  # (row, case) waiting for their process: one case, or a --quick run of several
-    results = {"machine": machine, "accelerators": found, "date": started, "rows": rows}
+    # (row, case) waiting for their process: one case, or a --quick run of several; a skipped row (case None)
+    # waits with them to keep its place among the rows.
+    pending = []
+    results = {"machine": machine(), "accelerators": found, "date": started, "rows": rows}
     os.makedirs(args.out, exist_ok=True)
 
     def run_pending():  # then bench.json as it stands, which a run stopped before its end leaves behind
-        if pending:
-            done = run_in_subprocess([case for _, case in pending], pending[0][0]["backend"], args.timeout)
-            for (row, _), result in zip(pending, done):
-                row["result"] = dict(result, **row["result"])
+        measured = [(row, case) for row, case in pending if case is not None]
+        if measured:
+            backend = measured[0][0]["backend"]
+            done = iter(run_in_subprocess([case for _, case in measured], backend, args.timeout,
+                                          devices=found if args.quick and backend not in found else None))
+            for row, case in pending:
+                if case is not None and "plan_from" in case:  # planned in its process: the same plan here, from
+                    # the same rows (those before it, this process's now among them)
+                    planned, note = bf16_plan(without_plan(case), row["backend"], rooflines(rows))
+                    row.update(planned or {}, result={"note": note} if note and planned else {})
+                if case is not None:
+                    row["result"] = dict(next(done), **row["result"])
+                    print(f"    {row['entry']} {row['backend']}: {row['result']}", flush=True)
                 rows.append(row)
-                print(f"    {row['entry']} {row['backend']}: {row['result']}", flush=True)
-            pending.clear()
+        else:
+            rows.extend(row for row, _ in pending)
+        pending.clear()
+        results.update(machine=machine(), accelerators={b: found[b] for b in args.backends if b in found})
         write_text(os.path.join(args.out, "bench.json"), json.dumps(results, indent=2))
+
+    def last_measured():  # the row of the last case waiting for its process, None if none
+        return next((row for row, case in reversed(pending) if case is not None), None)
 
     for i, (case, backend) in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case['entry']} {backend}: {describe(case)} ...", flush=True)
         note = None
         if case["entry"] in ("precision", "serving") and case["task"] != "matmul":
-            if any(c.get("task") == "matmul" for _, c in pending):
-                run_pending()  # the plan reads the matmul rows, which run first
+            if any(c is not None and c.get("task") == "matmul" for _, c in pending):
+                # The plan reads the matmul rows, which run first: a --quick run's process that runs them plans
+                # the case itself, once they have run there (`run_planned`), from the rows here now and its own.
+                if args.quick and shares_process(last_measured(), dict(case, backend=backend)):
+                    pending.append((dict(case, backend=backend, result={}),
+                                    dict(case, plan_from=[[*key, gflops] for key, gflops in rooflines(rows).items()])))
+                    continue
+                run_pending()
             case, note = bf16_plan(case, backend, rooflines(rows))
         row = dict(case or todo[i - 1][0], backend=backend, result={"note": note} if note else {})
         if case is None:
-            run_pending()
-            rows.append(dict(row, result={"skipped": note}))
             print(f"    skipped: {note}", flush=True)
+            pending.append((dict(row, result={"skipped": note}), None))  # a --quick run's process goes on
+            if not args.quick:
+                run_pending()
             continue
-        if pending and not shares_process(pending[-1][0], row):
+        if last_measured() and not shares_process(last_measured(), row):
             run_pending()
         pending.append((row, case))
         if not args.quick:  # a fresh process per case
             run_pending()
     run_pending()
-    table = markdown(rows, machine)
+    table = markdown(rows, results["machine"])
     write_text(os.path.join(args.out, "bench.md"), table)
     if args.markdown:
         write_markdown(args.markdown, results)

@@ -361,6 +361,7 @@ def _open_clip_steps(case):
     computes on an accelerator and PyTorch sees one, else on the CPU.
     """
     import contextlib
+    import json
 
     import keras
     import torch
@@ -386,7 +387,8 @@ def _open_clip_steps(case):
             model.compile(optimizer=AdamW(learning_rate=1e-5, weight_decay=0.1))
             steps["vlzoo"] = (lambda x: model.train_on_batch(x)), (inputs,)
         elif task == "serve_image":
-            steps["vlzoo"] = _serving_step(model, case["path"], inputs["images"])
+            steps["vlzoo"] = _serving_step(model, case["path"], inputs["images"],
+                                           key=(json.dumps(case["peer"], sort_keys=True), case.get("dtype")))
         else:
             texts = {k: inputs[k] for k in ("token_ids", "padding_mask")}
             if task.startswith("predict"):
@@ -438,13 +440,20 @@ def _open_clip_steps(case):
     return [steps[side] for side in ("vlzoo", *peers) if side in steps]
 
 
-def _serving_step(model, path, images):
+# This process's ONNX exports of the image tower, `{(key, batch size): path}` (`_serving_step`).
+_ONNX_EXPORTS = {}
+
+
+def _serving_step(model, path, images, key=None):
     """vlzoo's image embeddings along serving `path` (one of `SERVING_PATHS`): `(step, args)`.
 
     Keras' paths call the compiled `predict_on_batch` of the image tower as its own model
     (`ImageEncoder`; `model` already in its dtype, quantized here for "int8"); the ONNX paths
     export that tower from the active backend with a fixed batch and run it on ONNX Runtime (its
-    own dynamic int8 copy for "onnx_int8").
+    own dynamic int8 copy for "onnx_int8"). `key` names `model`'s weights (the peer's config, from
+    seeded weights, and the dtype): a process that has exported the tower of the same `key` and
+    batch reuses that file, the same export (only a `--quick` run runs both ONNX paths in one
+    process).
     """
     import tempfile
 
@@ -454,8 +463,12 @@ def _serving_step(model, path, images):
         import onnxruntime
 
         pixels = np.asarray(images)
-        artefact = serving.export(model, tempfile.mkdtemp(prefix="vlzoo_bench_"), format="onnx", towers="image",
-                                  batch_size=len(pixels))["image"]
+        artefact = _ONNX_EXPORTS.get((key, len(pixels))) if key is not None else None
+        if artefact is None:
+            artefact = serving.export(model, tempfile.mkdtemp(prefix="vlzoo_bench_"), format="onnx",
+                                      towers="image", batch_size=len(pixels))["image"]
+            if key is not None:
+                _ONNX_EXPORTS[(key, len(pixels))] = artefact
         if path == "onnx_int8":
             artefact = serving.quantize_onnx(artefact)
         session = onnxruntime.InferenceSession(artefact, providers=["CPUExecutionProvider"])
