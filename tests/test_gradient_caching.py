@@ -1,5 +1,6 @@
 """Gradient caching (`micro_batch_size`): every family's gradients over the whole contrastive batch,
-computed a micro-batch of towers at a time, equal the one-pass gradients."""
+computed a micro-batch of towers at a time, equal the one-pass gradients (on JAX, for the families whose features
+are of the kinds a compiled case checks, their micro-batched features equal the one-pass ones: `COMPILED_CASES`)."""
 
 import warnings
 
@@ -16,6 +17,8 @@ from conftest import tiny_batch, to_numpy
 from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, threshold_gap, tiny_family_model, top_two_gap
 
+BACKEND = keras.backend.backend()
+
 # Every family on every backend: what depends on the backend is `keras.remat` around a micro-batch of
 # towers; what depends on the family is which features it computes per example (keys, values, mixture
 # tokens, queries, slots, sparse vocabulary vectors) and its loss's coupling of the batch. STAIR's loss
@@ -25,40 +28,98 @@ CASES = [(family, stage) for family in FAMILIES for stage in ((1, 2, 3) if famil
 # FILIP, SPARC and STAIR take discrete choices (max, top-k, threshold, ReLU) that both paths must decide alike
 # on any CPU: the models and the batch keep every choice a margin from ties (tests/margins.py), asserted.
 
+# The cases whose micro-batched step runs compiled on every backend (a traced `fit` on TensorFlow, a jitted one
+# on JAX), with the kinds of per-example features, (rank, dtype), that each carries across the micro-batches. The
+# compiled part of gradient caching (JAX: `jax.checkpoint` inside one `lax.scan`, which stacks each feature by
+# micro-batch; TensorFlow: `tf.recompute_grad`'s graph-mode custom gradient, which captures the variables a
+# micro-batch reads and delays its recomputation to the backward pass) meets a family only through those kinds and
+# through which of the variables it reads train: FILIP brings pooled embeddings, token features and a bool mask,
+# Llip rank-4 keys and values, STAIR's stage 2 a frozen image tower (variables read inside the remat that do not
+# train). Every other case's features are of those kinds (asserted), its towers draw nothing at random (FLAIR's
+# caption sampling is in its loss), so the recomputation is the forward call again, and its loss sees the
+# concatenated features as the whole batch's does. So the other cases are checked more cheaply where a compiled
+# step per family costs seconds: TensorFlow runs their micro-batched step eagerly (`tf.recompute_grad`'s eager
+# custom gradient: the same recomputation and backward); JAX, whose eager ops compile one by one (slower than the
+# step), checks that their features computed a micro-batch at a time (the same `scan` under `jax.checkpoint`,
+# jitted) equal the whole batch's: the loss and its gradient with respect to the features are then the whole
+# batch's, and each micro-batch's backward is the transpose of that forward under the machinery the compiled cases
+# check. PyTorch (eager, `torch.utils.checkpoint`) checks every case's step; the towers' and losses' gradients are
+# tied across the backends by tests/test_conformance.py.
+COMPILED_CASES = {("filip", None): {(2, "float32"), (3, "float32"), (2, "bool")},
+                  ("llip", None): {(2, "float32"), (3, "float32"), (4, "float32")},
+                  ("stair", 2): {(2, "float32")}}
+FEATURE_KINDS = set().union(*COMPILED_CASES.values())
 
-def _model(family):
-    """`family`'s tiny model, from one seed: both steps start from the same weights."""
+
+def _model(family, stage=None):
+    """`family`'s tiny model in `stage`, from one seed: both steps start from the same weights."""
     keras.utils.set_random_seed(0)
-    return tiny_family_model(family, logit_scale_max=None)
-
-
-def _one_sgd_step(model, micro_batch_size, batch, stage=None):
-    """The change of every trainable variable of `model` after one SGD(lr=1) step of `fit` on `batch`: minus the
-    gradient (the logit-scale clamp is off so that it cannot cut the step). The one-pass step (no micro-batches)
-    is the reference: eager on TensorFlow (`EAGER_REFERENCE`)."""
+    model = tiny_family_model(family, logit_scale_max=None)
     if stage is not None:
         model.set_stage(stage)
+    return model
+
+
+def _one_sgd_step(model, micro_batch_size, batch, eager):
+    """The change of every trainable variable of `model` after one SGD(lr=1) step of `fit` on `batch`: minus the
+    gradient (the logit-scale clamp is off so that it cannot cut the step); `eager`: `compile(run_eagerly=True)`."""
     model.micro_batch_size = micro_batch_size
     before = [to_numpy(v).copy() for v in model.trainable_variables]
-    model.compile(optimizer=keras.optimizers.SGD(1.0), run_eagerly=EAGER_REFERENCE and micro_batch_size is None)
+    model.compile(optimizer=keras.optimizers.SGD(1.0), run_eagerly=eager)
     model.fit(batch, batch_size=len(batch["images"]), epochs=1, verbose=0, shuffle=False)
     return [b - to_numpy(v) for b, v in zip(before, model.trainable_variables, strict=True)]
 
 
-@pytest.mark.parametrize("family, stage", CASES)
-def test_micro_batched_gradients_equal_the_whole_batchs(family, stage):
-    model = _model(family)
-    batch = margin_batch(model)
-    assert_decision_margin(model, batch)  # both paths decide FILIP's, SPARC's and STAIR's choices alike
-    whole = _one_sgd_step(model, None, batch, stage)
-    cached = _one_sgd_step(_model(family), len(batch["images"]) // 2, batch, stage)  # two micro-batches
-    assert sum(float(np.abs(g).sum()) for g in whole) > 0
-    # Within 1e-5 of each gradient's scale (its largest entry, at least 1): both paths add the same
+def _feature_kinds(outputs):
+    """(rank, dtype) of each per-example output of a training call (the scalars, logit scale and bias, are not
+    computed by micro-batches)."""
+    return {(len(value.shape), keras.backend.standardize_dtype(value.dtype)) for value in outputs.values()
+            if len(value.shape)}
+
+
+def _jitted_training_outputs(model, batch, micro_batch_size):
+    """JAX: the training call's outputs on `batch`, jitted (JAX's eager ops compile one by one)."""
+    import jax
+
+    model.micro_batch_size = micro_batch_size
+    call = jax.jit(lambda trainable, other, x: model.stateless_call(trainable, other, x, training=True)[0])
+    return call([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables], batch)
+
+
+def _assert_close(got, want):
+    # Within 1e-5 of each gradient's (or feature's) scale (its largest entry, at least 1): both paths add the same
     # float32 terms in another order, an error that grows with the terms. Measured on the AVX2-only EPYC
     # with one block per tower, as a share of that scale: at most 2.1e-6 (JAX, TIPSv2), 1.4e-6 (TensorFlow,
     # PE-Core), 9.2e-7 (PyTorch, TIPSv2); the AVX-512 EPYC's, with two blocks, were of the same size.
-    for got, want in zip(cached, whole, strict=True):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+    for g, w in zip(got, want, strict=True):
+        w = to_numpy(w)
+        np.testing.assert_allclose(to_numpy(g), w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max(initial=0.0))))
+
+
+@pytest.mark.parametrize("family, stage", CASES)
+def test_micro_batched_gradients_equal_the_whole_batchs(family, stage):
+    model = _model(family, stage)
+    batch = margin_batch(model)
+    micro = len(batch["images"]) // 2  # two micro-batches
+    compiled = (family, stage) in COMPILED_CASES
+    if BACKEND == "jax" and not compiled:
+        # Features, not gradients: a max or a ReLU near a tie gives either path the same value (only its gradient
+        # takes a branch), so no decision margin is needed here.
+        whole = _jitted_training_outputs(model, batch, None)
+        assert _feature_kinds(whole) <= FEATURE_KINDS, "a kind of feature no compiled case carries: add a case"
+        cached = _jitted_training_outputs(model, batch, micro)
+        assert set(cached) == set(whole)
+        _assert_close([cached[key] for key in sorted(whole)], [whole[key] for key in sorted(whole)])
+        return
+    assert_decision_margin(model, batch)  # both paths decide FILIP's, SPARC's and STAIR's choices alike
+    if BACKEND != "jax":  # the kinds are the backend's shapes and dtypes; JAX's eager call would compile op by op
+        kinds = _feature_kinds(model(batch, training=True))
+        assert kinds == COMPILED_CASES[family, stage] if compiled else kinds <= FEATURE_KINDS, kinds
+    # The one-pass step is the reference: eager on TensorFlow (`EAGER_REFERENCE`).
+    whole = _one_sgd_step(model, None, batch, eager=EAGER_REFERENCE)
+    cached = _one_sgd_step(_model(family, stage), micro, batch, eager=EAGER_REFERENCE and not compiled)
+    assert sum(float(np.abs(g).sum()) for g in whole) > 0
+    _assert_close(cached, whole)
 
 
 def test_a_batch_the_micro_batch_does_not_divide_is_refused():
