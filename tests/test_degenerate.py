@@ -30,19 +30,27 @@ from vlzoo.models import get_family
 # scores alone, as each declares (`Family.score_loss`; STAIR's FLOPs regularisers ramp up from 0).
 SOFTMAX = tuple(family for family in FAMILIES if get_family(family).score_loss == "softmax")
 SIGMOID = tuple(family for family in FAMILIES if get_family(family).score_loss == "sigmoid")
+# The steps run eagerly on TensorFlow, where tracing a family's train step costs seconds of graph building and an
+# eager step a fraction of one: what these tests check is the values of a step on degenerate inputs (a finite loss,
+# finite gradients, the loss a constant score matrix gives), which the eager step computes with the same kernels;
+# that `fit`'s traced step trains every family on TensorFlow is checked by
+# tests/test_family_contract.py::test_fit_trains_on_the_familys_own_loss. JAX compiles the step (its eager ops
+# compile one by one, slower than one compiled step), PyTorch's step is eager anyway.
+EAGER_STEPS = keras.backend.backend() == "tensorflow"
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    """`tiny(family)`: the family's tiny preset (one block per tower), compiled for one SGD(0.1) step, built once per
-    module and restored to its initial weights (step counters included) on every call."""
+    """`tiny(family)`: the family's tiny preset (one block per tower), compiled for one SGD(0.1) step (eager on
+    TensorFlow, `EAGER_STEPS`), built once per module and restored to its initial weights (step counters included)
+    on every call."""
     built = {}
 
     def restore(family):
         if family not in built:
             keras.utils.set_random_seed(7)
             model = vlzoo.from_preset(f"{family}_tiny", **shallow_towers(family))
-            model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1))
+            model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), run_eagerly=EAGER_STEPS)
             built[family] = model, model.get_weights()
         model, weights = built[family]
         model.set_weights(weights)
@@ -62,9 +70,9 @@ def _batch(model, images, captions):
 
 
 def _step(model, batch):
-    """One compiled SGD step through Keras' own train step, after checking that the loss and every
-    updated weight are finite (a non-finite gradient makes weights non-finite): the loss before it
-    and the largest change of a weight."""
+    """One SGD step through Keras' own train step (compiled; eager on TensorFlow, `EAGER_STEPS`), after checking
+    that the loss and every updated weight are finite (a non-finite gradient makes weights non-finite): the loss
+    before it and the largest change of a weight."""
     before = [to_numpy(v).copy() for v in model.trainable_variables]
     loss = model.train_on_batch(batch, return_dict=True)["loss"]
     assert np.isfinite(loss), loss
