@@ -190,7 +190,11 @@ def assert_embeddings_agree(model_32, model_16, images, texts, label):
 
 @pytest.fixture(scope="module")
 def float32_presets(tmp_path_factory):
-    """`{family: (directory, float32 model)}`: each tiny preset, seeded random weights, saved."""
+    """`{family: (directory, float32 model)}`: each tiny preset, seeded random weights, saved.
+
+    The two-block presets, not `margins.shallow_towers`: with one block per tower FILIP's bfloat16 training loss
+    came out 5% off float32's on JAX, past the 2% the towers test allows (measured when trying it).
+    """
     presets = {}
     for family in FAMILIES:
         keras.utils.set_random_seed(3)
@@ -217,6 +221,37 @@ def bfloat16_models(float32_presets):
         return models[family, policy]
 
     return load
+
+
+@pytest.fixture(scope="module")
+def float32_losses(float32_presets):
+    """`loss(family)`: the float32 model's training loss on `inputs_for`'s batch, computed once per family (both
+    policies are compared with it; the model is only read)."""
+    losses = {}
+
+    def loss(family):
+        if family not in losses:
+            _, model_32 = float32_presets[family]
+            *_, batch = inputs_for(model_32)
+            losses[family] = float(to_numpy(model_32.compute_loss(y_pred=model_32(batch))))
+        return losses[family]
+
+    return loss
+
+
+# `encode_*(normalize=True)` is `normalize_embeds` applied to the features inside the same compiled program
+# (`BaseModel._inference_function`): on JAX and TensorFlow a second program per model and side, whose compilation
+# or tracing of the whole tower costs more than the rest of the dtype checks. There the test applies
+# `normalize_embeds` to `encode_*`'s features itself: the same function on the same bfloat16 features, with the
+# dtypes the program's trace gives it (tracing runs the same Python, with the same dtype rules). On PyTorch,
+# whose first calls of a program run eagerly, the test calls `encode_*(normalize=True)` itself.
+NORMALIZE_IN_ENCODE = keras.backend.backend() == "torch"
+
+
+def normalized(model, encode, inputs):
+    """`encode(inputs, normalize=True)`, or on JAX and TensorFlow `model.normalize_embeds(encode(inputs))` (see
+    `NORMALIZE_IN_ENCODE`)."""
+    return encode(inputs, normalize=True) if NORMALIZE_IN_ENCODE else model.normalize_embeds(encode(inputs))
 
 
 def inputs_for(model, batch_size=4):  # one batch size throughout: JAX compiles each new shape
@@ -252,8 +287,7 @@ def test_float32_preset_loads_exactly_up_to_bfloat16_rounding(float32_presets, b
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets, bfloat16_models, family, policy):
-    _, model_32 = float32_presets[family]
+def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(bfloat16_models, float32_losses, family, policy):
     model = bfloat16_models(family, policy)
     images, texts, batch = inputs_for(model)
     # A tower output: bfloat16 (STAIR's pooled log1p(relu) vocabulary vectors are float32 by design).
@@ -264,18 +298,19 @@ def test_towers_compute_in_bfloat16_scores_and_losses_in_float32(float32_presets
     # image side's is the uniform-attention summary, which `score` does not use).
     normalized_keys = []
     for side, encode, inputs in (("image", model.encode_image, images), ("text", model.encode_text, texts)):
-        plain, normalized = (floating_outputs(encode(inputs, normalize=flag), keep_dtype=True) for flag in (False, True))
-        as_float32 = {key: [to_numpy(keras.ops.cast(d[key], "float32")) for d in (plain, normalized)] for key in plain}
+        plain = floating_outputs(encode(inputs), keep_dtype=True)
+        unit = floating_outputs(normalized(model, encode, inputs), keep_dtype=True)
+        as_float32 = {key: [to_numpy(keras.ops.cast(d[key], "float32")) for d in (plain, unit)] for key in plain}
         for key, (a, b) in as_float32.items():
             if not np.array_equal(a, b):
-                assert dtype_of(normalized[key]) == "float32", (family, side, key)
+                assert dtype_of(unit[key]) == "float32", (family, side, key)
                 normalized_keys.append((side, key))
     assert normalized_keys, family
     scores = model.similarity(images, texts)
     assert dtype_of(scores) == "float32" and np.isfinite(to_numpy(scores)).all()
     loss = model.compute_loss(y_pred=model(batch))
     assert dtype_of(loss) == "float32" and np.isfinite(to_numpy(loss))
-    want = float(to_numpy(model_32.compute_loss(y_pred=model_32(batch))))
+    want = float32_losses(family)
     assert abs(float(to_numpy(loss)) - want) <= 0.02 * max(1.0, abs(want)), (family, float(to_numpy(loss)), want)
 
 
@@ -420,6 +455,21 @@ def shapes_queries():
     return shapes.classification(10, seed=1)  # 240 held-out queries, 24 classes
 
 
+def remembering(encode):
+    """`encode` returning its earlier output for an input equal (shape, dtype, bytes) to an earlier one's; for a
+    model whose weights the caller does not change."""
+    outputs = {}
+
+    def call(inputs, *args, **kwargs):
+        array = to_numpy(inputs)
+        key = (array.shape, array.dtype.str, array.tobytes(), args, tuple(sorted(kwargs.items())))
+        if key not in outputs:
+            outputs[key] = encode(inputs, *args, **kwargs)
+        return outputs[key]
+
+    return call
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", SHAPES_FAMILIES)
 def test_zero_shot_decisions_survive_bfloat16(family, shapes_queries):
@@ -427,6 +477,12 @@ def test_zero_shot_decisions_survive_bfloat16(family, shapes_queries):
     scores, models = {}, {}
     for policy in ("float32", "bfloat16"):
         model = models[policy] = vlzoo.from_preset(f"{family}_shapes", dtype=policy)
+        if policy == "bfloat16":
+            # The bfloat16 image tower is most of this test's time (PyTorch's bfloat16 matmul on a CPU without
+            # AVX512-BF16): the embeddings of the classifier's first batch, which `assert_embeddings_agree` takes
+            # again below, are computed once. Only this model's outputs are kept: the float32 model's weights are
+            # rounded and restored in between (`rounded_weights_outputs`), and its calls are cheap.
+            model.encode_image = remembering(model.encode_image)
         classifier = zero_shot_classifier(model, data["class_names"], ("a {}",))
         scores[policy] = classifier.scores(model.preprocessor(data["images"]), batch_size=120)
     # The embeddings of the classifier's own batches and prompts (shapes already compiled on JAX).
