@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from backend_utils import value_and_grad
 from conftest import TINY_TEXT, TINY_VISION, tiny_batch, to_numpy
+from margins import shallow_towers
 
 import vlzoo
 from vlzoo.compiled import inference_function
@@ -127,12 +128,20 @@ TINY_PRESETS = ["clip_tiny", "siglip_tiny", "filip_tiny", "sparc_tiny", "sparo_t
                 "flair_tiny"]
 
 
+def _shallow(name):
+    """`name` with the fewest blocks per tower its family accepts (`margins.shallow_towers`): whether a program
+    computes from its inputs, and whether a traced forward trains as the eager one, does not depend on the depth,
+    and each block adds to what JAX compiles and TensorFlow traces. The presets' own tokenizer and vocabulary are
+    kept (the captions below are tokenized by it)."""
+    return vlzoo.from_preset(name, **shallow_towers(name.removesuffix("_tiny")))
+
+
 @pytest.mark.parametrize("name", TINY_PRESETS)
 def test_a_program_computes_from_its_inputs_values_in_every_family(name):
     # A program is made on the first batch (PyTorch: on the third); the last has the same shapes but other
     # pixels and other caption lengths (so other end-token positions): the program must compute from the
     # values, as the uncompiled computation does, not replay what it saw when traced.
-    model = vlzoo.from_preset(name)
+    model = _shallow(name)
     runs = []
     for side in ("_image_features", "_text_features"):
         setattr(model, side, _counted(getattr(model, side), runs))
@@ -163,7 +172,7 @@ def test_training_through_the_traced_forward_is_the_eager_training(name):
     models = []
     for _ in range(2):  # tiny presets have random weights, and FLAIR a random caption sampler: the same seed
         keras.utils.set_random_seed(0)
-        models.append(vlzoo.from_preset(name))
+        models.append(_shallow(name))
     initial = models[0].get_weights()
     for model, run_eagerly in zip(models, (False, True)):
         model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-3), run_eagerly=run_eagerly)

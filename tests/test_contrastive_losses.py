@@ -1,5 +1,6 @@
 """Tests of the CLIP / SigLIP contrastive losses (any Keras backend)."""
 
+import functools
 import math
 import re
 
@@ -301,6 +302,14 @@ def test_degenerate_inputs_finite_loss_and_gradients(case):
 # ------------------------------------------------------------------ chunked
 
 
+@functools.cache
+def _unchunked_value_and_grad(b):
+    """The unchunked loss's value and gradients on `test_chunked_matches_unchunked`'s inputs of `b` rows: the same
+    for each of its cases of that batch size, computed once."""
+    img, txt = _embeds(b, 6, seed=9)
+    return value_and_grad(siglip_loss, img, txt, np.float32(12.0), np.float32(-6.0))
+
+
 @pytest.mark.parametrize("b,num_chunks,remat", [
     (8, 3, True),      # 3 + 3 + 2: last chunk padded by 1
     (8, 3, False),
@@ -312,7 +321,7 @@ def test_degenerate_inputs_finite_loss_and_gradients(case):
 def test_chunked_matches_unchunked(b, num_chunks, remat):
     img, txt = _embeds(b, 6, seed=9)
     args = (img, txt, np.float32(12.0), np.float32(-6.0))
-    v0, g0 = value_and_grad(siglip_loss, *args)
+    v0, g0 = _unchunked_value_and_grad(b)
     v1, g1 = value_and_grad(
         lambda *a: siglip_loss(*a, num_chunks=num_chunks, remat=remat), *args,
         jit=True)
@@ -561,12 +570,14 @@ def test_row_shares_are_the_replicas_parts_of_the_whole_batch_loss(name, num_chu
         share = float(to_numpy(_share(name, img, txt, start, count, num_chunks)))
         np.testing.assert_allclose(share, _share_reference(name, img64, txt64, start, count), rtol=2e-6)
     whole = (lambda i, t: clip_loss(i, t, 5.0)) if name == "clip" else (lambda i, t: siglip_loss(i, t, 5.0, -3.0))
+    # On JAX the gradients are compiled (`jit=True`), one program each: eagerly, every replica's row slice and its
+    # transpose is an op of its own shape to compile. The shares' eager values are held to NumPy above.
+    expected_value, expected_grads = value_and_grad(whole, img, txt, jit=True)  # the whole batch's, for every split
     for replicas in (2, 4):
         count = 8 // replicas
         value, grads = value_and_grad(
             lambda i, t: sum(_share(name, i, t, r * count, count, num_chunks) for r in range(replicas)) / replicas,
-            img, txt)
-        expected_value, expected_grads = value_and_grad(whole, img, txt)
+            img, txt, jit=True)
         np.testing.assert_allclose(value, expected_value, rtol=2e-6)
         for grad, expected in zip(grads, expected_grads):
             np.testing.assert_allclose(grad, expected, atol=2e-6 * np.abs(expected).max())

@@ -88,10 +88,25 @@ def np_loss(logits):
 # -------------------------------------------------------------------- helpers
 
 
-def tiny_llip(num_tokens=4, **overrides):
-    config = dict(vision={**TINY_VISION, "num_prefix_tokens": num_tokens}, text=dict(TINY_TEXT),
-                  embed_dim=16, num_heads=2)
+def tiny_llip(num_tokens=4, num_layers=1, **overrides):
+    """A tiny Llip, one block per tower unless `num_layers` says otherwise: what the tests below check (the head,
+    the loss, the towers against NumPy block by block, serialisation) does not depend on the depth, and each block
+    adds to what JAX compiles and TensorFlow traces."""
+    config = dict(vision={**TINY_VISION, "num_layers": num_layers, "num_prefix_tokens": num_tokens},
+                  text={**TINY_TEXT, "num_layers": num_layers}, embed_dim=16, num_heads=2)
     return Llip(**{**config, **overrides})
+
+
+# Models the tests only read (none assigns a weight or an attribute of its model), built once per module: each
+# model's encoders are programs of their own, compiled (JAX) or traced (TensorFlow) on first use.
+@pytest.fixture(scope="module")
+def plain_llip():
+    return tiny_llip()
+
+
+@pytest.fixture(scope="module")
+def qkv_llip():
+    return tiny_llip(use_qkv_norm=True)
 
 
 def random_head(use_qkv_norm=False, num_tokens=3, temperature=0.7, seed=0):
@@ -244,7 +259,7 @@ def test_template_average_helper():
     np.testing.assert_allclose(to_numpy(e), np_l2n(np_l2n(embeds).mean(1)), atol=1e-6)
 
 
-def test_bad_inputs_raise_clear_errors():
+def test_bad_inputs_raise_clear_errors(plain_llip):
     queries, keys, values, t = random_pairs(n=4)
     with pytest.raises(ValueError, match=r"`keys` must have shape \(N_I, K, M, d_h\)"):
         llip_loss(queries, keys[..., :3], values, t, 10.0, -10.0, 5.0)
@@ -269,7 +284,7 @@ def test_bad_inputs_raise_clear_errors():
         LlipCrossAttention(3, 12, 10, 8, num_heads=3)
     with pytest.raises(ValueError, match="output_dim"):
         tiny_llip(vision={**TINY_VISION, "num_prefix_tokens": 4, "output_dim": 16})
-    model = tiny_llip()
+    model = plain_llip
     batch = tiny_batch()
     with pytest.raises(TypeError, match="encode_image"):
         model.score(np.ones((4, 16)), model.encode_text(batch))
@@ -280,8 +295,8 @@ def test_bad_inputs_raise_clear_errors():
 # -------------------------------------------------------------------- model
 
 
-def test_model_matches_numpy_towers_and_head():
-    model = tiny_llip(use_qkv_norm=True)
+def test_model_matches_numpy_towers_and_head(qkv_llip):
+    model = qkv_llip
     batch = tiny_batch()
     _, vision_tokens = ref.vision_forward(batch["images"], model.vision)
     g, _ = ref.text_forward(batch["token_ids"], batch["padding_mask"], model.text)
@@ -355,8 +370,8 @@ def test_permuting_mixture_tokens_leaves_scores_unchanged():
     assert np.abs(to_numpy(model.contextualize(batch["images"], batch)) - before).max() > 1e-3
 
 
-def test_pair_scores_have_no_cross_talk():
-    model = tiny_llip()
+def test_pair_scores_have_no_cross_talk(plain_llip):
+    model = plain_llip
     batch = tiny_batch()
     image, text = model.encode_image(batch["images"]), model.encode_text(batch)
     full = to_numpy(model.score(image, text))
@@ -382,8 +397,8 @@ def _class_prompts(num_classes=2, num_prompts=2, seed=7):
     return {key: batch[key].reshape(num_classes, num_prompts, -1) for key in ("token_ids", "padding_mask")}
 
 
-def test_zero_shot_averages_queries_and_targets_over_templates():
-    model = tiny_llip(use_qkv_norm=True)
+def test_zero_shot_averages_queries_and_targets_over_templates(qkv_llip):
+    model = qkv_llip
     images = tiny_batch()["images"]
     prompts = _class_prompts()
     flat = {key: value.reshape(4, -1) for key, value in prompts.items()}
@@ -439,7 +454,7 @@ def test_zero_shot_accepts_prompt_strings():
 @pytest.mark.parametrize("num_chunks", [None, 3])
 def test_fit_lowers_the_loss(num_chunks):
     keras.utils.set_random_seed(0)
-    model = tiny_llip(num_chunks=num_chunks)  # 3 chunks of 3 for 8 texts: one padded
+    model = tiny_llip(num_chunks=num_chunks, num_layers=2)  # 3 chunks of 3 for 8 texts: one padded
     tokens = to_numpy(model.vision.prefix_tokens)
     before, after = fit_and_measure(model, tiny_batch(batch_size=8, seed=1))
     assert after < 0.6 * before, (before, after)
@@ -467,8 +482,8 @@ def test_initialisation_follows_the_authors():
     assert model.temperature == 5.0
 
 
-def test_weight_decay_follows_the_authors():
-    model = tiny_llip(use_qkv_norm=True)
+def test_weight_decay_follows_the_authors(qkv_llip):
+    model = qkv_llip
     excluded = {v.path for v in model.no_weight_decay_variables()}
     decayed = {v.path for v in model.trainable_variables} - excluded
     assert all(len(v.shape) < 2 for v in model.no_weight_decay_variables())
@@ -552,6 +567,13 @@ def test_g14_builds_abstractly_with_output_shapes():
         vit = model.vision
         assert vit.num_prefix_tokens + vit.grid_size[0] * vit.grid_size[1] == 320
         assert tuple(vit.position_embedding.embeddings.shape) == (320, 1664)
+        assert (vit.num_layers, model.text.num_layers) == (48, 32)
+        # The output shapes are set by the widths, the mixture tokens and the heads; every block maps its
+        # (B, N, W) input to that shape, so the preset is traced symbolically with one block per tower (the 80
+        # blocks took 16 s of TensorFlow graph building and added nothing to what the shapes show).
+        config = PRESETS["llip_vit_g14"]["config"]
+        model = Llip(**{**config, "vision": {**config["vision"], "num_layers": 1},
+                        "text": {**config["text"], "num_layers": 1}})
         images = keras.KerasTensor((2, 224, 224, 3))
         texts = {"token_ids": keras.KerasTensor((3, 77), "int32"),
                  "padding_mask": keras.KerasTensor((3, 77), "bool")}
