@@ -7,6 +7,7 @@ import pytest
 from vlzoo import training
 from vlzoo.training import lock_tower, tower_groups
 
+from backend_utils import EAGER_REFERENCE
 from conftest import TWO_BLOCKS, tiny_batch, tiny_model, to_numpy
 from families import FAMILIES
 from margins import assert_decision_margin, margin_batch, tiny_family_model
@@ -85,7 +86,10 @@ CACHE_CASES = ([(family, tower) for family in FAMILIES for tower in ("image", "t
 
 def _one_sgd_step(family, tower, cached, micro_batch_size=None):
     """The change of every trainable variable after one SGD(lr=1) step of `fit` with `tower` locked,
-    on the raw pairs or on the tower's cached outputs."""
+    on the raw pairs or on the tower's cached outputs. The step on the raw pairs is the reference the cached
+    step is compared with: eager on TensorFlow (`EAGER_REFERENCE`: tracing a second train step costs seconds, an
+    eager step a fraction of one; the same float32 arithmetic to rounding, well inside the comparison's 1e-5),
+    so that the traced step under test is the cached one."""
     keras.utils.set_random_seed(0)
     model = tiny_family_model(family, logit_scale_max=None)
     batch = margin_batch(model)
@@ -96,7 +100,7 @@ def _one_sgd_step(family, tower, cached, micro_batch_size=None):
     model.micro_batch_size = micro_batch_size
     data = training.cache_tower(model, batch, tower, batch_size=3) if cached else batch
     before = _values(model.trainable_variables)
-    model.compile(optimizer=keras.optimizers.SGD(1.0))
+    model.compile(optimizer=keras.optimizers.SGD(1.0), run_eagerly=EAGER_REFERENCE and not cached)
     model.fit(data, batch_size=8, epochs=1, verbose=0, shuffle=False)
     return [b - to_numpy(v) for b, v in zip(before, model.trainable_variables, strict=True)], data
 
