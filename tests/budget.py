@@ -10,11 +10,12 @@ the reference host (`REFERENCE_CALIBRATION`; the loop varies by up to a third fr
 over its scaled share fails, naming its slowest files, so that a new family or test cannot silently push CI
 past its limit.
 
-The shares are not yet the 45-minute target's: on 2026-12-07 (evening) the passes took 2,340, 2,137 and 2,266
-worker-seconds on the reference host (58.5 minutes of `make test` in all), and `BUDGET` holds JAX's and
-TensorFlow's there with 15 % for the host's run-to-run spread and PyTorch's at its earlier share (10 % above its
-pass), about 67 minutes in all. Lower each share as the suite gets cheaper, down to the target's
-(`TARGET_MINUTES`, about 5,270 worker-seconds in all).
+The shares are not yet the 45-minute target's: on 2026-12-07 the passes took 2,626, 2,303 and 2,183
+worker-seconds on the reference host (61 minutes in all), and `BUDGET` holds them there with 15 % for the
+host's run-to-run spread, about 70 minutes in all. The evening run of that day took 2,340, 2,137 and 2,266
+(58.5 minutes); the shares stay where they were, since how the calibration loop scales against the suite on the
+faster hosts is not yet measured, and a share 15 % above this host's pass could fail there. Lower each share as
+the suite gets cheaper, down to the target's (`TARGET_MINUTES`, about 5,270 worker-seconds in all).
 
 `make test` turns the check on (`VLZOO_TEST_BUDGET=1`; `VLZOO_TEST_BUDGET=0 make test` leaves it off, for a run
 on a host shared with other work). The figures are in docs/benchmarks.md (the test time budget).
@@ -30,8 +31,8 @@ import time
 
 REFERENCE_HOST = "AMD EPYC, 2 cores, AVX2 and FMA (no AVX-512)"
 TARGET_MINUTES = 45
-# Worker-seconds of each pass on the reference host: the 2026-12-07 evening passes' and 15 % (PyTorch's: 10 %).
-BUDGET = {"jax": 2700.0, "tensorflow": 2450.0, "torch": 2500.0}
+# Worker-seconds of each pass on the reference host: the 2026-12-07 passes' and 15 %.
+BUDGET = {"jax": 3000.0, "tensorflow": 2650.0, "torch": 2500.0}
 # The least seconds `calibration_loop` took on the reference host, nothing else running (over runs of `REPEATS`).
 REFERENCE_CALIBRATION = {"jax": 0.53, "tensorflow": 1.07, "torch": 0.39}
 REPEATS = 5
