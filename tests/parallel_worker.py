@@ -1,14 +1,14 @@
 """One process of a multi-process (or multi-device) training step, as `test_parallel.py` starts it.
 
     python tests/parallel_worker.py launch BACKEND OUT_DIR     (all of BACKEND's launches below; prints their records)
-    torchrun --nproc_per_node=2 tests/parallel_worker.py torch OUT_DIR               (PyTorch, gloo)
+    torchrun --nproc_per_node=2 tests/parallel_worker.py torchrun OUT_DIR            (PyTorch, gloo)
     TF_CONFIG=... python tests/parallel_worker.py tf_multiworker OUT_DIR             (2 TensorFlow workers)
     python tests/parallel_worker.py tf_mirrored OUT_DIR                              (2 logical CPUs, 1 process)
     VLZOO_TEST_PROCESS=i VLZOO_TEST_COORDINATOR=127.0.0.1:PORT XLA_FLAGS=--xla_force_host_platform_device_count=4 \\
-        python tests/parallel_worker.py jax OUT_DIR                                  (2 JAX processes x 4 devices)
+        python tests/parallel_worker.py jax_processes OUT_DIR                        (2 JAX processes x 4 devices)
 
-Every process builds the tiny model of each run of `LAUNCHED` (a family, or a family with a training feature
-set) from a seed of its own (`1000 + process index`: the launch
+Every process builds the tiny model of each run its launch trains (`launched_runs`: a family, or a family with a
+training feature set) from a seed of its own (`1000 + process index`: the launch
 must make the weights equal, as rank 0's broadcast does; JAX's processes share the seed 1000, since JAX
 requires every process to give a replicated weight the same value) and fits one step on a global batch of
 `GLOBAL_BATCH` pairs (`margins.margin_batch`): torchrun's ranks and the JAX processes each feed their own
@@ -57,21 +57,23 @@ RUNS = FAMILIES + VARIANTS
 # replica's rows to `contrastive_loss(rows=...)`, adds the family's own losses (`model.losses`), and averages
 # the gradients of the trainable variables; FLAIR draws from seed state. Whether each family's shares add up
 # to its whole loss is checked for every run in one process (`test_replica_shares_of_every_run_average_to_the_
-# whole_loss`); the processes then only have to move each kind of tensor and state the same way. These runs,
-# one per kind of loss (softmax and sigmoid over embeddings, FILIP's and SPARC's over tokens, Llip's, FLAIR's,
-# STAIR's, TIPSv2's two caption kinds), hold every kind (`launch_kinds`) that any run of `RUNS` has, which
-# `test_parallel` asserts: a family that brings a new kind fails there until a run of it is launched.
-LAUNCHED = ("clip", "clip:lit-lora-micro", "filip", "flair", "llip", "siglip", "sparc", "stair:stage2",
+# whole_loss`); the processes then only have to move each kind of tensor and state the same way, which
+# depends on the kind (`launch_kinds`), not on the family. `EVERY_KIND`, four runs, holds every kind that any
+# run of `RUNS` has (`test_parallel` asserts it: a family that brings a new kind fails there until a run of it
+# is launched); the TensorFlow and JAX launches train these. The torchrun launch, the cheapest (eager steps),
+# also trains one run per kind of loss (`LAUNCHED`: softmax and sigmoid over embeddings, FILIP's and SPARC's
+# over tokens, Llip's, FLAIR's, STAIR's, TIPSv2's two caption kinds), so that every loss is also stepped over
+# real processes once.
+EVERY_KIND = ("clip:lit-lora-micro", "filip", "flair", "llip")
+LAUNCHED = ("clip:lit-lora-micro", "clip", "filip", "flair", "llip", "siglip", "sparc", "stair:stage2",
             "tipsv2:both-captions")
-# MirroredStrategy runs vlzoo's code of MultiWorkerMirroredStrategy (the replica context, its gathers and
-# reductions); only TensorFlow's collectives differ, and they move tensors by shape and dtype. Its launch trains
-# fewer runs, which also hold every kind of `RUNS`.
-MIRRORED = ("clip:lit-lora-micro", "filip", "flair", "llip")
 
 
 def launched_runs(launch):
-    """The runs `launch` (`"tf_mirrored"`, or any other launch's name) trains."""
-    return MIRRORED if launch == "tf_mirrored" else LAUNCHED
+    """The runs `launch` (`"torchrun"`, `"tf_mirrored"`, `"tf_multiworker"` or `"jax_processes"`) trains."""
+    return LAUNCHED if launch == "torchrun" else EVERY_KIND
+
+
 # G/14's layout (K = 64 mixture tokens, patch 14, q/k/v norms, M heads) at a width and depth that fit a test; the
 # JAX launch trains it under ModelParallel on a (2 batch x 4 model) mesh over its 2 processes x 4 CPU devices.
 G14_REDUCED = dict(
@@ -166,7 +168,7 @@ class Launch:
 
     def __init__(self, name):
         self.name, self.strategy = name, None
-        if name == "torch":
+        if name == "torchrun":
             import torch.distributed as dist
             parallel.initialize()
             self.index, self.count, self.own_rows = dist.get_rank(), dist.get_world_size(), True
@@ -176,7 +178,7 @@ class Launch:
                         else tf.distribute.MultiWorkerMirroredStrategy())
             self.index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
             self.count, self.strategy, self.own_rows = 1 if name == "tf_mirrored" else 2, strategy, False
-        elif name == "jax":
+        elif name == "jax_processes":
             self.index, self.count, self.own_rows = int(os.environ["VLZOO_TEST_PROCESS"]), 2, True
             keras.distribution.initialize(os.environ["VLZOO_TEST_COORDINATOR"], num_processes=2,
                                           process_id=self.index)
@@ -189,7 +191,7 @@ class Launch:
     def build(self, family):
         # JAX places a replicated weight from every process's value and checks they are equal: its processes
         # must build the same weights (a preset's, or the same seed); the other launches broadcast worker 0's.
-        seed = 1000 + (0 if self.name == "jax" else self.index)
+        seed = 1000 + (0 if self.name == "jax_processes" else self.index)
         if self.strategy is None:
             return build(family, seed)
         with self.strategy.scope():
@@ -213,7 +215,7 @@ def main(name, out_dir):
             record[f"{family}/after/{v.path}"] = np.asarray(keras.ops.convert_to_numpy(v))
         for path, gradient in gradients(model).items():
             record[f"{family}/gradient/{path}"] = gradient
-    if name == "jax":
+    if name == "jax_processes":
         record.update(model_parallel(launch))
     np.savez(os.path.join(out_dir, f"rank{launch.index}.npz"), **record)
 
@@ -286,7 +288,7 @@ def launch(backend, out_dir):
 
     if backend == "torch":
         add("torchrun", [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker, "torch"],
+                           "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker, "torchrun"],
                           worker_env("torch"))], count=2)
     elif backend == "tensorflow":
         cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
@@ -296,7 +298,7 @@ def launch(backend, out_dir):
             for i in range(2)])
     else:
         coordinator = f"127.0.0.1:{free_port()}"
-        add("jax_processes", [([sys.executable, worker, "jax"], worker_env(
+        add("jax_processes", [([sys.executable, worker, "jax_processes"], worker_env(
             "jax", VLZOO_TEST_PROCESS=str(i), VLZOO_TEST_COORDINATOR=coordinator,
             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()))
             for i in range(2)])

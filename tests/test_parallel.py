@@ -4,10 +4,11 @@ Each backend's pass starts its launches once, in the background (`tests/parallel
 processes on 127.0.0.1, 2 torchrun ranks with gloo on PyTorch; MirroredStrategy over 2 logical CPUs and 2
 workers from `TF_CONFIG` on TensorFlow; 2 JAX processes of 4 CPU devices each. Each process holds its part of
 a global batch of 8 pairs; the tests check the loss, the gradients and the weights after one AdamW step of
-each launched run (`parallel_worker.LAUNCHED`: one family per kind of loss, and LiT + LoRA + gradient caching,
-STAIR's stage 2 and TIPSv2 on both caption kinds) against the same step of this process on the whole batch.
-Every family and training feature (`parallel_worker.RUNS`) has its replica shares checked in this process, and
-the launched runs move every kind of output and state that any of them has.
+each launched run against the same step of this process on the whole batch. The TensorFlow and JAX launches
+train four runs that hold every kind of output and state any family or training feature has
+(`parallel_worker.EVERY_KIND`); torchrun also trains one family per kind of loss, LiT + LoRA + gradient
+caching, STAIR's stage 2 and TIPSv2 on both caption kinds (`parallel_worker.LAUNCHED`). Every family and
+training feature (`parallel_worker.RUNS`) has its replica shares checked in this process.
 """
 
 import functools
@@ -125,16 +126,15 @@ def test_torchrun_step_is_the_global_batch_step(launches, family):
 
 
 @TF_ONLY
-@pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
+@pytest.mark.parametrize("family", parallel_worker.EVERY_KIND)
 def test_tf_distribute_step_is_the_global_batch_step(launches, family):
-    """MultiWorkerMirroredStrategy, and MirroredStrategy where it trains the run (`parallel_worker.MIRRORED`),
-    each against the one step of this process."""
+    """MultiWorkerMirroredStrategy and MirroredStrategy, each against the one step of this process."""
     assert sorted(launches) == ["tf_mirrored", "tf_multiworker"]
     check_against_single_process(launches, family)
 
 
 @JAX_ONLY
-@pytest.mark.parametrize("family", parallel_worker.LAUNCHED)
+@pytest.mark.parametrize("family", parallel_worker.EVERY_KIND)
 def test_two_jax_processes_step_is_the_global_batch_step(launches, family):
     check_against_single_process(launches, family)
 
@@ -175,11 +175,11 @@ def test_several_processes_without_torch_distributed_is_an_error(monkeypatch, va
 
 
 @run_once  # what each run's training call outputs does not depend on the backend
-@pytest.mark.parametrize("launch", ["tf_mirrored", "every other launch"])
+@pytest.mark.parametrize("launch", ["torchrun", "tf_mirrored", "tf_multiworker", "jax_processes"])
 def test_the_launched_runs_move_every_kind_of_output_and_state(launch):
     """Each kind of tensor (gathered or replica-local, by rank and dtype) and of state that a family or training
     feature of `RUNS` gives the launch machinery is moved by some run of each launch (`parallel_worker.LAUNCHED`,
-    `parallel_worker.MIRRORED`)."""
+    `parallel_worker.EVERY_KIND`)."""
     runs = parallel_worker.launched_runs(launch)
     launched = set().union(*(parallel_worker.launch_kinds(run) for run in runs))
     for run in sorted(set(parallel_worker.RUNS) - set(runs)):
