@@ -2,10 +2,12 @@
 
 Each notebook's code cells run in order, in one namespace, in a fresh Python
 process (a notebook kernel would do the same; no Jupyter needed), with fewer
-fine-tuning steps than a user gets (`VLZOO_EXAMPLE_STEPS`). The quick start runs in
-every backend's pass; the others run once (`backend_utils.run_once`: the cross-backend
-notebook starts a process per backend itself; the fine-tuning and evaluation notebooks
-use the same public API that the rest of the suite tests on every backend). The
+fine-tuning steps than a user gets (`VLZOO_EXAMPLE_STEPS`). Each runs once
+(`backend_utils.run_once`): the cross-backend notebook starts a process per backend itself,
+and the others call the public API that the rest of the suite tests on every backend (the
+quick start's calls: `from_preset`, `preset_info`, the encoders and `score` in
+test_family_contract, `zero_shot_accuracy` and `binding_accuracy` in test_evaluation and
+test_shapes_presets, `fit` in test_family_contract, `save_to_preset` in test_presets). The
 fine-tuning recipes script runs in its `--quick` mode, also once.
 """
 
@@ -57,6 +59,7 @@ def test_every_notebook_is_tested_and_clean():
                 assert cell["outputs"] == [] and cell["execution_count"] is None, name
 
 
+@run_once
 def test_quickstart(tmp_path):
     out = run_notebook("quickstart.ipynb", tmp_path)
     assert f"backend: {keras.backend.backend()}" in out
