@@ -186,12 +186,15 @@ def test_the_launched_runs_move_every_kind_of_output_and_state(launch):
         assert parallel_worker.launch_kinds(run) <= launched, (run, parallel_worker.launch_kinds(run) - launched)
 
 
+@run_once
 @pytest.mark.parametrize("run", parallel_worker.RUNS)
 def test_replica_shares_of_every_run_average_to_the_whole_loss(run):
     """`contrastive_loss` of each replica's rows, averaged over 2 and 4 replicas, is the whole loss in training
     (FILIP drops tokens; FLAIR, with two captions per image, draws the other images' captions as one process;
     TIPSv2 with both caption kinds, web and synthetic, sums two InfoNCE terms over the replica's rows; STAIR in
-    each stage), for every family and training feature, launched or not."""
+    each stage), for every family and training feature, launched or not. One pass: the shares are the families'
+    keras.ops code, whose whole losses test_conformance ties across the backends, and each backend's launches
+    step the shares of `parallel_worker.EVERY_KIND` over real processes."""
     model = parallel_worker.build(run, 0)
     captions = 2 if run.partition(":")[0] == "flair" or run.endswith(":both-captions") else 1
     batch = margin_batch(model, parallel_worker.GLOBAL_BATCH, captions=captions)

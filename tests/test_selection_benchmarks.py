@@ -210,6 +210,9 @@ SHAPES_PRESETS = ["clip_shapes", "siglip_shapes", "filip_shapes", "sparc_shapes"
                   "stair_shapes"]
 
 
+# What this checks is `evaluate_selection`'s batching (numpy) around the families' encoders and `score`, whose
+# values on each backend the conformance and family tests check: one pass.
+@run_once
 @pytest.mark.parametrize("preset", SHAPES_PRESETS)
 def test_batched_scores_equal_the_items_scored_one_by_one(layouts, preset):
     # Every family through its own `score`: FILIP ranks captions with S_I and images with S_T; Llip scores
