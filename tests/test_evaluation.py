@@ -9,6 +9,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 from conftest import tiny_batch, to_numpy
 from margins import DECISION_MARGIN, ranking_gap, shallow_towers
 from keras import ops
@@ -244,7 +245,16 @@ def test_recall_rejects_non_finite_and_bad_shapes():
 # ------------------------------------------------------------ retrieval on models
 
 
-@pytest.mark.parametrize("name", ["clip_tiny", "filip_tiny", "llip_tiny", "sparo_tiny"])
+def first_on_every_backend(names):
+    """`names` as parameters: the first runs in every pass, the others in one (`run_once`). What these tests check
+    is the evaluation's batching and bookkeeping (numpy around the model's encoders and `score`), the same code on
+    every backend; each family's encoders and `score` are checked on every backend by the family tests, and each
+    backend's path through this module by the first name. Each further shape a test feeds compiles the encoders
+    again on JAX and traces them again on TensorFlow."""
+    return [names[0], *(pytest.param(name, marks=run_once) for name in names[1:])]
+
+
+@pytest.mark.parametrize("name", first_on_every_backend(["clip_tiny", "filip_tiny", "llip_tiny", "sparo_tiny"]))
 def test_retrieval_recall_matches_model_similarity(name):
     model = preset(name)
     images = images_of(6, seed=1)
@@ -283,7 +293,7 @@ def embedding_mean_reference(model, images, names=CLASS_NAMES, templates=TEMPLAT
 CLIP_LIKE = ["clip_tiny", "siglip_tiny", "sparc_tiny", "sparo_tiny", "stair_tiny"]
 
 
-@pytest.mark.parametrize("name", CLIP_LIKE)
+@pytest.mark.parametrize("name", first_on_every_backend(CLIP_LIKE))
 def test_embedding_mean_matches_numpy(name):
     if name not in vlzoo.list_presets():
         pytest.skip(f"{name} is not registered")
