@@ -75,10 +75,10 @@ def test_scanned_blocks_match_unrolled_values_and_gradients(kwargs):
         return fn
 
     weights = [to_numpy(v) for v in variables]
-    value, grads = value_and_grad(loss(False, False), x, *weights)  # the reference: unrolled, no remat
+    value, grads = value_and_grad(loss(False, False), x, *weights, jit=True)  # the reference: unrolled, no remat
     assert len(grads) == 1 + 3 * len(blocks[0].trainable_variables)
     for remat in (False, True):
-        scanned_value, scanned_grads = value_and_grad(loss(True, remat), x, *weights)
+        scanned_value, scanned_grads = value_and_grad(loss(True, remat), x, *weights, jit=True)
         np.testing.assert_allclose(scanned_value, value, rtol=1e-5, err_msg=f"remat={remat}")
         for got, want in zip(scanned_grads, grads):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"remat={remat}")
