@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import vlzoo
-from backend_utils import run_once
+from backend_utils import ONCE_BACKEND, run_once
 from conftest import to_numpy
 from families import SHAPES_PRESETS
 from margins import DECISION_MARGIN
@@ -112,23 +112,18 @@ def _held_out(model, retrieval_only=False):
     return metrics, ties
 
 
-# The pass that computes every held-out number; the others compute the retrieval recalls. PyTorch's: its eager
-# calls cost the least for the 900 binding pairs and 240 classification images (about half of JAX's compiled
-# and TensorFlow's traced calls on the AVX2-only EPYC, per family), and a backend other than the one that
-# trained the weights (JAX) computes the numbers within `_held_out`'s slack as well as that one does.
-ALL_METRICS_BACKEND = "torch"
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_shipped_weights_reproduce_the_recorded_metrics(name):
-    """The weights give every held-out number of the training run (in the `ALL_METRICS_BACKEND` pass; the
-    retrieval recalls of 120 scenes in the others), each within the share of its decisions that the scores take
-    within rounding (`_held_out`), which is 0 for most."""
+    """The weights give every held-out number of the training run (in the `ONCE_BACKEND` pass, PyTorch's, whose
+    eager calls cost about half of JAX's compiled and TensorFlow's traced ones for the 900 binding pairs and 240
+    classification images; the retrieval recalls of 120 scenes in the others), each within the share of its
+    decisions that the scores take within rounding (`_held_out`), which is 0 for most. A backend other than the
+    one that trained the weights (JAX) computes them within that slack as well as that one does."""
     import keras
 
     record = _record(name)["metrics"]
     model = vlzoo.from_preset(name)
-    every_metric = keras.backend.backend() == ALL_METRICS_BACKEND
+    every_metric = keras.backend.backend() == ONCE_BACKEND
     metrics, slack = _held_out(model, retrieval_only=not every_metric)
     if every_metric:
         assert set(metrics) == set(record)
